@@ -1,0 +1,182 @@
+"""Domain errors with stable codes, and their RFC 9457 problem+json form.
+
+Every service raises :class:`DpsynthError` (or a subclass) from domain code and maps the
+``code`` to an HTTP status in one table (:data:`HTTP_STATUS`). A client turns a problem body
+back into the same exception with :func:`error_from_problem`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+class ErrorCode(StrEnum):
+    """Stable machine-readable error codes (never rename one; add new ones)."""
+
+    INVALID_SPEC = "invalid_spec"
+    INVALID_REQUEST = "invalid_request"
+    INVALID_DATASET = "invalid_dataset"
+    INVALID_ARCHIVE = "invalid_archive"
+    UNSAFE_ARCHIVE = "unsafe_archive"
+    INVALID_IMAGE = "invalid_image"
+    UNSAFE_NPZ = "unsafe_npz"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INVALID_MODEL = "invalid_model"
+    NOT_FOUND = "not_found"
+    UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
+    KEY_IN_QUERY = "api_key_in_query_string"
+    VISIBILITY_MISMATCH = "visibility_mismatch"
+    PRIVACY_BUDGET_EXHAUSTED = "privacy_budget_exhausted"
+    RESERVATION_EXHAUSTED = "reservation_exhausted"
+    LEASE_EXPIRED = "lease_expired"
+    STALE_ATTEMPT = "stale_attempt"
+    INVALID_GRANT = "invalid_grant"
+    GRANT_REQUIRED = "read_grant_required"
+    INVALID_TRANSITION = "invalid_transition"
+    CLAIM_REFUSED = "claim_refused"
+    CONFLICT = "conflict"
+    UNSUPPORTED_NEIGHBOURING = "unsupported_neighbouring"
+    PRIVATE_CONDITIONING_REFUSED = "private_conditioning_refused"
+    NOT_PUBLISHABLE = "not_publishable"
+    PRESIGN_REFUSED = "presign_refused"
+    LEDGER_UNAVAILABLE = "ledger_unavailable"
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    INTERNAL = "internal_error"
+
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_SPEC: 422,
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.INVALID_DATASET: 422,
+    ErrorCode.INVALID_ARCHIVE: 422,
+    ErrorCode.UNSAFE_ARCHIVE: 422,
+    ErrorCode.INVALID_IMAGE: 422,
+    ErrorCode.UNSAFE_NPZ: 422,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.INVALID_MODEL: 422,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.KEY_IN_QUERY: 400,
+    ErrorCode.VISIBILITY_MISMATCH: 422,
+    ErrorCode.PRIVACY_BUDGET_EXHAUSTED: 409,
+    ErrorCode.RESERVATION_EXHAUSTED: 409,
+    ErrorCode.LEASE_EXPIRED: 409,
+    ErrorCode.STALE_ATTEMPT: 409,
+    ErrorCode.INVALID_GRANT: 403,
+    ErrorCode.GRANT_REQUIRED: 403,
+    ErrorCode.INVALID_TRANSITION: 409,
+    ErrorCode.CLAIM_REFUSED: 409,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.UNSUPPORTED_NEIGHBOURING: 422,
+    ErrorCode.PRIVATE_CONDITIONING_REFUSED: 422,
+    ErrorCode.NOT_PUBLISHABLE: 409,
+    ErrorCode.PRESIGN_REFUSED: 403,
+    ErrorCode.LEDGER_UNAVAILABLE: 503,
+    ErrorCode.SERVICE_UNAVAILABLE: 503,
+    ErrorCode.INTERNAL: 500,
+}
+
+TITLES: dict[ErrorCode, str] = {
+    ErrorCode.PRIVACY_BUDGET_EXHAUSTED: "Privacy budget exhausted",
+    ErrorCode.NOT_FOUND: "Not found",
+    ErrorCode.UNAUTHENTICATED: "Authentication required",
+    ErrorCode.FORBIDDEN: "Forbidden",
+    ErrorCode.INVALID_SPEC: "Invalid job spec",
+    ErrorCode.INVALID_TRANSITION: "Invalid job state transition",
+}
+
+
+class DpsynthError(Exception):
+    """A domain error with a stable ``code`` and optional structured ``extensions``.
+
+    Args:
+        code: the stable error code.
+        detail: a human-readable explanation specific to this occurrence. It must never
+            name private records (file names, values): those only go to owner-only artifacts.
+        extensions: extra members of the problem body (numbers a client can act on).
+    """
+
+    def __init__(self, code: ErrorCode | str, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.code = ErrorCode(code) if code in ErrorCode._value2member_map_ else code
+        self.detail = detail
+        self.extensions = extensions
+
+    @property
+    def status(self) -> int:
+        if isinstance(self.code, ErrorCode):
+            return HTTP_STATUS[self.code]
+        return 500
+
+    def to_problem(self, instance: str | None = None) -> "Problem":
+        code = str(self.code)
+        title = TITLES.get(self.code, code.replace("_", " ").capitalize()) if isinstance(
+            self.code, ErrorCode
+        ) else code
+        return Problem(
+            type=f"https://dpsynth.dev/problems/{code.replace('_', '-')}",
+            title=title,
+            status=self.status,
+            detail=self.detail,
+            code=code,
+            instance=instance,
+            **self.extensions,
+        )
+
+    def __repr__(self) -> str:
+        return f"DpsynthError({self.code!s}, {self.detail!r})"
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, with dpsynth's stable ``code`` member."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    code: str
+    instance: str | None = None
+
+
+class NotFound(DpsynthError):
+    def __init__(self, what: str, ident: str) -> None:
+        super().__init__(ErrorCode.NOT_FOUND, f"{what} {ident!r} does not exist", resource=what)
+
+
+class BudgetExhausted(DpsynthError):
+    def __init__(self, detail: str, **numbers: Any) -> None:
+        super().__init__(ErrorCode.PRIVACY_BUDGET_EXHAUSTED, detail, **numbers)
+
+
+def error_from_problem(body: dict[str, Any]) -> DpsynthError:
+    """Rebuild the domain error a service raised from its problem+json body."""
+    known = {"type", "title", "status", "detail", "code", "instance"}
+    ext = {k: v for k, v in body.items() if k not in known}
+    err = DpsynthError(body.get("code", "internal_error"), body.get("detail", ""), **ext)
+    return err
+
+
+def problem_schema_fields() -> dict[str, Any]:
+    """OpenAPI description of the problem body, for route ``responses=``."""
+    return {"model": Problem, "description": "RFC 9457 problem details"}
+
+
+__all__ = [
+    "PROBLEM_CONTENT_TYPE",
+    "HTTP_STATUS",
+    "BudgetExhausted",
+    "DpsynthError",
+    "ErrorCode",
+    "NotFound",
+    "Problem",
+    "error_from_problem",
+]

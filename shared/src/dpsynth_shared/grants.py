@@ -1,0 +1,90 @@
+"""Read grants: Ed25519-signed tokens that let one job attempt read one private dataset.
+
+The ledger signs a grant when it moves a reservation to "touched" and renews it with each
+step lease; the object store adapters verify it (with the ledger's *public* key only) before
+serving an object under a private prefix. A grant names the dataset prefix it opens and
+expires with the lease, so a zombie attempt whose lease lapsed is refused by the store too.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode
+
+
+@dataclass(frozen=True)
+class GrantClaims:
+    grant_id: str
+    dataset_id: str
+    reservation_id: str
+    job_id: str
+    attempt: int
+    expires_at: float  # unix seconds
+
+    @property
+    def prefix(self) -> str:
+        return private_dataset_prefix(self.dataset_id)
+
+
+def private_dataset_prefix(dataset_id: str) -> str:
+    """Object-key prefix of a private dataset's objects (readable only with a grant)."""
+    return f"private/datasets/{dataset_id}/"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def generate_signing_key() -> str:
+    """A new Ed25519 private key, as unpadded url-safe base64 of its 32 raw bytes."""
+    key = Ed25519PrivateKey.generate()
+    raw = key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    return _b64(raw)
+
+
+def public_key_of(private_key_b64: str) -> str:
+    key = Ed25519PrivateKey.from_private_bytes(_unb64(private_key_b64))
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return _b64(raw)
+
+
+def sign_grant(claims: GrantClaims, private_key_b64: str) -> str:
+    """Serialise and sign ``claims``; the token is ``<payload>.<signature>``."""
+    payload = json.dumps(claims.__dict__, sort_keys=True, separators=(",", ":")).encode()
+    key = Ed25519PrivateKey.from_private_bytes(_unb64(private_key_b64))
+    return f"{_b64(payload)}.{_b64(key.sign(payload))}"
+
+
+def verify_grant(token: str, public_key_b64: str, *, now: float | None = None) -> GrantClaims:
+    """Check a grant's signature and expiry and return its claims.
+
+    Raises:
+        DpsynthError: ``invalid_grant`` when the token is malformed, forged or expired.
+    """
+    try:
+        payload_b64, sig_b64 = token.split(".", 1)
+        payload = _unb64(payload_b64)
+        Ed25519PublicKey.from_public_bytes(_unb64(public_key_b64)).verify(_unb64(sig_b64), payload)
+        claims = GrantClaims(**json.loads(payload))
+    except (ValueError, TypeError, InvalidSignature) as exc:
+        raise DpsynthError(ErrorCode.INVALID_GRANT, "read grant is malformed or forged") from exc
+    if (now if now is not None else time.time()) >= claims.expires_at:
+        raise DpsynthError(ErrorCode.INVALID_GRANT, "read grant has expired (lease lapsed)")
+    return claims

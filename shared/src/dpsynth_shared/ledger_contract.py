@@ -1,0 +1,185 @@
+"""Request and response bodies of the ledger's HTTP API (``/v1`` of services/ledger).
+
+The api and the workers call the ledger with a service token; these schemas are the
+contract between them. Every epsilon figure is labelled by what it means:
+
+* ``job_epsilon``: a job's standalone epsilon at the dataset's delta (tight accountant, PLD);
+* ``dataset_epsilon_spent``: the RDP privacy filter's figure (the guarantee under adaptive use);
+* ``dataset_tight_epsilon``: PLD epsilon of the realised sequence, NOT a guarantee under
+  adaptive use (valid only had the sequence been fixed in advance).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring
+
+TIGHT_LABEL = (
+    "tight PLD epsilon of the realised sequence, as if it had been fixed in advance; "
+    "not a guarantee under adaptive use"
+)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateBudget(_Body):
+    dataset_id: str
+    tenant_id: str
+    epsilon_limit: float = Field(gt=0, le=100)
+    delta: float = Field(gt=0, lt=1)
+    declared_size: int = Field(ge=1)
+    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
+    partitions: list[str] = Field(default_factory=list, description="declared label domain")
+
+
+class Charge(BaseModel):
+    """One line of a dataset's charge history (from the hash-chained entries)."""
+
+    seq: int
+    at: datetime
+    kind: str
+    job_id: str | None = None
+    reservation_id: str | None = None
+    steps: int | None = None
+    rdp_delta: float = 0.0
+    dataset_epsilon_spent_after: float | None = None
+    dataset_tight_epsilon_after: float | None = None
+
+
+class BudgetView(BaseModel):
+    dataset_id: str
+    tenant_id: str
+    epsilon_limit: float
+    delta: float
+    neighbouring: Neighbouring
+    declared_size: int
+    admission_order: int
+    accountant: str
+    rdp_budget: float
+    rdp_spent: float = Field(description="max over partitions of committed RDP at the order")
+    rdp_reserved: float
+    dataset_epsilon_spent: float
+    dataset_epsilon_reserved: float = Field(
+        description="filter figure of spent + open reservations, minus spent")
+    dataset_epsilon_remaining: float
+    dataset_tight_epsilon: float
+    dataset_tight_epsilon_label: str = TIGHT_LABEL
+    partitions: dict[str, float] = Field(default_factory=dict,
+                                         description="committed RDP per partition")
+    history: list[Charge] = Field(default_factory=list)
+
+
+class PlanRequest(_Body):
+    dataset_id: str
+    target_epsilon: float = Field(gt=0, le=100)
+    expected_batch_size: int = Field(ge=1)
+    steps: int = Field(ge=1)
+
+
+class Plan(BaseModel):
+    """A calibrated DP-SGD job: what it would be and what it would cost."""
+
+    dataset_id: str
+    event: DpSgdEvent
+    expected_batch_size: int
+    job_epsilon: float
+    delta: float
+    admission_order: int
+    rdp_per_step: float
+    rdp_total: float
+    dataset_epsilon_spent_before: float
+    dataset_epsilon_spent_after: float
+    dataset_tight_epsilon_after: float
+    dataset_tight_epsilon_label: str = TIGHT_LABEL
+    admissible: bool
+    max_admissible_target_epsilon: float | None = Field(
+        description="largest target_epsilon of this shape (q, steps) the filter would admit now; "
+        "None when even a tiny one would not fit")
+    accountant: str
+
+
+class ReserveRequest(_Body):
+    job_id: str
+    dataset_id: str
+    target_epsilon: float = Field(gt=0, le=100)
+    expected_batch_size: int = Field(ge=1)
+    steps: int = Field(ge=1)
+    dry_run: bool = False
+
+
+class ReservationState(StrEnum):
+    OPEN = "open"          # admitted, no private data read yet
+    TOUCHED = "touched"    # a read grant was issued
+    CLOSED = "closed"      # committed / released
+
+
+class Reservation(BaseModel):
+    reservation_id: str
+    job_id: str
+    dataset_id: str
+    state: ReservationState
+    event: DpSgdEvent = Field(description="the reserved mechanism (steps = steps reserved)")
+    expected_batch_size: int
+    steps_reserved: int
+    steps_granted: int
+    current_attempt: int
+    job_epsilon: float = Field(description="standalone epsilon of the reserved steps")
+    job_epsilon_granted: float = Field(description="standalone epsilon of the granted steps")
+    plan: Plan | None = None
+
+
+class ReadGrantRequest(_Body):
+    attempt: int = Field(ge=1)
+    worker_id: str
+
+
+class ReadGrant(BaseModel):
+    """A signed token the object store checks before serving a private object."""
+
+    token: str
+    dataset_id: str
+    reservation_id: str
+    attempt: int
+    expires_at: datetime
+
+
+class LeaseRequest(_Body):
+    attempt: int = Field(ge=1)
+    start_step: int = Field(ge=0)
+    steps: int = Field(ge=1)
+
+
+class Lease(BaseModel):
+    lease_id: str
+    reservation_id: str
+    attempt: int
+    start_step: int
+    steps: int
+    expires_at: datetime
+    grant: ReadGrant = Field(description="read grant renewed to the lease's expiry")
+    steps_granted_total: int
+    job_epsilon_granted: float
+
+
+class ExtendRequest(_Body):
+    attempt: int = Field(ge=1)
+    additional_steps: int = Field(ge=1)
+
+
+class CloseRequest(_Body):
+    outcome: Literal["succeeded", "failed", "cancelled"]
+
+
+class VerifyReport(BaseModel):
+    ok: bool
+    entries: int
+    head: str
+    problems: list[str] = Field(default_factory=list)
+    details: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,99 @@
+"""The api's internal endpoints for workers (``/internal/v1``, worker service token).
+
+Workers never change job state themselves: they claim a job (fenced by its attempt number),
+send heartbeats with data-independent progress, register output artifacts and *propose*
+transitions; the api applies them through the job state table under a row lock.
+
+Progress carries only data-independent quantities: step, total, epsilon so far, ETA.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsynth_shared.job_states import JobState
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClaimRequest(_Body):
+    attempt: int = Field(ge=1)
+    worker_id: str
+
+
+class DatasetInfo(BaseModel):
+    dataset_id: str
+    visibility: Literal["public", "private"]
+    object_key: str
+    class_names: list[str]
+    declared_size: int | None = None
+    delta: float | None = None
+
+
+class ModelRef(BaseModel):
+    model_id: str
+    object_key: str
+    dataset_id: str | None = None
+    job_ids: list[str] = Field(default_factory=list)
+    dp: bool = False
+
+
+class Claim(BaseModel):
+    """Everything a worker needs to run one attempt of a job."""
+
+    job_id: str
+    tenant_id: str
+    attempt: int
+    type: Literal["pretrain", "finetune", "generate"]
+    spec: dict[str, Any]
+    dataset: DatasetInfo | None = None
+    base_model: ModelRef | None = None
+    reservation_id: str | None = None
+    resume_checkpoint_key: str | None = None
+    resume_step: int = 0
+    lease_ttl_s: int
+    heartbeat_s: int
+
+
+class Heartbeat(_Body):
+    attempt: int = Field(ge=1)
+    step: int = Field(ge=0)
+    total: int = Field(ge=0)
+    epsilon_so_far: float | None = None
+    eta_s: float | None = None
+    message: str | None = Field(None, max_length=200,
+                                description="data-independent phase name, e.g. 'sampling'")
+
+
+class HeartbeatReply(BaseModel):
+    cancel_requested: bool
+    state: JobState
+
+
+class RegisterArtifact(_Body):
+    attempt: int = Field(ge=1)
+    kind: Literal["model", "checkpoint", "corpus", "private_stats"]
+    object_key: str
+    sha256: str
+    size: int
+    owner_only: bool = False
+    non_dp: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    checkpoint_step: int | None = None
+
+
+class RegisteredArtifact(BaseModel):
+    artifact_id: str
+    model_id: str | None = None
+
+
+class ProposeTransition(_Body):
+    attempt: int = Field(ge=1)
+    to_state: JobState
+    error_code: str | None = None
+    message: str | None = Field(None, max_length=2000)
+    result: dict[str, Any] = Field(default_factory=dict)
