@@ -1,0 +1,62 @@
+"""Session-wide real servers: PostgreSQL, Redis and an S3 server, started once per run.
+
+Integration and end-to-end tests ask for ``pg`` (then create their own database with
+``pg.create_database()``), ``redis_url`` and ``s3_endpoint``. Unit tests use none of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import servers
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+
+@pytest.fixture(scope="session")
+def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Postgres]:
+    server = servers.start_postgres(tmp_path_factory.mktemp("pg"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Process]:
+    proc = servers.start_redis(tmp_path_factory.mktemp("redis"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: servers.Process) -> str:
+    return redis_server.extra["url"]
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Process]:
+    proc = servers.start_seaweedfs(tmp_path_factory.mktemp("s3"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(s3_server: servers.Process) -> str:
+    return s3_server.extra["endpoint"]
+
+
+@pytest.fixture()
+def database_url(pg: servers.Postgres) -> str:
+    """A fresh, empty database on the session's PostgreSQL server."""
+    return pg.url(pg.create_database())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        for kind in ("unit", "integration", "e2e"):
+            if f"/tests/{kind}/" in str(path):
+                item.add_marker(getattr(pytest.mark, kind))
