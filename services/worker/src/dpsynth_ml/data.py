@@ -1,0 +1,80 @@
+"""Canonical dataset files (``.npz``) and their preprocessing into model-ready tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dpsynth_ml.spec import InvalidSpecError
+
+
+@dataclass(frozen=True)
+class ImageDataset:
+    """An image classification dataset as stored in the canonical npz.
+
+    Attributes:
+        images: uint8 array [N, H, W, C].
+        labels: int64 array [N], indices into ``class_names``.
+        class_names: the public label domain, in index order.
+    """
+
+    images: np.ndarray
+    labels: np.ndarray
+    class_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+
+def load_dataset(path: Path) -> ImageDataset:
+    """Load and validate a canonical dataset file.
+
+    Args:
+        path: an ``.npz`` with ``images`` (uint8 [N,H,W,C]), ``labels`` (int64 [N]) and
+            ``class_names`` (unicode [K]). Loaded with ``allow_pickle=False``.
+
+    Returns:
+        The validated dataset.
+
+    Raises:
+        InvalidSpecError: on a missing array, a wrong dtype/shape or an out-of-range label.
+    """
+    with np.load(Path(path), allow_pickle=False) as npz:
+        missing = {"images", "labels", "class_names"} - set(npz.files)
+        if missing:
+            raise InvalidSpecError(f"dataset misses arrays: {sorted(missing)}")
+        images, labels, names = npz["images"], npz["labels"], npz["class_names"]
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise InvalidSpecError("images must be uint8 [N, H, W, C] with C in (1, 3)")
+    if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
+        raise InvalidSpecError("labels must be [N] and match images")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise InvalidSpecError("labels must be integers")
+    if names.ndim != 1 or names.dtype.kind != "U" or names.shape[0] < 1:
+        raise InvalidSpecError("class_names must be a non-empty unicode array [K]")
+    if labels.size and (labels.min() < 0 or labels.max() >= names.shape[0]):
+        raise InvalidSpecError("labels must index class_names")
+    return ImageDataset(images=images, labels=labels.astype(np.int64),
+                        class_names=tuple(str(n) for n in names))
+
+
+def images_to_tensor(images: np.ndarray, *, image_size: int, channels: int) -> torch.Tensor:
+    """Convert uint8 [N,H,W,C] images to float [N, channels, size, size] in [-1, 1].
+
+    Resizing is bilinear (antialiased when shrinking); RGB→gray uses ITU-R 601 luma and
+    gray→RGB repeats the channel.
+    """
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    if x.shape[1] == 3 and channels == 1:
+        weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
+        x = (x * weights).sum(dim=1, keepdim=True)
+    elif x.shape[1] == 1 and channels == 3:
+        x = x.repeat(1, 3, 1, 1)
+    if x.shape[-2:] != (image_size, image_size) and x.shape[0] > 0:
+        x = F.interpolate(x, size=(image_size, image_size), mode="bilinear",
+                          align_corners=False, antialias=True)
+    return x.clamp(-1.0, 1.0).contiguous()

@@ -1,0 +1,45 @@
+"""Pure helpers of the epsilon-prediction diffusion objective (Ho et al. 2020)."""
+
+from __future__ import annotations
+
+import torch
+from diffusers import DDPMScheduler
+
+from dpsynth_ml.models import ConditionalDenoiser
+
+
+def drop_labels(labels: torch.Tensor, *, probability: float, null_class: int,
+                generator: torch.Generator) -> torch.Tensor:
+    """Replace each label by ``null_class`` with ``probability`` (classifier-free guidance).
+
+    Each example's replacement is drawn independently, so an example's gradient still
+    depends on that example alone (required for per-example clipping).
+    """
+    if probability <= 0 or labels.numel() == 0:
+        return labels
+    drop = torch.rand(labels.shape, generator=generator) < probability
+    return torch.where(drop, torch.full_like(labels, null_class), labels)
+
+
+def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMScheduler,
+                              latents: torch.Tensor, labels: torch.Tensor,
+                              generator: torch.Generator) -> torch.Tensor:
+    """Per-example MSE between true and predicted noise at a random timestep.
+
+    Args:
+        denoiser: UNet + class embedder (possibly wrapped by opacus).
+        scheduler: defines the forward noising q(x_t | x_0).
+        latents: clean (scaled) latents [B, C, h, w].
+        labels: class indices [B] (after label dropout).
+        generator: source of timesteps and noise.
+
+    Returns:
+        Loss per example, shape [B] (mean over that example's latent elements).
+    """
+    batch = latents.shape[0]
+    num_t = int(scheduler.config["num_train_timesteps"])
+    timesteps = torch.randint(0, num_t, (batch,), generator=generator)
+    noise = torch.randn(latents.shape, generator=generator)
+    noisy = scheduler.add_noise(latents, noise, timesteps)
+    pred = denoiser(noisy, timesteps, labels)
+    return (pred - noise).pow(2).flatten(1).mean(dim=1)

@@ -1,0 +1,56 @@
+"""The port through which the platform steers a training run (cosmicpython-style Protocol)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+
+class TrainingHooks(Protocol):
+    """Callbacks the worker passes to :func:`dpsynth_ml.train`.
+
+    The privacy budget is charged in :meth:`acquire_steps` *before* steps run (DESIGN §3,
+    "Charging"), so the trainer never runs a step it was not granted.
+    """
+
+    def acquire_steps(self, start: int, count: int) -> int:
+        """Ask for logical steps ``[start, start + count)``; return how many are granted (0 = stop)."""
+        ...
+
+    def should_stop(self) -> bool:
+        """Return True to stop at the next step boundary (cancel, SIGTERM)."""
+        ...
+
+    def on_progress(self, step: int, total: int) -> None:
+        """Report data-independent progress."""
+        ...
+
+    def on_checkpoint(self, step: int, checkpoint_dir: Path) -> None:
+        """A checkpoint for ``step`` is complete on disk at ``checkpoint_dir``."""
+        ...
+
+    def on_private_stats(self, stats: Mapping[str, float]) -> None:
+        """Owner-only, non-DP statistics computed on private data (loss, fraction clipped)."""
+        ...
+
+
+class NullHooks:
+    """Grants every step, never stops, ignores reports (pretraining and tests)."""
+
+    def acquire_steps(self, start: int, count: int) -> int:
+        """Grant all ``count`` steps."""
+        return count
+
+    def should_stop(self) -> bool:
+        """Never stop."""
+        return False
+
+    def on_progress(self, step: int, total: int) -> None:
+        """Ignore progress."""
+
+    def on_checkpoint(self, step: int, checkpoint_dir: Path) -> None:
+        """Ignore checkpoints."""
+
+    def on_private_stats(self, stats: Mapping[str, float]) -> None:
+        """Drop private statistics."""

@@ -1,0 +1,59 @@
+"""The ``train`` entry point: picks the randomness source and dispatches by kind."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import torch
+
+from dpsynth_ml.finetune import run_finetune
+from dpsynth_ml.hooks import NullHooks, TrainingHooks
+from dpsynth_ml.pretrain import run_pretrain
+from dpsynth_ml.spec import InvalidSpecError, RngKind, TrainingResult, TrainingSpec
+
+
+def os_seeded_generator() -> torch.Generator:
+    """A fresh CPU generator seeded from OS entropy (``secrets``), never from a spec.
+
+    DP noise and Poisson sampling must be unpredictable and never replayed (DESIGN §3), so
+    each call to :func:`train` gets its own generator.
+    """
+    return torch.Generator().manual_seed(secrets.randbits(63))
+
+
+def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
+          hooks: TrainingHooks = NullHooks(), base_model_dir: Path | None = None,
+          resume_from: Path | None = None,
+          _test_generator: torch.Generator | None = None) -> TrainingResult:
+    """Pretrain (public data) or DP-finetune (private data) a latent diffusion model.
+
+    Args:
+        spec: what to train. ``spec.dp`` is required for a finetune, forbidden for a pretrain.
+        dataset_path: canonical ``.npz`` dataset (see :func:`dpsynth_ml.load_dataset`).
+        out_dir: the model is written to ``out_dir/model``; a finetune also writes
+            ``out_dir/checkpoints/step-NNNNNNN/`` and ``out_dir/trainer_state.json``.
+        hooks: step leases, cancellation, progress, checkpoints and private statistics.
+        base_model_dir: the pretrained model a finetune starts from.
+        resume_from: a finetune checkpoint directory to continue from; randomness is fresh.
+        _test_generator: tests only. Replaces the OS-seeded generator for Poisson sampling,
+            DP noise and diffusion draws; the output is stamped ``rng: "test"``.
+
+    Returns:
+        Steps completed, whether it stopped early, the model dir and parameter counts.
+
+    Raises:
+        InvalidSpecError: if spec, dataset or base model do not fit together.
+    """
+    rng: RngKind = "test" if _test_generator is not None else "os"
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if spec.kind == "pretrain":
+        if resume_from is not None or base_model_dir is not None:
+            raise InvalidSpecError("a pretrain starts from scratch (no base model, no resume)")
+        return run_pretrain(spec, dataset_path=Path(dataset_path), out_dir=out_dir,
+                            hooks=hooks, rng=rng)
+    generator = _test_generator if _test_generator is not None else os_seeded_generator()
+    return run_finetune(spec, dataset_path=Path(dataset_path), out_dir=out_dir, hooks=hooks,
+                        base_model_dir=base_model_dir, resume_from=resume_from,
+                        generator=generator, rng=rng)
