@@ -1,0 +1,52 @@
+# dpsynth — the two commands a newcomer needs:
+#   make demo   set up, start the embedded platform, run the main job end to end
+#   make test   set up and run the whole test suite (unit, integration, e2e, boundaries)
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+export XDG_RUNTIME_DIR ?= /tmp
+export PIP_DISABLE_PIP_VERSION_CHECK = 1
+
+.PHONY: all venv demo test test-unit test-integration test-e2e lint boundaries clean bench
+
+all: test
+
+$(STAMP): shared/pyproject.toml services/*/pyproject.toml requirements/dev.txt requirements/constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and exactly: 2.13.0 is the CPU build on this platform (no CUDA wheels pulled).
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c requirements/constraints.txt -e shared -e services/ledger -e services/api \
+		-e services/worker -e 'services/cli[embedded]' -r requirements/dev.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py
+
+boundaries: $(STAMP)
+	$(VENV)/bin/lint-imports --config .importlinter
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check shared services tests scripts
+
+test: $(STAMP) boundaries lint
+	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration $(PYTEST_ARGS)
+
+test-e2e: $(STAMP)
+	$(PY) -m pytest -q tests/e2e $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) out .dpsynth .pytest_cache
