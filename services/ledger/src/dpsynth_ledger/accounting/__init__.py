@@ -1,0 +1,59 @@
+"""The ledger's accountant: pure functions, no database (DESIGN §3).
+
+* :mod:`.events` maps dpsynth events to ``dp_accounting`` events (one function);
+* :mod:`.rdp` is RDP at one order, the named RDP→DP conversion, and α*;
+* :mod:`.pld` is the tight figure, calibration and the largest admissible target;
+* :mod:`.filter` is the Feldman–Zrnic RDP filter that admits jobs.
+"""
+
+from dpsynth_ledger.accounting.events import (
+    WHOLE_DATASET,
+    check_neighbouring,
+    partition_events,
+    to_dp_accounting,
+)
+from dpsynth_ledger.accounting.filter import RdpFilter
+from dpsynth_ledger.accounting.pld import (
+    ACCOUNTANT_NAME,
+    DEFAULT_DISCRETIZATION,
+    calibrate_noise_multiplier,
+    dp_sgd_epsilon,
+    max_admissible_target,
+    min_noise_multiplier_for_room,
+    pld_epsilon,
+)
+from dpsynth_ledger.accounting.rdp import (
+    CONVERSION_NAME,
+    add_up,
+    admission_order,
+    epsilon_to_rdp_budget,
+    mul_up,
+    rdp_at_order,
+    rdp_step,
+    rdp_to_epsilon,
+    sum_up,
+)
+
+__all__ = [
+    "ACCOUNTANT_NAME",
+    "CONVERSION_NAME",
+    "DEFAULT_DISCRETIZATION",
+    "WHOLE_DATASET",
+    "RdpFilter",
+    "add_up",
+    "admission_order",
+    "calibrate_noise_multiplier",
+    "check_neighbouring",
+    "dp_sgd_epsilon",
+    "epsilon_to_rdp_budget",
+    "max_admissible_target",
+    "min_noise_multiplier_for_room",
+    "mul_up",
+    "partition_events",
+    "pld_epsilon",
+    "rdp_at_order",
+    "rdp_step",
+    "rdp_to_epsilon",
+    "sum_up",
+    "to_dp_accounting",
+]

@@ -1,0 +1,133 @@
+"""Rényi-DP bookkeeping at one integer order: the maths of the ledger's privacy filter.
+
+Amounts are rounded *up* after every arithmetic operation (``math.nextafter(x, inf)``), so a
+stored accumulator is never below the exact sum of what it counts (W3C attribution API PR #309;
+OpenDP's ``inf_add``).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import dp_accounting
+import numpy as np
+from dp_accounting import rdp as dp_rdp
+from dpsynth_shared.dp_events import DpEvent, DpSgdEvent, GaussianEvent, ParallelEvent
+
+MIN_ORDER = 2
+MAX_ORDER = 256
+CONVERSION_NAME = "rdp->dp: Canonne-Kamath-Steinke 2020 Prop. 12 / Balle et al. 2020 Eq. 20"
+"""The one RDP→(ε, δ) conversion used for the filter (the one ``dp_accounting``'s
+``RdpAccountant.get_epsilon`` applies, ``rdp_privacy_accountant.compute_epsilon``)."""
+
+_INF = math.inf
+
+
+def up(x: float) -> float:
+    """The next float above ``x``: rounds a computed amount upwards (never under-count)."""
+    return math.nextafter(x, _INF)
+
+
+def add_up(a: float, b: float) -> float:
+    """``a + b`` rounded upwards: the only way amounts are accumulated."""
+    return up(a + b)
+
+
+def mul_up(steps: int, per_step: float) -> float:
+    """``steps * per_step`` rounded upwards (0 for zero steps)."""
+    return 0.0 if steps == 0 else up(steps * per_step)
+
+
+def sum_up(values: list[float]) -> float:
+    """Correctly rounded sum (``math.fsum``) moved one ulp up; order-independent."""
+    return 0.0 if not values else up(math.fsum(values))
+
+
+@lru_cache(maxsize=65536)
+def rdp_step(noise_multiplier: float, sample_rate: float, order: int) -> float:
+    """RDP at ``order`` of ONE step of the Poisson-subsampled Gaussian mechanism.
+
+    Uses ``dp_accounting``'s exact computation at integer orders (Mironov, Talwar & Zhang 2019,
+    "Rényi Differential Privacy of the Sampled Gaussian Mechanism", Sec. 3.3: the binomial
+    expansion of A_α), for the add/remove relation. For q = 1 it is α / (2σ²).
+    """
+    acc = dp_rdp.RdpAccountant(orders=[order])
+    acc.compose(dp_accounting.PoissonSampledDpEvent(
+        sample_rate, dp_accounting.GaussianDpEvent(noise_multiplier)))
+    return up(float(acc.rdp[0]))
+
+
+def rdp_at_order(event: DpEvent, order: int) -> float:
+    """RDP of ``event`` at one integer ``order``, rounded upwards.
+
+    A DP-SGD run is ``steps`` times one step (RDP composes additively, Mironov 2017, Prop. 1);
+    a Gaussian of sensitivity ``s`` and std ``σ`` has RDP α s² / (2σ²) (Mironov 2017, Prop. 7);
+    a parallel event costs the max over its disjoint partitions.
+    """
+    if isinstance(event, DpSgdEvent):
+        return mul_up(event.steps, rdp_step(event.noise_multiplier, event.sample_rate, order))
+    if isinstance(event, GaussianEvent):
+        ratio = event.sensitivity / event.sigma
+        return up(order * ratio * ratio / 2.0)
+    if isinstance(event, ParallelEvent):
+        return max((rdp_at_order(sub, order) for sub in event.partitions.values()), default=0.0)
+    raise TypeError(f"unknown event {event!r}")  # pragma: no cover
+
+
+def rdp_to_epsilon(rdp: float, order: int, delta: float) -> float:
+    """Convert an RDP amount at ``order`` into ε at ``delta``: the ledger's named conversion.
+
+    ε = rdp + log1p(−1/α) − (log δ + log α)/(α − 1), floored at 0: Canonne, Kamath & Steinke
+    2020, "The Discrete Gaussian for DP", Prop. 12 (arXiv 2004.00010 v4), also Balle et al.
+    2020, "Hypothesis testing interpretations and Rényi DP", Eq. 20 (arXiv 2001.05990). It is
+    exactly ``dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon`` at one order, including
+    its KL shortcut (ε = 0 when δ² + expm1(−rdp) > 0, i.e. δ ≥ sqrt(1 − e^{−KL})).
+    """
+    if rdp < 0:
+        raise ValueError("RDP cannot be negative")
+    if delta**2 + math.expm1(-rdp) > 0:
+        return 0.0
+    return max(0.0, rdp + math.log1p(-1.0 / order) - math.log(delta * order) / (order - 1))
+
+
+def epsilon_to_rdp_budget(epsilon: float, order: int, delta: float) -> float:
+    """The largest RDP at ``order`` whose :func:`rdp_to_epsilon` is ``epsilon`` (its inverse).
+
+    rdp = ε − log1p(−1/α) + log(δ α)/(α − 1); may be ≤ 0 when ``order`` is useless for
+    (ε, δ). Rounded down by one ulp so that a budget never exceeds the limit it stands for.
+    """
+    value = epsilon - math.log1p(-1.0 / order) + math.log(delta * order) / (order - 1)
+    return math.nextafter(value, -_INF)
+
+
+_ORDERS = np.arange(MIN_ORDER, MAX_ORDER + 1, dtype=np.float64)
+
+
+def _gaussian_eps(rho: float, delta: float) -> tuple[float, int]:
+    """min over orders of the conversion for a Gaussian with RDP α·ρ, and the argmin."""
+    eps = rho * _ORDERS + np.log1p(-1.0 / _ORDERS) - np.log(delta * _ORDERS) / (_ORDERS - 1)
+    idx = int(np.argmin(eps))
+    return float(eps[idx]), int(_ORDERS[idx])
+
+
+@lru_cache(maxsize=1024)
+def admission_order(epsilon_limit: float, delta: float) -> int:
+    """The dataset's fixed filter order α* (DESIGN §3), from (ε limit, δ) alone.
+
+    Finds the Gaussian mechanism (RDP α/(2σ²) = α·ρ) whose ε at δ under the named conversion,
+    optimised over integer orders in [2, 256], equals the limit (bisection on ρ = 1/(2σ²)),
+    and returns the order that attains that minimum.
+    """
+    lo, hi = 1e-12, 1.0
+    while _gaussian_eps(hi, delta)[0] < epsilon_limit:
+        hi *= 2.0
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if _gaussian_eps(mid, delta)[0] < epsilon_limit:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo - 1.0 < 1e-12:
+            break
+    return _gaussian_eps(hi, delta)[1]
