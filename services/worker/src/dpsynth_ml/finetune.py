@@ -99,7 +99,10 @@ def _logical_step(run: _Run) -> dict[str, float]:
     indices = run.sampler.sample()
     null_class = run.info.null_class
     loss_sum, clipped = 0.0, 0
-    for chunk in torch.split(indices, run.spec.max_physical_batch_size):
+    # torch.split of an empty tensor yields one empty chunk; an empty Poisson batch has no
+    # micro-batch at all (privatize() then releases pure noise).
+    chunks = torch.split(indices, run.spec.max_physical_batch_size) if indices.numel() else ()
+    for chunk in chunks:
         labels = drop_labels(run.labels[chunk], probability=run.spec.label_dropout,
                              null_class=null_class, generator=run.generator)
         losses = per_sample_diffusion_loss(run.engine.module, run.bundle.scheduler,

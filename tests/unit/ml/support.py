@@ -1,0 +1,75 @@
+"""Helpers shared by the ML-core tests: datasets, specs, a recording fake of TrainingHooks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpsynth_ml import DpSpec, NullHooks, TrainingSpec
+
+IMAGE_SIZE = 16
+NUM_RECORDS = 100
+
+
+def write_digits(path: Path, n: int = NUM_RECORDS) -> Path:
+    """sklearn digits (8x8, upscaled by the loader to 16x16) as a canonical npz."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = (digits.images[:n] / 16.0 * 255.0).round().astype(np.uint8)[..., None]
+    np.savez(path, images=images, labels=digits.target[:n].astype(np.int64),
+             class_names=np.array([f"digit {i}" for i in range(10)]))
+    return path
+
+
+def finetune_spec(**overrides: object) -> TrainingSpec:
+    """A 20-step tiny DP finetune; ``dp_*`` keys override DpSpec fields."""
+    dp_fields: dict[str, object] = dict(noise_multiplier=1.0, sample_rate=0.16,
+                                        expected_batch_size=16, max_grad_norm=1.0, steps=20)
+    for key in [k for k in overrides if k.startswith("dp_")]:
+        dp_fields[key[3:]] = overrides.pop(key)
+    fields: dict[str, object] = dict(kind="finetune", preset="tiny", image_size=IMAGE_SIZE,
+                                     max_physical_batch_size=8, checkpoint_every=5,
+                                     learning_rate=1e-3, dp=DpSpec(**dp_fields))  # type: ignore[arg-type]
+    fields.update(overrides)
+    return TrainingSpec(**fields)  # type: ignore[arg-type]
+
+
+def seeded(seed: int = 1234) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@dataclass
+class RecordingHooks(NullHooks):
+    """A fake TrainingHooks: grants up to ``budget`` steps, can stop after ``stop_after``."""
+
+    budget: int | None = None
+    stop_after: int | None = None
+    acquired: list[tuple[int, int, int]] = field(default_factory=list)
+    progress: list[tuple[int, int]] = field(default_factory=list)
+    checkpoints: list[tuple[int, Path]] = field(default_factory=list)
+    private_stats: list[Mapping[str, float]] = field(default_factory=list)
+    granted_total: int = 0
+
+    def acquire_steps(self, start: int, count: int) -> int:
+        grant = count if self.budget is None else max(0, min(count, self.budget - self.granted_total))
+        self.granted_total += grant
+        self.acquired.append((start, count, grant))
+        return grant
+
+    def should_stop(self) -> bool:
+        done = self.progress[-1][0] if self.progress else 0
+        return self.stop_after is not None and done >= self.stop_after
+
+    def on_progress(self, step: int, total: int) -> None:
+        self.progress.append((step, total))
+
+    def on_checkpoint(self, step: int, checkpoint_dir: Path) -> None:
+        self.checkpoints.append((step, checkpoint_dir))
+
+    def on_private_stats(self, stats: Mapping[str, float]) -> None:
+        self.private_stats.append(dict(stats))
