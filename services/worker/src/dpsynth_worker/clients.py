@@ -1,0 +1,188 @@
+"""HTTP adapters of :mod:`dpsynth_worker.ports` over httpx, with bearer tokens.
+
+Transient network errors are retried a few times with exponential backoff: any transport
+error for reads, only connection failures (the request never left) for writes, so a lease
+is never requested twice by a retry. Problem+json answers become :class:`DpsynthError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, TypeVar
+
+import httpx
+from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    CloseRequest,
+    ExtendRequest,
+    Lease,
+    LeaseRequest,
+    ReadGrant,
+    ReadGrantRequest,
+    Reservation,
+)
+from dpsynth_shared.worker_contract import (
+    Claim,
+    ClaimRequest,
+    Heartbeat,
+    HeartbeatReply,
+    ProposeTransition,
+    RegisterArtifact,
+    RegisteredArtifact,
+)
+from pydantic import BaseModel
+
+from dpsynth_worker.ports import CloseOutcome, JobEpsilon
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+_RETRY_STATUS = frozenset({502, 503, 504})
+_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+class _Http:
+    """A bearer-token JSON client with retries and problem+json decoding."""
+
+    def __init__(self, base_url: str, token: str, *, unavailable: ErrorCode,
+                 retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self._client = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s,
+                                    headers={"Authorization": f"Bearer {token}"},
+                                    transport=transport)
+        self._unavailable = unavailable
+        self._retries = retries
+        self._backoff_s = backoff_s
+
+    def close(self) -> None:
+        self._client.close()
+
+    def request(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None
+                ) -> Any:
+        """Send one request; return the decoded JSON body (None when empty)."""
+        payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
+        retry_on: tuple[type[Exception], ...] = (
+            (httpx.TransportError,) if method == "GET" else _CONNECT_ERRORS)
+        for attempt in range(self._retries + 1):
+            last = attempt == self._retries
+            try:
+                response = self._client.request(method, path, json=payload)
+            except retry_on as exc:
+                if last:
+                    raise DpsynthError(self._unavailable, f"{method} {path}: "
+                                       f"{type(exc).__name__}") from exc
+                self._sleep(attempt, method, path, type(exc).__name__)
+                continue
+            if response.status_code in _RETRY_STATUS and not last:
+                self._sleep(attempt, method, path, str(response.status_code))
+                continue
+            return _decode(response, self._unavailable)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _sleep(self, attempt: int, method: str, path: str, why: str) -> None:
+        delay = self._backoff_s * (2**attempt)
+        log.warning("transient error, retrying", extra={"method": method, "path": path,
+                                                         "why": why, "retry_in_s": delay})
+        time.sleep(delay)
+
+
+def _decode(response: httpx.Response, unavailable: ErrorCode) -> Any:
+    if response.is_success:
+        return response.json() if response.content else None
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "code" in body:
+        raise error_from_problem(body)
+    code = unavailable if response.status_code >= 500 else ErrorCode.INVALID_REQUEST
+    raise DpsynthError(code, f"HTTP {response.status_code} without a problem body")
+
+
+def _parse(model: type[M], data: Any) -> M:
+    return model.model_validate(data)
+
+
+class ApiClient:
+    """The api's internal worker endpoints (``/internal/v1``, the WORKER_TOKEN)."""
+
+    def __init__(self, base_url: str, token: str, **kwargs: Any) -> None:
+        self._http = _Http(base_url, token, unavailable=ErrorCode.SERVICE_UNAVAILABLE, **kwargs)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def claim(self, job_id: str, *, attempt: int, worker_id: str) -> Claim:
+        """Claim ``attempt`` of a job; raises ``claim_refused`` for a stale message."""
+        body = ClaimRequest(attempt=attempt, worker_id=worker_id)
+        return _parse(Claim, self._http.request("POST", f"/internal/v1/jobs/{job_id}/claim",
+                                                body))
+
+    def heartbeat(self, job_id: str, beat: Heartbeat) -> HeartbeatReply:
+        """Post data-independent progress; the reply says whether cancel was requested."""
+        data = self._http.request("POST", f"/internal/v1/jobs/{job_id}/heartbeat", beat)
+        return _parse(HeartbeatReply, data)
+
+    def register_artifact(self, job_id: str, artifact: RegisterArtifact) -> RegisteredArtifact:
+        """Register an uploaded output object of the job."""
+        data = self._http.request("POST", f"/internal/v1/jobs/{job_id}/artifacts", artifact)
+        return _parse(RegisteredArtifact, data)
+
+    def propose_transition(self, job_id: str, proposal: ProposeTransition) -> None:
+        """Propose the job's next state (the api decides)."""
+        self._http.request("POST", f"/internal/v1/jobs/{job_id}/transition", proposal)
+
+
+class LedgerClient:
+    """The ledger's reservation, lease and budget endpoints (a service token)."""
+
+    def __init__(self, base_url: str, token: str, **kwargs: Any) -> None:
+        self._http = _Http(base_url, token, unavailable=ErrorCode.LEDGER_UNAVAILABLE, **kwargs)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def get_reservation(self, reservation_id: str) -> Reservation:
+        """Read a reservation (its DP event is what the trainer must use, verbatim)."""
+        return _parse(Reservation,
+                      self._http.request("GET", f"/v1/reservations/{reservation_id}"))
+
+    def read_grant(self, reservation_id: str, *, attempt: int, worker_id: str) -> ReadGrant:
+        """Obtain a read grant for the reservation's private dataset (touches it)."""
+        body = ReadGrantRequest(attempt=attempt, worker_id=worker_id)
+        data = self._http.request("POST", f"/v1/reservations/{reservation_id}/read-grants", body)
+        return _parse(ReadGrant, data)
+
+    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int) -> Lease:
+        """Lease steps ``[start_step, start_step + steps)``; they are charged when granted."""
+        body = LeaseRequest(attempt=attempt, start_step=start_step, steps=steps)
+        data = self._http.request("POST", f"/v1/reservations/{reservation_id}/leases", body)
+        return _parse(Lease, data)
+
+    def end_lease(self, reservation_id: str, lease_id: str) -> None:
+        """End a lease early (never refunds its steps)."""
+        self._http.request("POST", f"/v1/reservations/{reservation_id}/leases/{lease_id}/end")
+
+    def extend(self, reservation_id: str, *, attempt: int, additional_steps: int) -> Reservation:
+        """Ask for steps beyond the reservation (a new admission through the filter)."""
+        body = ExtendRequest(attempt=attempt, additional_steps=additional_steps)
+        data = self._http.request("POST", f"/v1/reservations/{reservation_id}/extend", body)
+        return _parse(Reservation, data)
+
+    def close_reservation(self, reservation_id: str, *, outcome: CloseOutcome) -> None:
+        """Close a reservation: commit granted steps, release the rest."""
+        body = CloseRequest(outcome=outcome)
+        self._http.request("POST", f"/v1/reservations/{reservation_id}/close", body)
+
+    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str]) -> JobEpsilon:
+        """Standalone epsilon of the granted steps of these reservations, composed."""
+        body = {"dataset_id": dataset_id, "reservation_ids": reservation_ids}
+        return _parse(JobEpsilon, self._http.request("POST", "/v1/job-epsilon", body))
+
+    def budget_view(self, dataset_id: str) -> BudgetView:
+        """The dataset's budget view (filter figure, tight figure, order, accountant)."""
+        return _parse(BudgetView, self._http.request("GET", f"/v1/budgets/{dataset_id}"))

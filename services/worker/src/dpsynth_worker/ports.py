@@ -1,0 +1,63 @@
+"""The ports the runners depend on: the api's internal endpoints and the ledger.
+
+Adapters: :class:`dpsynth_worker.clients.ApiClient` and
+:class:`dpsynth_worker.clients.LedgerClient` (httpx). Tests use in-memory fakes.
+Every method raises :class:`dpsynth_shared.errors.DpsynthError` with the service's code.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from dpsynth_shared.ledger_contract import BudgetView, Lease, ReadGrant, Reservation
+from dpsynth_shared.worker_contract import (
+    Claim,
+    Heartbeat,
+    HeartbeatReply,
+    ProposeTransition,
+    RegisterArtifact,
+    RegisteredArtifact,
+)
+from pydantic import BaseModel
+
+CloseOutcome = Literal["succeeded", "failed", "cancelled"]
+
+
+class JobEpsilon(BaseModel):
+    """The ledger's answer to ``POST /v1/job-epsilon``: a model's standalone epsilon."""
+
+    job_epsilon: float
+    delta: float
+
+
+class ApiPort(Protocol):
+    """The api's internal worker endpoints (``/internal/v1``)."""
+
+    def claim(self, job_id: str, *, attempt: int, worker_id: str) -> Claim: ...
+
+    def heartbeat(self, job_id: str, beat: Heartbeat) -> HeartbeatReply: ...
+
+    def register_artifact(self, job_id: str, artifact: RegisterArtifact) -> RegisteredArtifact: ...
+
+    def propose_transition(self, job_id: str, proposal: ProposeTransition) -> None: ...
+
+
+class LedgerPort(Protocol):
+    """The ledger's reservation, lease and budget endpoints (``/v1``)."""
+
+    def get_reservation(self, reservation_id: str) -> Reservation: ...
+
+    def read_grant(self, reservation_id: str, *, attempt: int, worker_id: str) -> ReadGrant: ...
+
+    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int) -> Lease: ...
+
+    def end_lease(self, reservation_id: str, lease_id: str) -> None: ...
+
+    def extend(self, reservation_id: str, *, attempt: int,
+               additional_steps: int) -> Reservation: ...
+
+    def close_reservation(self, reservation_id: str, *, outcome: CloseOutcome) -> None: ...
+
+    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str]) -> JobEpsilon: ...
+
+    def budget_view(self, dataset_id: str) -> BudgetView: ...

@@ -1,0 +1,74 @@
+"""What one job attempt runs with: the claim, the ports, the ML core and its stop flags."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpsynth_shared.object_store import ObjectStore
+from dpsynth_shared.worker_contract import Claim
+
+from dpsynth_worker.ports import ApiPort, LedgerPort
+from dpsynth_worker.runners.heartbeat import Heartbeater
+
+
+def _real(name: str) -> Callable[..., Any]:
+    """A late-bound function of :mod:`dpsynth_ml` (imports torch on first call only)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        import dpsynth_ml
+
+        return getattr(dpsynth_ml, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+@dataclass(frozen=True)
+class MlCore:
+    """The ML core's functions, injectable so runners can be tested with a fake core."""
+
+    train: Callable[..., Any] = field(default_factory=lambda: _real("train"))
+    sample: Callable[..., Any] = field(default_factory=lambda: _real("sample"))
+    model_hash: Callable[[Path], str] = field(default_factory=lambda: _real("model_hash"))
+    read_model_info: Callable[[Path], Any] = field(
+        default_factory=lambda: _real("read_model_info"))
+
+
+@dataclass
+class StopFlags:
+    """Reasons to stop at the next step boundary, set from other threads."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    stale: threading.Event = field(default_factory=threading.Event)
+    shutdown: threading.Event = field(default_factory=threading.Event)
+
+    def any(self) -> bool:
+        """True when the attempt must stop (cancel, fenced off, or SIGTERM)."""
+        return self.cancel.is_set() or self.stale.is_set() or self.shutdown.is_set()
+
+
+@dataclass
+class JobContext:
+    """One claimed attempt of a job and everything its runner may touch."""
+
+    claim: Claim
+    api: ApiPort
+    ledger: LedgerPort
+    store: ObjectStore
+    work_dir: Path
+    worker_id: str
+    ml: MlCore
+    flags: StopFlags
+    heartbeat: Heartbeater
+
+    @property
+    def job_id(self) -> str:
+        return self.claim.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.claim.attempt

@@ -1,0 +1,191 @@
+"""DP fine-tuning on a private dataset under step leases (DESIGN §3; DP-LDMs, Liu et al.).
+
+The DP parameters (noise multiplier, sample rate q, expected batch size, steps) come from
+the ledger's reservation and are handed to the trainer verbatim: the worker never
+recomputes them, so what runs is exactly what was accounted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.job_specs import FinetuneSpec
+from dpsynth_shared.job_states import JobState
+from dpsynth_shared.ledger_contract import Reservation
+from dpsynth_shared.worker_contract import DatasetInfo, ModelRef
+
+from dpsynth_worker.runners.artifacts import (
+    download_folder,
+    private_stats_key,
+    read_provenance,
+    upload_and_register,
+)
+from dpsynth_worker.runners.context import JobContext
+from dpsynth_worker.runners.hooks import LeasedHooks
+from dpsynth_worker.runners.outcome import Outcome, close_reservation, fail, propose, stopped
+from dpsynth_worker.runners.publish import publish_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    spec: FinetuneSpec
+    reservation: Reservation
+    dataset: DatasetInfo
+    base: ModelRef
+    base_dir: Path
+    data_path: Path
+    resume_dir: Path | None
+    ancestors: list[str]
+
+
+def run_finetune(ctx: JobContext) -> Outcome:
+    """Run one attempt of a DP finetune; see ``docs/architecture.md`` ("Job flow")."""
+    inputs = _fetch_inputs(ctx)
+    training = training_spec(ctx, inputs)
+    hooks = LeasedHooks(ctx, inputs.reservation.reservation_id)
+    ctx.heartbeat.phase("training")
+    try:
+        result = ctx.ml.train(training, dataset_path=inputs.data_path,
+                              out_dir=ctx.work_dir / "out", hooks=hooks,
+                              base_model_dir=inputs.base_dir, resume_from=inputs.resume_dir)
+    finally:
+        _upload_private_stats(ctx, hooks)
+    if ctx.flags.stale.is_set():
+        return stopped(ctx)
+    if hooks.budget_refused:
+        return fail(ctx, ErrorCode.PRIVACY_BUDGET_EXHAUSTED,
+                    "the ledger refused further steps (privacy budget exhausted); "
+                    "the last checkpoint is kept")
+    if result.stopped_early:
+        if not ctx.flags.cancel.is_set():
+            hooks.end_lease()
+        return stopped(ctx)
+    return _succeed(ctx, inputs, result)
+
+
+def _fetch_inputs(ctx: JobContext) -> _Inputs:
+    """Base model first, then a read grant and the private data (touching the reservation)."""
+    claim = ctx.claim
+    if claim.reservation_id is None or claim.dataset is None or claim.base_model is None:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "a finetune claim needs a reservation, "
+                           "a dataset and a base model")
+    if claim.dataset.visibility != "private":
+        raise DpsynthError(ErrorCode.VISIBILITY_MISMATCH, "a finetune needs a private dataset")
+    spec = FinetuneSpec.model_validate(claim.spec)
+    reservation = ctx.ledger.get_reservation(claim.reservation_id)
+    ctx.heartbeat.phase("downloading")
+    base_dir = download_folder(ctx, claim.base_model.object_key, "base")
+    ancestors = _dp_ancestors(claim.base_model, claim.dataset.dataset_id, base_dir)
+    resume_dir = (download_folder(ctx, claim.resume_checkpoint_key, "resume")
+                  if claim.resume_checkpoint_key else None)
+    grant = ctx.ledger.read_grant(claim.reservation_id, attempt=ctx.attempt,
+                                  worker_id=ctx.worker_id)
+    data_path = ctx.work_dir / "data.npz"
+    ctx.store.get_file(claim.dataset.object_key, data_path, grant=grant.token)
+    return _Inputs(spec=spec, reservation=reservation, dataset=claim.dataset,
+                   base=claim.base_model, base_dir=base_dir, data_path=data_path,
+                   resume_dir=resume_dir, ancestors=ancestors)
+
+
+def _dp_ancestors(base: ModelRef, dataset_id: str, base_dir: Path) -> list[str]:
+    """Reservations of the base model's DP training on the same dataset (they compose)."""
+    if not base.dp or base.dataset_id != dataset_id:
+        return []
+    provenance = read_provenance(base_dir)
+    if provenance.get("dataset_id") != dataset_id or not provenance.get("reservation_ids"):
+        raise DpsynthError(ErrorCode.INVALID_MODEL, "the base model's DP provenance is missing")
+    return [str(r) for r in provenance["reservation_ids"]]
+
+
+def planned_steps(reservation: Reservation) -> int:
+    """The job's training length as planned at admission (stable across extensions)."""
+    return reservation.plan.event.steps if reservation.plan else reservation.event.steps
+
+
+def map_classes(private_names: list[str], base_names: list[str],
+                class_map: dict[str, str]) -> dict[int, int]:
+    """Private class index -> base-model class index, from a name -> name map.
+
+    Raises:
+        DpsynthError: ``invalid_spec`` when a private class is unmapped or a target unknown.
+    """
+    unmapped = [n for n in private_names if n not in class_map]
+    unknown = sorted({t for t in class_map.values() if t not in base_names})
+    if unmapped or unknown:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "class_map must map every dataset class to "
+                           "a base-model class", unmapped=unmapped, unknown_targets=unknown)
+    return {i: base_names.index(class_map[n]) for i, n in enumerate(private_names)}
+
+
+def training_spec(ctx: JobContext, inputs: _Inputs) -> Any:
+    """The trainer's spec: shape from the base model, DP parameters from the reservation."""
+    from dpsynth_ml import DpSpec, TrainingSpec
+
+    base = ctx.ml.read_model_info(inputs.base_dir)
+    t, event = inputs.spec.training, inputs.reservation.event
+    class_map, num_classes = None, len(inputs.dataset.class_names)
+    if t.class_map is not None:
+        class_map = map_classes(inputs.dataset.class_names, list(base.class_names), t.class_map)
+        num_classes = base.num_classes
+    dp = DpSpec(noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate,
+                expected_batch_size=inputs.reservation.expected_batch_size,
+                max_grad_norm=inputs.spec.privacy.max_grad_norm,
+                steps=planned_steps(inputs.reservation))
+    return TrainingSpec(kind="finetune", preset=base.preset, image_size=base.image_size,
+                        channels=base.channels, class_conditional=t.class_conditional,
+                        num_classes=num_classes, trainable=t.trainable,
+                        learning_rate=t.learning_rate, label_dropout=t.label_dropout,
+                        max_physical_batch_size=t.max_physical_batch_size,
+                        class_map=class_map, checkpoint_every=t.checkpoint_every, dp=dp)
+
+
+def _upload_private_stats(ctx: JobContext, hooks: LeasedHooks) -> None:
+    """Upload the owner-only, non-DP statistics once (never logged or exported)."""
+    if not hooks.private_stats or ctx.flags.stale.is_set():
+        return
+    body = {"job_id": ctx.job_id, "attempt": ctx.attempt, "non_dp": True, "owner_only": True,
+            "note": "computed on private data outside any DP mechanism; owner-only",
+            "steps": hooks.private_stats}
+    path = ctx.work_dir / "private-stats.json"
+    path.write_text(json.dumps(body))
+    try:
+        upload_and_register(ctx, key=private_stats_key(ctx.job_id, ctx.attempt), path=path,
+                            kind="private_stats", metadata={"attempt": ctx.attempt},
+                            content_type="application/json", owner_only=True, non_dp=True)
+    except DpsynthError as exc:  # never mask the attempt's own outcome
+        log.warning("owner-only statistics upload failed", extra={"code": str(exc.code)})
+
+
+def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
+    """Job epsilon from the ledger, publish the model, close the reservation, propose."""
+    rid, dataset_id = inputs.reservation.reservation_id, inputs.dataset.dataset_id
+    reservation_ids = [*inputs.ancestors, rid]
+    eps = ctx.ledger.job_epsilon(dataset_id=dataset_id, reservation_ids=reservation_ids)
+    event, plan = inputs.reservation.event, inputs.reservation.plan
+    job_ids = [*(inputs.base.job_ids if inputs.ancestors else []), ctx.job_id]
+    record: dict[str, Any] = {
+        "dp": True, "dataset_id": dataset_id, "reservation_ids": reservation_ids,
+        "job_ids": job_ids, "job_epsilon": eps.job_epsilon, "delta": eps.delta,
+        "accountant": plan.accountant if plan else None,
+        "admission_order": plan.admission_order if plan else None,
+        "noise_multiplier": event.noise_multiplier, "sample_rate": event.sample_rate,
+        "steps": result.steps_completed, "neighbouring": str(event.neighbouring),
+        "expected_batch_size": inputs.reservation.expected_batch_size,
+        "max_grad_norm": inputs.spec.privacy.max_grad_norm,
+        "base_model_id": inputs.base.model_id}
+    published = publish_model(ctx, result.model_dir, provenance=record, metadata={
+        **record, "trainable_parameters": result.trainable_parameters,
+        "total_parameters": result.total_parameters})
+    close_reservation(ctx, "succeeded")
+    propose(ctx, JobState.SUCCEEDED, result={
+        "model_id": published.model_id, "artifact_id": published.artifact_id,
+        "model_hash": published.model_hash, "job_epsilon": eps.job_epsilon, "delta": eps.delta})
+    log.info("finetune succeeded", extra={"steps": result.steps_completed})
+    return Outcome.SUCCEEDED

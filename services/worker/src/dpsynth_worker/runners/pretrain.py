@@ -1,0 +1,51 @@
+"""Pretraining on a public dataset (non-private; DESIGN §1 workflow step A)."""
+
+from __future__ import annotations
+
+import logging
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.job_specs import PretrainSpec
+from dpsynth_shared.job_states import JobState
+
+from dpsynth_worker.runners.context import JobContext
+from dpsynth_worker.runners.hooks import PlainHooks
+from dpsynth_worker.runners.outcome import Outcome, propose, stopped
+from dpsynth_worker.runners.publish import publish_model
+
+log = logging.getLogger(__name__)
+
+
+def run_pretrain(ctx: JobContext) -> Outcome:
+    """Download the public dataset, train, publish the model, propose ``succeeded``."""
+    from dpsynth_ml import TrainingSpec
+
+    spec = PretrainSpec.model_validate(ctx.claim.spec)
+    dataset = ctx.claim.dataset
+    if dataset is None or dataset.visibility != "public":
+        raise DpsynthError(ErrorCode.VISIBILITY_MISMATCH, "a pretrain needs a public dataset")
+    ctx.heartbeat.phase("downloading dataset")
+    data_path = ctx.work_dir / "data.npz"
+    ctx.store.get_file(dataset.object_key, data_path)
+    training = TrainingSpec(kind="pretrain", preset=spec.preset, image_size=spec.image_size,
+                            channels=spec.channels, class_conditional=spec.class_conditional,
+                            num_classes=len(dataset.class_names),
+                            learning_rate=spec.learning_rate, epochs=spec.epochs,
+                            batch_size=spec.batch_size, label_dropout=spec.label_dropout,
+                            seed=spec.seed)
+    ctx.heartbeat.phase("training")
+    result = ctx.ml.train(training, dataset_path=data_path, out_dir=ctx.work_dir / "out",
+                          hooks=PlainHooks(ctx))
+    if result.stopped_early:
+        return stopped(ctx)
+    published = publish_model(
+        ctx, result.model_dir,
+        provenance={"dp": False, "job_ids": [ctx.job_id], "public_dataset_id": dataset.dataset_id},
+        metadata={"dp": False, "trainable_parameters": result.trainable_parameters,
+                  "total_parameters": result.total_parameters,
+                  "steps": result.steps_completed, "public_dataset_id": dataset.dataset_id})
+    propose(ctx, JobState.SUCCEEDED, result={"model_id": published.model_id,
+                                              "artifact_id": published.artifact_id,
+                                              "model_hash": published.model_hash})
+    log.info("pretrain succeeded", extra={"steps": result.steps_completed})
+    return Outcome.SUCCEEDED

@@ -1,0 +1,51 @@
+"""Typed worker settings (env prefix ``DPSYNTH_WORKER_``, nested delimiter ``__``).
+
+Read once at process start (:func:`load_settings`) and injected; nothing reads the
+environment at import time. See ``docs/architecture.md`` ("Settings").
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from dpsynth_shared.settings import ObjectStoreSettings, ServiceEndpoint
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class WorkerSettings(BaseSettings):
+    """Everything a worker process needs, from ``DPSYNTH_WORKER_*`` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="DPSYNTH_WORKER_", env_nested_delimiter="__",
+                                      extra="ignore")
+
+    broker_url: str = Field(description="Redis URL of the Celery broker")
+    api: ServiceEndpoint = Field(description="the api's base URL and its WORKER_TOKEN")
+    ledger: ServiceEndpoint = Field(description="the ledger's base URL and a service token")
+    object_store: ObjectStoreSettings = ObjectStoreSettings()
+    grant_public_key: str = Field("", description="the ledger's Ed25519 public key (base64)")
+    work_dir: Path = Path("./.dpsynth/work")
+    log_level: str = "INFO"
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+    worker_id: str = Field(default_factory=_default_worker_id)
+    queue: str = "dpsynth"
+    lease_ttl_s: int = Field(60, ge=1, description="the ledger's lease TTL; the broker's "
+                             "visibility timeout is twice this")
+    torch_threads: int | None = Field(None, ge=1)
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        """Redis visibility timeout: above the lease TTL so live jobs are not redelivered
+        while their lease is valid (redeliveries are harmless anyway: claims are fenced)."""
+        return 2 * self.lease_ttl_s
+
+
+def load_settings() -> WorkerSettings:
+    """Read the settings from the environment (once, at process start)."""
+    return WorkerSettings()  # type: ignore[call-arg]
