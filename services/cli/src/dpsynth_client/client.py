@@ -1,0 +1,254 @@
+"""The dpsynth Python client: one method per REST endpoint, problem+json → DpsynthError.
+
+Auth is always the ``Authorization: Bearer`` header; the key is never put in a URL.
+Methods return the decoded JSON bodies (dicts) so the client keeps working while the api
+grows new fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from dpsynth_shared.job_states import JobState
+
+from dpsynth_client.errors import raise_for_problem, unreachable
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+class Client:
+    """A typed-enough wrapper over the dpsynth REST api.
+
+    Args:
+        base_url: the api's base URL, e.g. ``http://127.0.0.1:8000``.
+        api_key: a key created by ``POST /v1/tenants`` or ``/v1/tenants/{id}/keys``.
+        timeout: seconds for connect/read of each request (uploads and downloads stream).
+        transport: an httpx transport (tests pass an in-process one).
+    """
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, transport=transport,
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
+        )
+
+    def close(self) -> None:
+        """Close the underlying connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise unreachable(self.base_url, exc) from exc
+        raise_for_problem(response)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    # -- health --------------------------------------------------------------------------
+    def healthz(self) -> dict[str, Any]:
+        """``GET /healthz``."""
+        return self._request("GET", "/healthz")  # type: ignore[no-any-return]
+
+    def readyz(self) -> dict[str, Any]:
+        """``GET /readyz``."""
+        return self._request("GET", "/readyz")  # type: ignore[no-any-return]
+
+    # -- tenants & keys (admin) ----------------------------------------------------------
+    def create_tenant(self, name: str, *, scopes: list[str] | None = None) -> dict[str, Any]:
+        """Create a tenant and its first key (``key.api_key`` is shown once)."""
+        body: dict[str, Any] = {"name": name}
+        if scopes is not None:
+            body["scopes"] = scopes
+        return self._request("POST", "/v1/tenants", json=body)  # type: ignore[no-any-return]
+
+    def create_key(self, tenant_id: str, scopes: list[str], *,
+                   name: str | None = None) -> dict[str, Any]:
+        """Add a key with ``scopes`` to a tenant."""
+        body: dict[str, Any] = {"scopes": scopes}
+        if name is not None:
+            body["name"] = name
+        return self._request(  # type: ignore[no-any-return]
+            "POST", f"/v1/tenants/{tenant_id}/keys", json=body)
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        """Revoke a key (it stops authenticating at once)."""
+        return self._request("POST", f"/v1/keys/{key_id}/revoke")  # type: ignore[no-any-return]
+
+    # -- datasets ------------------------------------------------------------------------
+    def upload_dataset(self, path: Path | str, *, name: str, visibility: str,
+                       epsilon_limit: float | None = None, delta: float | None = None,
+                       label_domain: list[str] | None = None,
+                       declared_size: int | None = None) -> dict[str, Any]:
+        """Upload a dataset file (zip/tar image folder, ``.npz`` or Parquet).
+
+        Sent as multipart: ``file`` and ``metadata`` (a JSON string). Optional privacy
+        fields left ``None`` are omitted so the api applies its defaults (e.g. delta).
+        """
+        metadata = {"name": name, "visibility": visibility, "epsilon_limit": epsilon_limit,
+                    "delta": delta, "label_domain": label_domain, "declared_size": declared_size}
+        metadata = {k: v for k, v in metadata.items() if v is not None}
+        path = Path(path)
+        with path.open("rb") as handle:
+            return self._request(  # type: ignore[no-any-return]
+                "POST", "/v1/datasets", data={"metadata": json.dumps(metadata)},
+                files={"file": (path.name, handle, "application/octet-stream")})
+
+    def list_datasets(self) -> list[dict[str, Any]]:
+        """The tenant's datasets."""
+        return _items(self._request("GET", "/v1/datasets"))
+
+    def get_dataset(self, dataset_id: str) -> dict[str, Any]:
+        """One dataset."""
+        return self._request("GET", f"/v1/datasets/{dataset_id}")  # type: ignore[no-any-return]
+
+    def get_budget(self, dataset_id: str) -> dict[str, Any]:
+        """The dataset's budget view (filter spent, tight figure, reserved, remaining...)."""
+        return self._request(  # type: ignore[no-any-return]
+            "GET", f"/v1/datasets/{dataset_id}/budget")
+
+    # -- models --------------------------------------------------------------------------
+    def upload_model(self, path: Path | str, *, name: str,
+                     metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Upload a diffusers model: a ``save_pretrained`` folder (tarred here) or a ``.tar``."""
+        path = Path(path)
+        meta = {"name": name, **(metadata or {})}
+        with tempfile.TemporaryDirectory() as tmp:
+            upload = _tar_folder(path, Path(tmp) / "model.tar") if path.is_dir() else path
+            with upload.open("rb") as handle:
+                return self._request(  # type: ignore[no-any-return]
+                    "POST", "/v1/models", data={"metadata": json.dumps(meta)},
+                    files={"file": (upload.name, handle, "application/x-tar")})
+
+    def list_models(self) -> list[dict[str, Any]]:
+        """The tenant's models."""
+        return _items(self._request("GET", "/v1/models"))
+
+    def get_model(self, model_id: str) -> dict[str, Any]:
+        """One model."""
+        return self._request("GET", f"/v1/models/{model_id}")  # type: ignore[no-any-return]
+
+    # -- jobs ----------------------------------------------------------------------------
+    def submit_job(self, spec: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Submit a job spec; with ``dry_run`` the api answers the plan and budget impact."""
+        params = {"dry_run": "true"} if dry_run else None
+        return self._request(  # type: ignore[no-any-return]
+            "POST", "/v1/jobs", json=spec, params=params)
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        """One job (state, progress, result, error)."""
+        return self._request("GET", f"/v1/jobs/{job_id}")  # type: ignore[no-any-return]
+
+    def list_jobs(self, *, page_size: int = 50, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every job of the tenant, following ``next_cursor`` page by page."""
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": page_size, **filters}
+            if cursor:
+                params["cursor"] = cursor
+            page = self._request("GET", "/v1/jobs", params=params)
+            yield from _items(page)
+            cursor = page.get("next_cursor") if isinstance(page, dict) else None
+            if not cursor:
+                return
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Ask for cancellation (charged steps stay charged)."""
+        return self._request("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
+
+    def job_artifacts(self, job_id: str) -> list[dict[str, Any]]:
+        """The artifacts a job produced."""
+        return _items(self._request("GET", f"/v1/jobs/{job_id}/artifacts"))
+
+    def wait_for_job(self, job_id: str, timeout: float = 3600.0, poll: float = 2.0,
+                     on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Poll a job until it is succeeded, failed or cancelled, and return it.
+
+        Raises:
+            TimeoutError: when the job is still running after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get_job(job_id)
+            if on_progress is not None:
+                on_progress(job)
+            if job.get("state") in TERMINAL_STATES:
+                return job
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id} still {job.get('state')} after {timeout}s")
+            time.sleep(poll)
+
+    # -- artifacts -----------------------------------------------------------------------
+    def get_artifact(self, artifact_id: str) -> dict[str, Any]:
+        """One artifact's metadata (kind, size, sha256...)."""
+        return self._request(  # type: ignore[no-any-return]
+            "GET", f"/v1/artifacts/{artifact_id}")
+
+    def presign_artifact(self, artifact_id: str) -> dict[str, Any]:
+        """A short-lived URL for a corpus: ``{url, expires_at}`` (corpora only)."""
+        return self._request(  # type: ignore[no-any-return]
+            "GET", f"/v1/artifacts/{artifact_id}/download", params={"presign": "true"})
+
+    def download_artifact(self, artifact_id: str, dest: Path | str, *,
+                          on_chunk: Callable[[int, int | None], None] | None = None) -> Path:
+        """Stream an artifact to ``dest`` (temp file + rename); returns the path.
+
+        Args:
+            on_chunk: called with (bytes so far, total or None) after each chunk.
+        """
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".download-", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as out, self._http.stream(
+                "GET", f"/v1/artifacts/{artifact_id}/download") as response:
+                raise_for_problem(response)
+                total = response.headers.get("content-length")
+                done = 0
+                for chunk in response.iter_bytes(1 << 20):
+                    out.write(chunk)
+                    done += len(chunk)
+                    if on_chunk is not None:
+                        on_chunk(done, int(total) if total else None)
+            os.replace(tmp, dest)
+        except httpx.TransportError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise unreachable(self.base_url, exc) from exc
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return dest
+
+
+def _items(body: Any) -> list[dict[str, Any]]:
+    """Lists may come bare or wrapped as ``{"items": [...]}``."""
+    if isinstance(body, dict):
+        return list(body.get("items", []))
+    return list(body or [])
+
+
+def _tar_folder(folder: Path, dest: Path) -> Path:
+    """An uncompressed tar of ``folder``'s contents (the api's model upload format)."""
+    with tarfile.open(dest, "w") as tar:
+        for item in sorted(folder.rglob("*")):
+            tar.add(item, arcname=str(item.relative_to(folder)), recursive=False)
+    return dest

@@ -1,0 +1,55 @@
+"""Turn HTTP failures back into the platform's domain errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
+
+
+class ApiError(DpsynthError):
+    """A :class:`DpsynthError` rebuilt from a problem+json body, keeping the HTTP status.
+
+    ``status`` is the status the server answered (the base class derives it from the code,
+    which is wrong for codes this client does not know yet).
+    """
+
+    def __init__(self, code: ErrorCode | str, detail: str, *, http_status: int,
+                 **extensions: Any) -> None:
+        super().__init__(code, detail, **extensions)
+        self._http_status = http_status
+
+    @property
+    def status(self) -> int:
+        return self._http_status
+
+
+def raise_for_problem(response: httpx.Response) -> None:
+    """Raise :class:`ApiError` for any non-2xx response (problem+json or not)."""
+    if response.is_success:
+        return
+    if not response.is_stream_consumed:
+        response.read()
+    body: Any = None
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "code" in body:
+        err = error_from_problem(body)
+        raise ApiError(err.code, err.detail, http_status=response.status_code, **err.extensions)
+    if isinstance(body, dict) and "detail" in body:  # a framework error (e.g. FastAPI 422)
+        raise ApiError(ErrorCode.INVALID_REQUEST if response.status_code < 500
+                       else ErrorCode.INTERNAL, str(body["detail"]),
+                       http_status=response.status_code)
+    code = (ErrorCode.SERVICE_UNAVAILABLE if response.status_code >= 500
+            else ErrorCode.INVALID_REQUEST)
+    raise ApiError(code, f"HTTP {response.status_code}: {response.text[:200]}",
+                   http_status=response.status_code)
+
+
+def unreachable(base_url: str, exc: Exception) -> ApiError:
+    """The error raised when the api cannot be reached at all."""
+    return ApiError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the api at {base_url}: {exc}",
+                    http_status=503)
