@@ -177,6 +177,36 @@ class CloseRequest(_Body):
     outcome: Literal["succeeded", "failed", "cancelled"]
 
 
+class JobEpsilonRequest(_Body):
+    """The reservations whose GRANTED steps produced a model (itself and its DP ancestors)."""
+
+    dataset_id: str
+    reservation_ids: list[str] = Field(min_length=1)
+
+
+class JobEpsilon(BaseModel):
+    """Tight (PLD) epsilon of the composition of the granted steps of the reservations."""
+
+    dataset_id: str
+    reservation_ids: list[str]
+    job_epsilon: float
+    delta: float
+    steps_granted: int
+    accountant: str
+
+
+class LedgerEntry(BaseModel):
+    """One raw hash-chained entry (for export and independent replay)."""
+
+    seq: int
+    at: datetime
+    dataset_id: str
+    kind: str
+    payload: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+
 class VerifyReport(BaseModel):
     ok: bool
     entries: int

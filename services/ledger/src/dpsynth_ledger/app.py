@@ -1,0 +1,60 @@
+"""The ledger's FastAPI application factory (settings are passed in, never read here)."""
+
+from __future__ import annotations
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import sessionmaker
+
+from dpsynth_ledger import problems
+from dpsynth_ledger.auth import ServiceTokens
+from dpsynth_ledger.context import LedgerContext
+from dpsynth_ledger.metrics import LedgerMetrics
+from dpsynth_ledger.router import router
+from dpsynth_ledger.settings import LedgerSettings
+
+
+def create_app(settings: LedgerSettings) -> FastAPI:
+    """Build the ledger app: engine, session factory, context, routes, problem handlers."""
+    engine = create_engine(settings.database.url, pool_size=settings.database.pool_size,
+                           max_overflow=20, echo=settings.database.echo, pool_pre_ping=True)
+    app = FastAPI(title="dpsynth ledger", version="0.1.0",
+                  description="Privacy budgets, RDP-filter admission, step leases, audit chain.")
+    app.state.engine = engine
+    app.state.sessions = sessionmaker(engine, expire_on_commit=False)
+    metrics = LedgerMetrics()
+    app.state.ctx = LedgerContext(
+        lease_ttl_s=settings.lease_ttl_s,
+        signing_key=settings.grant_signing_key.get_secret_value(),
+        discretization=settings.pld_discretization, metrics=metrics)
+    auth = ServiceTokens([t.get_secret_value() for t in settings.service_tokens])
+    app.include_router(router, dependencies=[Depends(auth)])
+    problems.install(app)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz(request: Request) -> JSONResponse:
+        try:
+            with request.app.state.engine.connect() as conn:
+                conn.execute(text("SELECT 1 FROM ledger.chain_head"))
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+            return problems.problem_response(
+                DpsynthError(ErrorCode.SERVICE_UNAVAILABLE,
+                             f"database not ready: {type(exc).__name__}"))
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.on_event("shutdown")
+    def _dispose() -> None:
+        engine.dispose()
+
+    return app

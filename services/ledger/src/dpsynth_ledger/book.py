@@ -1,0 +1,72 @@
+"""Bookkeeping on the rows of one dataset, under its budget-row lock.
+
+The committed accumulator only ever grows (``add_up``); the reserved accumulator is recomputed
+as the upward-rounded, order-independent sum (``sum_up``) of the open reservations' outstanding
+holds, so it returns to exactly 0 when every reservation is closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dpsynth_shared.ledger_contract import ReservationState
+
+from dpsynth_ledger.accounting import WHOLE_DATASET, RdpFilter, add_up, sum_up
+from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
+
+
+def flt(budget: Budget) -> RdpFilter:
+    """The dataset's filter."""
+    return RdpFilter(order=budget.admission_order, rdp_budget=budget.rdp_budget,
+                     delta=budget.delta)
+
+
+def touched(partition: str, partitions: Iterable[str]) -> list[str]:
+    """The partitions a reservation on ``partition`` adds to (all, for a whole-dataset job)."""
+    names = sorted(partitions)
+    return names if partition == WHOLE_DATASET else [partition]
+
+
+def refresh_reserved(accs: Mapping[str, Accumulator],
+                     reservations: Iterable[ReservationRow]) -> None:
+    """Set each partition's reserved RDP to the sum of the open reservations' holds on it."""
+    holds: dict[str, list[float]] = {p: [] for p in accs}
+    for res in reservations:
+        if res.state == ReservationState.CLOSED:
+            continue
+        for p in touched(res.partition, accs):
+            holds[p].append(res.rdp_outstanding)
+    for p, acc in accs.items():
+        acc.reserved = sum_up(holds[p])
+
+
+def charge(accs: Mapping[str, Accumulator], partition: str, amount: float) -> dict[str, float]:
+    """Add ``amount`` to the committed RDP of every partition the charge touches."""
+    delta: dict[str, float] = {}
+    for p in touched(partition, accs):
+        accs[p].committed = add_up(accs[p].committed, amount)
+        delta[p] = amount
+    return delta
+
+
+def snapshot(accs: Mapping[str, Accumulator]) -> dict[str, dict[str, float]]:
+    """The accumulators as plain data (for chain payloads)."""
+    return {p: {"committed": a.committed, "reserved": a.reserved} for p, a in sorted(accs.items())}
+
+
+def figures(budget: Budget, accs: Mapping[str, Accumulator]) -> dict[str, Any]:
+    """The filter figures of the dataset (max over partitions)."""
+    f = flt(budget)
+    committed = max((a.committed for a in accs.values()), default=0.0)
+    held = max((add_up(a.committed, a.reserved) for a in accs.values()), default=0.0)
+    spent = f.epsilon(committed)
+    with_reserved = f.epsilon(held)
+    return {
+        "rdp_committed": committed,
+        "rdp_reserved": max((a.reserved for a in accs.values()), default=0.0),
+        "rdp_committed_plus_reserved": held,
+        "dataset_epsilon_spent": spent,
+        "dataset_epsilon_reserved": max(0.0, with_reserved - spent),
+        "dataset_epsilon_remaining": max(0.0, budget.epsilon_limit - with_reserved),
+    }

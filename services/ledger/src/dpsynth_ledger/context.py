@@ -1,0 +1,17 @@
+"""What the use cases need besides a Session: settings-derived values and metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpsynth_ledger.metrics import LedgerMetrics
+
+
+@dataclass(frozen=True)
+class LedgerContext:
+    """Injected into every use case (built once by ``create_app``)."""
+
+    lease_ttl_s: int
+    signing_key: str
+    discretization: float
+    metrics: LedgerMetrics

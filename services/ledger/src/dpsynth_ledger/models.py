@@ -1,0 +1,120 @@
+"""SQLAlchemy tables of schema ``ledger`` (the metadata Alembic's env.py compares with)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Double,
+    ForeignKey,
+    Identity,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA = "ledger"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(schema=SCHEMA)
+
+
+class Budget(Base):
+    """A private dataset's budget; its row is the lock every write on the dataset takes."""
+
+    __tablename__ = "budgets"
+
+    dataset_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    epsilon_limit: Mapped[float] = mapped_column(Double)
+    delta: Mapped[float] = mapped_column(Double)
+    declared_size: Mapped[int] = mapped_column(BigInteger)
+    neighbouring: Mapped[str] = mapped_column(String(16))
+    admission_order: Mapped[int] = mapped_column(Integer)
+    rdp_budget: Mapped[float] = mapped_column(Double)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Accumulator(Base):
+    """RDP at the admission order per partition: committed (never decreases) and reserved."""
+
+    __tablename__ = "accumulators"
+
+    dataset_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("ledger.budgets.dataset_id"), primary_key=True)
+    partition: Mapped[str] = mapped_column(String(200), primary_key=True)
+    committed: Mapped[float] = mapped_column(Double, default=0.0)
+    reserved: Mapped[float] = mapped_column(Double, default=0.0)
+
+
+class ReservationRow(Base):
+    """An admitted DP-SGD job: the steps it may run, how many were granted, its attempt fence."""
+
+    __tablename__ = "reservations"
+    __table_args__ = (UniqueConstraint("job_id", name="uq_reservations_job_id"),)
+
+    reservation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(64))
+    dataset_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("ledger.budgets.dataset_id"), index=True)
+    partition: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))
+    noise_multiplier: Mapped[float] = mapped_column(Double)
+    sample_rate: Mapped[float] = mapped_column(Double)
+    expected_batch_size: Mapped[int] = mapped_column(Integer)
+    target_epsilon: Mapped[float] = mapped_column(Double)
+    steps_reserved: Mapped[int] = mapped_column(BigInteger)
+    steps_granted: Mapped[int] = mapped_column(BigInteger, default=0)
+    current_attempt: Mapped[int] = mapped_column(Integer, default=0)
+    rdp_per_step: Mapped[float] = mapped_column(Double)
+    rdp_outstanding: Mapped[float] = mapped_column(Double)
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class LeaseRow(Base):
+    """Steps [start_step, start_step + steps) granted (and charged) to one attempt."""
+
+    __tablename__ = "leases"
+
+    lease_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    reservation_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("ledger.reservations.reservation_id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    start_step: Mapped[int] = mapped_column(BigInteger)
+    steps: Mapped[int] = mapped_column(BigInteger)
+    granted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Entry(Base):
+    """One hash-chained, append-only ledger entry (a trigger refuses UPDATE and DELETE)."""
+
+    __tablename__ = "entries"
+
+    seq: Mapped[int] = mapped_column(BigInteger, Identity(always=False), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    dataset_id: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict[str, object]] = mapped_column(JSONB)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class ChainHead(Base):
+    """The one-row head of the global chain; locked (after the budget row) by every write."""
+
+    __tablename__ = "chain_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    hash: Mapped[str] = mapped_column(Text)

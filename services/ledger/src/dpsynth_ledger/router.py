@@ -1,0 +1,126 @@
+"""HTTP transport of the ledger: each route calls one use case."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from dpsynth_shared.errors import problem_schema_fields
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    CloseRequest,
+    CreateBudget,
+    ExtendRequest,
+    JobEpsilon,
+    JobEpsilonRequest,
+    Lease,
+    LeaseRequest,
+    LedgerEntry,
+    Plan,
+    PlanRequest,
+    ReadGrant,
+    ReadGrantRequest,
+    Reservation,
+    ReserveRequest,
+    VerifyReport,
+)
+from fastapi import APIRouter, Depends, Query, Request
+from sqlalchemy.orm import Session
+
+from dpsynth_ledger import repository as repo
+from dpsynth_ledger.chain import verify_chain
+from dpsynth_ledger.context import LedgerContext
+from dpsynth_ledger.service import budgets, leases, reservations
+
+
+def _session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessions() as session:
+        yield session
+
+
+def _ctx(request: Request) -> LedgerContext:
+    return request.app.state.ctx  # type: ignore[no-any-return]
+
+
+SessionDep = Annotated[Session, Depends(_session)]
+CtxDep = Annotated[LedgerContext, Depends(_ctx)]
+ERRORS = {400: problem_schema_fields(), 401: problem_schema_fields(),
+          404: problem_schema_fields(), 409: problem_schema_fields()}
+
+router = APIRouter(prefix="/v1", responses=ERRORS)  # type: ignore[arg-type]
+
+
+@router.post("/budgets", response_model=BudgetView, status_code=201)
+def create_budget(body: CreateBudget, session: SessionDep, ctx: CtxDep) -> BudgetView:
+    return budgets.create_budget(session, request=body, ctx=ctx)
+
+
+@router.get("/budgets/{dataset_id}", response_model=BudgetView)
+def get_budget(dataset_id: str, session: SessionDep, ctx: CtxDep,
+               history: bool = True) -> BudgetView:
+    return budgets.get_budget(session, dataset_id=dataset_id, ctx=ctx, with_history=history)
+
+
+@router.post("/plans", response_model=Plan)
+def plan(body: PlanRequest, session: SessionDep, ctx: CtxDep) -> Plan:
+    return budgets.make_plan(session, request=body, ctx=ctx)
+
+
+@router.post("/reservations", response_model=Reservation | Plan, status_code=201)
+def reserve(body: ReserveRequest, session: SessionDep, ctx: CtxDep) -> Reservation | Plan:
+    """Admit a job (or, with ``dry_run``, return only its :class:`Plan`)."""
+    return reservations.reserve(session, request=body, ctx=ctx)
+
+
+@router.get("/reservations/{reservation_id}", response_model=Reservation)
+def get_reservation(reservation_id: str, session: SessionDep, ctx: CtxDep) -> Reservation:
+    return leases.get_reservation(session, reservation_id=reservation_id, ctx=ctx)  # type: ignore[no-any-return]
+
+
+@router.post("/reservations/{reservation_id}/read-grants", response_model=ReadGrant,
+             status_code=201)
+def read_grant(reservation_id: str, body: ReadGrantRequest, session: SessionDep,
+               ctx: CtxDep) -> ReadGrant:
+    return leases.read_grant(session, reservation_id=reservation_id, request=body, ctx=ctx)
+
+
+@router.post("/reservations/{reservation_id}/leases", response_model=Lease, status_code=201)
+def grant_lease(reservation_id: str, body: LeaseRequest, session: SessionDep,
+                ctx: CtxDep) -> Lease:
+    return leases.grant_lease(session, reservation_id=reservation_id, request=body, ctx=ctx)
+
+
+@router.post("/reservations/{reservation_id}/leases/{lease_id}/end", response_model=Lease)
+def end_lease(reservation_id: str, lease_id: str, session: SessionDep, ctx: CtxDep) -> Lease:
+    return leases.end_lease(session, reservation_id=reservation_id, lease_id=lease_id, ctx=ctx)
+
+
+@router.post("/reservations/{reservation_id}/extend", response_model=Reservation)
+def extend(reservation_id: str, body: ExtendRequest, session: SessionDep,
+           ctx: CtxDep) -> Reservation:
+    return reservations.extend(session, reservation_id=reservation_id, request=body, ctx=ctx)
+
+
+@router.post("/reservations/{reservation_id}/close", response_model=Reservation)
+def close(reservation_id: str, body: CloseRequest, session: SessionDep,
+          ctx: CtxDep) -> Reservation:
+    return reservations.close(session, reservation_id=reservation_id, request=body, ctx=ctx)
+
+
+@router.post("/job-epsilon", response_model=JobEpsilon)
+def job_epsilon(body: JobEpsilonRequest, session: SessionDep, ctx: CtxDep) -> JobEpsilon:
+    return leases.job_epsilon(session, request=body, ctx=ctx)
+
+
+@router.get("/chain/verify", response_model=VerifyReport)
+def verify(session: SessionDep) -> VerifyReport:
+    return verify_chain(session)
+
+
+@router.get("/entries", response_model=list[LedgerEntry])
+def entries(session: SessionDep, dataset_id: str | None = None,
+            after_seq: Annotated[int, Query(ge=0)] = 0,
+            limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[LedgerEntry]:
+    rows = repo.entries(session, dataset_id=dataset_id, after_seq=after_seq, limit=limit)
+    return [LedgerEntry(seq=e.seq, at=e.at, dataset_id=e.dataset_id, kind=e.kind,
+                        payload=e.payload, prev_hash=e.prev_hash, hash=e.hash) for e in rows]

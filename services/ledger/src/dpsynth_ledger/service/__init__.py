@@ -1,0 +1,1 @@
+"""Use cases of the ledger (keyword-only; each commits once)."""

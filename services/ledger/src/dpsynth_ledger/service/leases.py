@@ -1,0 +1,163 @@
+"""Use cases: read grants, step leases (charged when granted), job epsilon.
+
+Fencing: a read grant for attempt a sets ``current_attempt = max(current, a)``; only the
+current attempt gets leases, so a newer attempt's grant fences every older one, and every
+grant token expires with its lease (the object store checks the expiry too).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.grants import GrantClaims, sign_grant
+from dpsynth_shared.ids import new_id, new_lease_id
+from dpsynth_shared.ledger_contract import (
+    JobEpsilon,
+    JobEpsilonRequest,
+    Lease,
+    LeaseRequest,
+    ReadGrant,
+    ReadGrantRequest,
+    ReservationState,
+)
+from sqlalchemy.orm import Session
+
+from dpsynth_ledger import repository as repo
+from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, mul_up, pld_epsilon
+from dpsynth_ledger.book import charge, figures, refresh_reserved
+from dpsynth_ledger.context import LedgerContext
+from dpsynth_ledger.models import LeaseRow, ReservationRow
+from dpsynth_ledger.service.reservations import check_live, locked, write_entry
+from dpsynth_ledger.views import event_of, granted_events
+
+
+def _grant(res: ReservationRow, attempt: int, expires_at: datetime,
+           ctx: LedgerContext) -> ReadGrant:
+    claims = GrantClaims(grant_id=new_id("grant"), dataset_id=res.dataset_id,
+                         reservation_id=res.reservation_id, job_id=res.job_id, attempt=attempt,
+                         expires_at=expires_at.timestamp())
+    return ReadGrant(token=sign_grant(claims, ctx.signing_key), dataset_id=res.dataset_id,
+                     reservation_id=res.reservation_id, attempt=attempt, expires_at=expires_at)
+
+
+def read_grant(session: Session, *, reservation_id: str, request: ReadGrantRequest,
+               ctx: LedgerContext) -> ReadGrant:
+    """Issue a read grant: the reservation becomes touched; the attempt becomes current.
+
+    Raises:
+        DpsynthError: ``stale_attempt`` for an attempt below the current one; ``conflict``
+            for a closed reservation.
+    """
+    budget, res = locked(session, reservation_id)
+    if res.state == ReservationState.CLOSED:
+        raise DpsynthError(ErrorCode.CONFLICT, "the reservation is closed")
+    if request.attempt < res.current_attempt:
+        raise DpsynthError(ErrorCode.STALE_ATTEMPT,
+                           f"attempt {request.attempt} is older than the current attempt "
+                           f"{res.current_attempt}", current_attempt=res.current_attempt)
+    res.current_attempt = request.attempt
+    res.state = ReservationState.TOUCHED
+    expires_at = datetime.now(UTC) + timedelta(seconds=ctx.lease_ttl_s)
+    grant = _grant(res, request.attempt, expires_at, ctx)
+    session.flush()
+    write_entry(session, budget, res, "read_grant", attempt=request.attempt,
+                worker_id=request.worker_id, expires_at=expires_at.isoformat())
+    session.commit()
+    return grant
+
+
+def grant_lease(session: Session, *, reservation_id: str, request: LeaseRequest,
+                ctx: LedgerContext) -> Lease:
+    """Grant steps [start, start + steps) to the current attempt and CHARGE them now.
+
+    Raises:
+        DpsynthError: ``stale_attempt``; ``read_grant_required`` on an untouched reservation;
+            ``reservation_exhausted`` (with the numbers) beyond the reserved steps.
+    """
+    budget, res = locked(session, reservation_id)
+    if res.state == ReservationState.OPEN:
+        raise DpsynthError(ErrorCode.GRANT_REQUIRED, "take a read grant before a step lease")
+    check_live(res, request.attempt)
+    if res.steps_granted + request.steps > res.steps_reserved:
+        raise DpsynthError(
+            ErrorCode.RESERVATION_EXHAUSTED,
+            "the lease would exceed the reservation; extend it through the filter first",
+            steps_reserved=res.steps_reserved, steps_granted=res.steps_granted,
+            steps_requested=request.steps,
+            steps_remaining=res.steps_reserved - res.steps_granted)
+    accs = repo.accumulators(session, budget.dataset_id)
+    amount = mul_up(request.steps, res.rdp_per_step)
+    delta = charge(accs, res.partition, amount)
+    res.steps_granted += request.steps
+    res.rdp_outstanding = mul_up(res.steps_reserved - res.steps_granted, res.rdp_per_step)
+    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    now = datetime.now(UTC)
+    lease = LeaseRow(lease_id=new_lease_id(), reservation_id=res.reservation_id,
+                     attempt=request.attempt, start_step=request.start_step,
+                     steps=request.steps, granted_at=now,
+                     expires_at=now + timedelta(seconds=ctx.lease_ttl_s))
+    repo.add(session, lease)
+    write_entry(session, budget, res, "lease_granted", attempt=request.attempt,
+                lease_id=lease.lease_id, start_step=request.start_step, steps=request.steps,
+                event=event_of(res, request.steps).model_dump(mode="json"), rdp_delta=delta)
+    fig = figures(budget, accs)
+    session.commit()
+    ctx.metrics.leases.inc()
+    ctx.metrics.budget(budget.dataset_id, fig)
+    return _lease_view(res, lease, budget.delta, lease.expires_at, ctx)
+
+
+def _lease_view(res: ReservationRow, lease: LeaseRow, delta: float, grant_expiry: datetime,
+                ctx: LedgerContext) -> Lease:
+    return Lease(
+        lease_id=lease.lease_id, reservation_id=res.reservation_id, attempt=lease.attempt,
+        start_step=lease.start_step, steps=lease.steps, expires_at=lease.expires_at,
+        grant=_grant(res, lease.attempt, grant_expiry, ctx),
+        steps_granted_total=res.steps_granted,
+        job_epsilon_granted=dp_sgd_epsilon(res.noise_multiplier, res.sample_rate,
+                                           res.steps_granted, delta, ctx.discretization))
+
+
+def end_lease(session: Session, *, reservation_id: str, lease_id: str,
+              ctx: LedgerContext) -> Lease:
+    """End a lease early (its grant expires now). Never refunds: the steps stay charged."""
+    budget, res = locked(session, reservation_id)
+    lease = repo.get_lease(session, lease_id)
+    if lease is None or lease.reservation_id != reservation_id:
+        raise NotFound("lease", lease_id)
+    if lease.ended_at is None:
+        lease.ended_at = datetime.now(UTC)
+        write_entry(session, budget, res, "lease_ended", attempt=lease.attempt,
+                    lease_id=lease.lease_id, steps=lease.steps)
+    session.commit()
+    return _lease_view(res, lease, budget.delta, lease.ended_at, ctx)
+
+
+def job_epsilon(session: Session, *, request: JobEpsilonRequest,
+                ctx: LedgerContext) -> JobEpsilon:
+    """PLD ε of the composition of the GRANTED steps of the given reservations."""
+    budget = repo.get_budget(session, request.dataset_id)
+    if budget is None:
+        raise NotFound("budget", request.dataset_id)
+    rows = repo.reservations_of(session, request.dataset_id, request.reservation_ids)
+    missing = set(request.reservation_ids) - {r.reservation_id for r in rows}
+    if missing:
+        raise NotFound("reservation", sorted(missing)[0])
+    return JobEpsilon(
+        dataset_id=budget.dataset_id, reservation_ids=request.reservation_ids,
+        job_epsilon=pld_epsilon(granted_events(rows), budget.delta, ctx.discretization),
+        delta=budget.delta, steps_granted=sum(r.steps_granted for r in rows),
+        accountant=ACCOUNTANT_NAME)
+
+
+def get_reservation(session: Session, *, reservation_id: str, ctx: LedgerContext):  # type: ignore[no-untyped-def]
+    """A reservation's view."""
+    from dpsynth_ledger.views import reservation_view
+
+    res = repo.get_reservation(session, reservation_id)
+    if res is None:
+        raise NotFound("reservation", reservation_id)
+    budget = repo.get_budget(session, res.dataset_id)
+    assert budget is not None
+    return reservation_view(res, budget.delta, ctx.discretization)

@@ -1,0 +1,200 @@
+"""Use cases: reserve (admission through the filter), extend, close.
+
+Calibration and PLD run outside the lock; then ONE transaction takes the dataset's budget row
+(``SELECT … FOR UPDATE``), checks committed + reserved + new ≤ budget on every partition,
+writes the reservation and the chain entry (accepted or refused) and commits.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.ids import new_reservation_id
+from dpsynth_shared.ledger_contract import (
+    CloseRequest,
+    ExtendRequest,
+    Plan,
+    PlanRequest,
+    Reservation,
+    ReservationState,
+    ReserveRequest,
+)
+from sqlalchemy.orm import Session
+
+from dpsynth_ledger import repository as repo
+from dpsynth_ledger.accounting import WHOLE_DATASET, max_admissible_target, mul_up
+from dpsynth_ledger.book import figures, flt, refresh_reserved, snapshot, touched
+from dpsynth_ledger.chain import append_entry
+from dpsynth_ledger.context import LedgerContext
+from dpsynth_ledger.models import Budget, ReservationRow
+from dpsynth_ledger.service.budgets import make_plan, refusal_numbers
+from dpsynth_ledger.views import event_of, reservation_view
+
+
+def locked(session: Session, reservation_id: str) -> tuple[Budget, ReservationRow]:
+    """Lock the reservation's dataset budget row, then re-read the reservation under it."""
+    res = repo.get_reservation(session, reservation_id)
+    if res is None:
+        raise NotFound("reservation", reservation_id)
+    session.expire_all()
+    budget = repo.lock_budget(session, res.dataset_id)
+    res = repo.get_reservation(session, reservation_id)
+    assert budget is not None and res is not None
+    return budget, res
+
+
+def write_entry(session: Session, budget: Budget, res: ReservationRow, kind: str,
+                **extra: Any) -> None:
+    """Chain entry about one reservation, with the accumulators and figures after it."""
+    accs = repo.accumulators(session, budget.dataset_id)
+    append_entry(session, dataset_id=budget.dataset_id, kind=kind, payload={
+        "job_id": res.job_id, "reservation_id": res.reservation_id,
+        "partition": res.partition, "admission_order": budget.admission_order,
+        "reservation_rdp_outstanding": res.rdp_outstanding,
+        "accumulators_after": snapshot(accs), "figures": figures(budget, accs), **extra,
+    })
+
+
+def reserve(session: Session, *, request: ReserveRequest,
+            ctx: LedgerContext) -> Reservation | Plan:
+    """Admit a DP-SGD job through the filter, idempotently on ``job_id``.
+
+    Returns:
+        The reservation (with its plan), or only the plan when ``dry_run``.
+
+    Raises:
+        BudgetExhausted: 409 ``privacy_budget_exhausted`` with the numbers and the largest
+            admissible target (the refusal is recorded in the chain first).
+    """
+    existing = repo.get_reservation_by_job(session, request.job_id)
+    if existing is not None and not request.dry_run:
+        budget = repo.get_budget(session, existing.dataset_id)
+        assert budget is not None
+        return reservation_view(existing, budget.delta, ctx.discretization)
+    plan = make_plan(session, request=PlanRequest(
+        dataset_id=request.dataset_id, target_epsilon=request.target_epsilon,
+        expected_batch_size=request.expected_batch_size, steps=request.steps), ctx=ctx)
+    if request.dry_run:
+        return plan
+    session.commit()  # end the read transaction: the decision is taken under the lock only
+    budget = repo.lock_budget(session, request.dataset_id)
+    assert budget is not None
+    existing = repo.get_reservation_by_job(session, request.job_id)
+    if existing is not None:
+        session.commit()
+        return reservation_view(existing, budget.delta, ctx.discretization)
+    accs = repo.accumulators(session, budget.dataset_id)
+    new = {p: plan.rdp_total for p in touched(WHOLE_DATASET, accs)}
+    ev = plan.event
+    admitted = flt(budget).admits(committed={p: a.committed for p, a in accs.items()},
+                                  reserved={p: a.reserved for p, a in accs.items()}, new=new)
+    res = ReservationRow(
+        reservation_id=new_reservation_id(), job_id=request.job_id,
+        dataset_id=budget.dataset_id, partition=WHOLE_DATASET,
+        state=ReservationState.OPEN, noise_multiplier=ev.noise_multiplier,
+        sample_rate=ev.sample_rate, expected_batch_size=request.expected_batch_size,
+        target_epsilon=request.target_epsilon, steps_reserved=request.steps, steps_granted=0,
+        current_attempt=0, rdp_per_step=plan.rdp_per_step, rdp_outstanding=plan.rdp_total,
+        created_at=datetime.now(UTC))
+    details = {"attempt": 0, "steps": request.steps, "event": ev.model_dump(mode="json"),
+               "target_epsilon": request.target_epsilon, "job_epsilon": plan.job_epsilon,
+               "rdp_requested": plan.rdp_total}
+    if not admitted:
+        numbers = refusal_numbers(budget, accs, target=request.target_epsilon,
+                                  job_epsilon=plan.job_epsilon, new=plan.rdp_total)
+        res.rdp_outstanding = 0.0
+        write_entry(session, budget, res, "reservation_refused", decision="refused",
+                    numbers=numbers, **details)
+        session.commit()
+        ctx.metrics.admissions.labels(decision="refused").inc()
+        room = flt(budget).room(committed={p: a.committed for p, a in accs.items()},
+                                reserved={p: a.reserved for p, a in accs.items()},
+                                partitions=list(new))
+        raise BudgetExhausted(
+            "the dataset's privacy filter refuses this job: committed + reserved + new RDP at "
+            f"order {budget.admission_order} would exceed the budget",
+            **{k: v for k, v in numbers.items() if k != "accumulators"},
+            max_admissible_target_epsilon=max_admissible_target(
+                room, ev.sample_rate, request.steps, budget.admission_order, budget.delta,
+                ctx.discretization))
+    repo.add(session, res)
+    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    write_entry(session, budget, res, "reservation_accepted", decision="accepted", **details)
+    fig = figures(budget, accs)
+    session.commit()
+    ctx.metrics.admissions.labels(decision="accepted").inc()
+    ctx.metrics.budget(budget.dataset_id, fig)
+    view = reservation_view(res, budget.delta, ctx.discretization)
+    return view.model_copy(update={"plan": plan})
+
+
+def check_live(res: ReservationRow, attempt: int) -> None:
+    """Refuse changes to a closed reservation, and attempts other than the current one."""
+    if res.state == ReservationState.CLOSED:
+        raise DpsynthError(ErrorCode.CONFLICT, "the reservation is closed")
+    if attempt != res.current_attempt:
+        raise DpsynthError(ErrorCode.STALE_ATTEMPT,
+                           f"attempt {attempt} is not the current attempt "
+                           f"{res.current_attempt}", current_attempt=res.current_attempt)
+
+
+def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
+           ctx: LedgerContext) -> Reservation:
+    """A NEW admission through the filter for ``additional_steps`` at the same σ and q.
+
+    Raises:
+        BudgetExhausted: 409 when the filter refuses (recorded in the chain first).
+    """
+    budget, res = locked(session, reservation_id)
+    check_live(res, request.attempt)
+    accs = repo.accumulators(session, budget.dataset_id)
+    added = mul_up(request.additional_steps, res.rdp_per_step)
+    new = {p: added for p in touched(res.partition, accs)}
+    committed = {p: a.committed for p, a in accs.items()}
+    reserved = {p: a.reserved for p, a in accs.items()}
+    details = {"attempt": request.attempt, "steps": request.additional_steps,
+               "event": event_of(res, request.additional_steps).model_dump(mode="json"),
+               "rdp_requested": added}
+    if not flt(budget).admits(committed=committed, reserved=reserved, new=new):
+        numbers = refusal_numbers(budget, accs, target=res.target_epsilon,
+                                  job_epsilon=0.0, new=added)
+        write_entry(session, budget, res, "extension_refused", decision="refused",
+                    numbers=numbers, **details)
+        session.commit()
+        ctx.metrics.admissions.labels(decision="refused").inc()
+        room = flt(budget).room(committed=committed, reserved=reserved, partitions=list(new))
+        raise BudgetExhausted(
+            "the dataset's privacy filter refuses the extension",
+            **{k: v for k, v in numbers.items() if k != "accumulators"},
+            max_additional_steps=int(room // res.rdp_per_step) if res.rdp_per_step else None)
+    res.steps_reserved += request.additional_steps
+    res.rdp_outstanding = mul_up(res.steps_reserved - res.steps_granted, res.rdp_per_step)
+    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    write_entry(session, budget, res, "extension_accepted", decision="accepted", **details)
+    session.commit()
+    ctx.metrics.admissions.labels(decision="accepted").inc()
+    return reservation_view(res, budget.delta, ctx.discretization)
+
+
+def close(session: Session, *, reservation_id: str, request: CloseRequest,
+          ctx: LedgerContext) -> Reservation:
+    """Release the un-granted remainder (committed never decreases); idempotent."""
+    budget, res = locked(session, reservation_id)
+    if res.state == ReservationState.CLOSED:
+        session.commit()
+        return reservation_view(res, budget.delta, ctx.discretization)
+    released = res.rdp_outstanding
+    res.state, res.outcome, res.closed_at = ReservationState.CLOSED, request.outcome, \
+        datetime.now(UTC)
+    res.rdp_outstanding = 0.0
+    accs = repo.accumulators(session, budget.dataset_id)
+    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    write_entry(session, budget, res, "reservation_closed", outcome=request.outcome,
+                steps=res.steps_granted, rdp_released=released,
+                steps_released=res.steps_reserved - res.steps_granted)
+    fig = figures(budget, accs)
+    session.commit()
+    ctx.metrics.budget(budget.dataset_id, fig)
+    return reservation_view(res, budget.delta, ctx.discretization)

@@ -1,0 +1,48 @@
+"""The ledger's settings: env prefix ``DPSYNTH_LEDGER_``, nested with ``__``; read once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpsynth_shared.grants import public_key_of
+from dpsynth_shared.settings import DatabaseSettings, require_strong_secret
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class LedgerSettings(BaseSettings):
+    """Typed configuration of the ledger process (fails fast on missing or weak secrets)."""
+
+    model_config = SettingsConfigDict(env_prefix="DPSYNTH_LEDGER_", env_nested_delimiter="__",
+                                      extra="ignore")
+
+    database: DatabaseSettings
+    service_tokens: list[SecretStr] = Field(min_length=1)
+    grant_signing_key: SecretStr
+    lease_ttl_s: int = Field(60, ge=1)
+    host: str = "127.0.0.1"
+    port: int = 8100
+    log_level: str = "INFO"
+    migrations_dir: Path | None = None
+    pld_discretization: float = Field(1e-3, gt=0, le=0.1)
+    db_wait_s: float = Field(30.0, ge=0)
+
+    @field_validator("service_tokens")
+    @classmethod
+    def _strong_tokens(cls, tokens: list[SecretStr]) -> list[SecretStr]:
+        return [require_strong_secret(t, "DPSYNTH_LEDGER_SERVICE_TOKENS") for t in tokens]
+
+    @field_validator("grant_signing_key")
+    @classmethod
+    def _valid_key(cls, key: SecretStr) -> SecretStr:
+        try:
+            public_key_of(key.get_secret_value())
+        except (ValueError, TypeError) as exc:
+            raise ValueError("DPSYNTH_LEDGER_GRANT_SIGNING_KEY must be an Ed25519 private key "
+                             "(dpsynth_shared.grants.generate_signing_key)") from exc
+        return key
+
+    @property
+    def grant_public_key(self) -> str:
+        """The public half of the signing key (what the object store verifies with)."""
+        return public_key_of(self.grant_signing_key.get_secret_value())
