@@ -1,0 +1,43 @@
+"""``dpsynth admin ...``: tenants and keys (needs an admin-scoped key)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dpsynth_cli.common import cli_errors, print_json, state_of
+
+app = typer.Typer(help="Tenants and API keys (admin scope).", no_args_is_help=True)
+tenant = typer.Typer(help="Tenants.", no_args_is_help=True)
+key = typer.Typer(help="API keys.", no_args_is_help=True)
+app.add_typer(tenant, name="tenant")
+app.add_typer(key, name="key")
+
+
+def parse_scopes(csv: str) -> list[str]:
+    """``read,submit`` → ``["read", "submit"]`` (blank items dropped)."""
+    return [s.strip() for s in csv.split(",") if s.strip()]
+
+
+@tenant.command("create")
+@cli_errors
+def create_tenant(ctx: typer.Context, name: str) -> None:
+    """Create tenant NAME and its first key (printed once: keep it)."""
+    print_json(state_of(ctx).client().create_tenant(name))
+
+
+@key.command("create")
+@cli_errors
+def create_key(ctx: typer.Context, tenant: Annotated[str, typer.Option(help="tenant id")],
+               scopes: Annotated[str, typer.Option(help="comma separated")] = "read,submit,owner"
+               ) -> None:
+    """Create a key for a tenant (printed once: keep it)."""
+    print_json(state_of(ctx).client().create_key(tenant, parse_scopes(scopes)))
+
+
+@key.command("revoke")
+@cli_errors
+def revoke_key(ctx: typer.Context, key_id: str) -> None:
+    """Revoke a key."""
+    print_json(state_of(ctx).client().revoke_key(key_id))

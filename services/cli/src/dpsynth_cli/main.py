@@ -1,0 +1,106 @@
+"""The ``dpsynth`` command line: the embedded platform, and every api operation."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from dpsynth_cli import admin, jobs, resources
+from dpsynth_cli.common import CliState, console, err_console, print_json, state_of
+from dpsynth_cli.config import resolve_home
+
+app = typer.Typer(help="dpsynth: differentially private synthetic data.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(admin.app, name="admin")
+app.add_typer(resources.datasets, name="datasets")
+app.add_typer(resources.models, name="models")
+app.add_typer(jobs.app, name="jobs")
+app.command("budget")(resources.budget)
+app.command("download")(resources.download)
+
+HomeOption = Annotated[Path | None, typer.Option("--home", help="state folder "
+                                                  "(default $DPSYNTH_HOME or ./.dpsynth)")]
+
+
+@app.callback()
+def root(ctx: typer.Context,
+         api_url: Annotated[str | None, typer.Option("--api-url", help="api base URL")] = None,
+         api_key: Annotated[str | None, typer.Option("--api-key", help="API key")] = None,
+         home: HomeOption = None) -> None:
+    """Options here apply to every command."""
+    ctx.obj = CliState(api_url, api_key, home)
+
+
+def _platform_home(ctx: typer.Context, home: Path | None) -> Path:
+    return resolve_home(home or state_of(ctx).home, os.environ)
+
+
+@app.command("up")
+def up(ctx: typer.Context, home: HomeOption = None,
+       detach: Annotated[bool, typer.Option("--detach", "-d",
+                                            help="return once ready, leave it running")] = False,
+       api_port: Annotated[int | None, typer.Option(help="default 8000 if free")] = None,
+       ledger_port: Annotated[int | None, typer.Option(help="default 8001 if free")] = None,
+       workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 1) -> None:
+    """Start the embedded platform (PostgreSQL, Redis, ledger, api, workers)."""
+    from dpsynth_cli.embedded import EmbeddedPlatform, PlatformError
+
+    platform = EmbeddedPlatform(_platform_home(ctx, home), api_port=api_port,
+                                ledger_port=ledger_port, workers=workers)
+    console.print(f"starting the platform in {platform.home} ...", highlight=False)
+    try:
+        state = platform.start()
+    except PlatformError as exc:
+        err_console.print(f"[bold red]error[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"api:         {state.api_url}\nledger:      {state.ledger_url}\n"
+                  f"credentials: {platform.credentials_file}\n"
+                  f"logs:        {platform.home / 'logs'}", highlight=False)
+    if detach:
+        console.print("running in the background; `dpsynth down` stops it", highlight=False)
+        return
+    console.print("press Ctrl-C to stop", highlight=False)
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while platform.is_running():
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    console.print("stopping ...", highlight=False)
+    platform.stop()
+
+
+@app.command("down")
+def down(ctx: typer.Context, home: HomeOption = None,
+         timeout: Annotated[float, typer.Option(help="seconds before SIGKILL")] = 15.0) -> None:
+    """Stop the embedded platform (state is kept for the next `up`)."""
+    from dpsynth_cli.embedded import EmbeddedPlatform
+
+    stopped = EmbeddedPlatform(_platform_home(ctx, home)).stop(timeout=timeout)
+    console.print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"),
+                  highlight=False)
+
+
+@app.command("status")
+def status(ctx: typer.Context, home: HomeOption = None) -> None:
+    """The embedded platform's processes and readiness."""
+    from dpsynth_cli.embedded import EmbeddedPlatform
+
+    info = EmbeddedPlatform(_platform_home(ctx, home)).status()
+    print_json(info)
+    if not info.get("running"):
+        raise typer.Exit(3)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,110 @@
+"""``dpsynth datasets|models ...``, ``dpsynth budget`` and ``dpsynth download``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+from dpsynth_cli.common import cli_errors, console, print_json, print_table, state_of
+from dpsynth_cli.views import budget_lines
+
+datasets = typer.Typer(help="Upload and inspect datasets.", no_args_is_help=True)
+models = typer.Typer(help="Upload and inspect models.", no_args_is_help=True)
+
+
+def _split(csv: str | None) -> list[str] | None:
+    return [part.strip() for part in csv.split(",") if part.strip()] if csv else None
+
+
+@datasets.command("upload")
+@cli_errors
+def upload_dataset(
+    ctx: typer.Context, path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    name: Annotated[str, typer.Option(help="a display name")],
+    visibility: Annotated[str, typer.Option(help="public | private (immutable)")],
+    epsilon_limit: Annotated[float | None, typer.Option(help="private: the budget")] = None,
+    delta: Annotated[float | None, typer.Option(help="private: default min(1e-6, 1/(10N))")]
+    = None,
+    label_domain: Annotated[str | None, typer.Option(help="class names, comma separated")]
+    = None,
+    declared_size: Annotated[int | None, typer.Option(help="public N̂ ≥ the true count")]
+    = None,
+) -> None:
+    """Upload a zip/tar image folder, .npz or Parquet file."""
+    if visibility not in {"public", "private"}:
+        raise typer.BadParameter("must be public or private", param_hint="--visibility")
+    result = state_of(ctx).client().upload_dataset(
+        path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
+        label_domain=_split(label_domain), declared_size=declared_size)
+    print_json(result)
+
+
+@datasets.command("list")
+@cli_errors
+def list_datasets(ctx: typer.Context) -> None:
+    """Your datasets."""
+    print_table(state_of(ctx).client().list_datasets(),
+                ["id", "name", "visibility", "declared_size", "created_at"], "datasets")
+
+
+@datasets.command("show")
+@cli_errors
+def show_dataset(ctx: typer.Context, dataset_id: str) -> None:
+    """One dataset as JSON."""
+    print_json(state_of(ctx).client().get_dataset(dataset_id))
+
+
+@cli_errors
+def budget(ctx: typer.Context, dataset_id: str) -> None:
+    """A private dataset's privacy budget: limit, spent, tight figure, reserved, remaining."""
+    body = state_of(ctx).client().get_budget(dataset_id)
+    width = max(len(label) for label, _ in budget_lines(body))
+    for label, value in budget_lines(body):
+        style = "bold yellow" if label == "warning" else ""
+        console.print(f"{label:<{width}}  {value}", style=style, highlight=False)
+
+
+@models.command("list")
+@cli_errors
+def list_models(ctx: typer.Context) -> None:
+    """Your models."""
+    print_table(state_of(ctx).client().list_models(),
+                ["id", "name", "source", "created_at"], "models")
+
+
+@models.command("upload")
+@cli_errors
+def upload_model(ctx: typer.Context, path: Annotated[Path, typer.Argument(exists=True)],
+                 name: Annotated[str, typer.Option(help="a display name")]) -> None:
+    """Upload a diffusers save_pretrained folder (safetensors only) or its .tar."""
+    print_json(state_of(ctx).client().upload_model(path, name=name))
+
+
+@models.command("show")
+@cli_errors
+def show_model(ctx: typer.Context, model_id: str) -> None:
+    """One model as JSON."""
+    print_json(state_of(ctx).client().get_model(model_id))
+
+
+@cli_errors
+def download(ctx: typer.Context, artifact_id: str,
+             output: Annotated[Path | None, typer.Option("-o", "--output")] = None) -> None:
+    """Download an artifact (streamed, with a progress bar)."""
+    client = state_of(ctx).client()
+    if output is None:
+        meta = client.get_artifact(artifact_id)
+        name = meta.get("filename") or Path(str(meta.get("key") or artifact_id)).name
+        output = Path(name)
+    with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
+                  console=console) as progress:
+        task = progress.add_task(f"{artifact_id}", total=None)
+
+        def on_chunk(done: int, total: int | None) -> None:
+            progress.update(task, completed=done, total=total)
+
+        path = client.download_artifact(artifact_id, output, on_chunk=on_chunk)
+    console.print(f"saved {path} ({path.stat().st_size} bytes)", highlight=False)
