@@ -64,7 +64,8 @@ def budget(ctx: typer.Context, dataset_id: str) -> None:
     width = max(len(label) for label, _ in budget_lines(body))
     for label, value in budget_lines(body):
         style = "bold yellow" if label == "warning" else ""
-        console.print(f"{label:<{width}}  {value}", style=style, highlight=False)
+        console.print(f"{label:<{width}}  {value}", style=style, highlight=False,
+                      soft_wrap=True)
 
 
 @models.command("list")

@@ -1,0 +1,162 @@
+"""The ``dpsynth`` commands against the in-process fake api (no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from dpsynth_cli import common
+from dpsynth_cli.main import app
+from dpsynth_cli.views import budget_lines, budget_warning, progress_text
+from dpsynth_client import Client
+from typer.testing import CliRunner
+
+from tests.unit.cli.fake_api import FakeApi, problem
+
+BUDGET = {"dataset_id": "ds_1", "epsilon_limit": 8.0, "delta": 1e-6,
+          "dataset_epsilon_spent": 3.5, "dataset_tight_epsilon": 2.9,
+          "dataset_epsilon_reserved": 1.0, "dataset_epsilon_remaining": 3.5,
+          "admission_order": 12, "accountant": "rdp-filter"}
+
+
+@pytest.fixture()
+def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
+    fake = FakeApi()
+    monkeypatch.setattr(common.CliState, "client",
+                        lambda self: Client("http://api.test", fake.key,
+                                            transport=fake.transport()))
+    return fake
+
+
+runner = CliRunner()
+
+
+def test_budget_shows_every_figure_named_apart(api: FakeApi) -> None:
+    api.route("GET", "/v1/datasets/ds_1/budget", BUDGET)
+    result = runner.invoke(app, ["budget", "ds_1"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "spent (RDP filter)" in out and "3.5000" in out
+    assert "not a guarantee under adaptive use" in out and "2.9000" in out
+    assert "reserved" in out and "1.0000" in out
+    assert "admission order" in out and "12" in out
+    assert "1.000e-06" in out
+
+
+def test_budget_lines_and_warning() -> None:
+    labels = [label for label, _ in budget_lines(BUDGET)]
+    assert labels[:8] == ["dataset", "epsilon limit", "spent (RDP filter)", "tight (PLD)",
+                          "reserved", "remaining", "admission order", "delta"]
+    assert budget_warning(BUDGET) is None
+    assert "exhausted" in str(budget_warning({**BUDGET, "dataset_epsilon_remaining": 0.0}))
+    assert "10%" in str(budget_warning({**BUDGET, "dataset_epsilon_remaining": 0.5}))
+    assert budget_warning({**BUDGET, "warning": "server says"}) == "server says"
+    assert ("warning", "server says") in budget_lines({**BUDGET, "warning": "server says"})
+
+
+def test_progress_text_is_data_independent_fields_only() -> None:
+    text = progress_text({"state": "running", "progress": {"step": 40, "total": 100,
+                                                           "epsilon_so_far": 1.23456,
+                                                           "eta_s": 61.7}})
+    assert text == "running  step 40/100  epsilon so far 1.235  ETA 62s"
+
+
+def test_client_error_exits_2_with_code_and_detail(api: FakeApi, tmp_path: Path) -> None:
+    api.route("POST", "/v1/jobs", lambda r: problem(
+        409, "privacy_budget_exhausted", "no budget", max_admissible_target_epsilon=0.5))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("type: finetune\ndataset_id: ds_1\n")
+    result = runner.invoke(app, ["jobs", "submit", str(spec)])
+    assert result.exit_code == 2
+    assert "privacy_budget_exhausted" in result.output and "no budget" in result.output
+    assert "max_admissible_target_epsilon: 0.5" in result.output
+
+
+def test_server_error_exits_1(api: FakeApi) -> None:
+    api.route("GET", "/v1/jobs/j1", lambda r: problem(503, "ledger_unavailable", "down"))
+    result = runner.invoke(app, ["jobs", "show", "j1"])
+    assert result.exit_code == 1
+    assert "ledger_unavailable" in result.output
+
+
+def test_submit_json_spec_dry_run(api: FakeApi, tmp_path: Path) -> None:
+    api.route("POST", "/v1/jobs", lambda r: httpx.Response(
+        200, json={"dry_run": r.url.params.get("dry_run"), "spec": json.loads(r.content)}))
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"type": "generate", "model_id": "m1"}))
+    result = runner.invoke(app, ["jobs", "submit", str(spec), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body == {"dry_run": "true", "spec": {"type": "generate", "model_id": "m1"}}
+
+
+def test_bad_spec_file_is_invalid_spec(api: FakeApi, tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text("- just\n- a list\n")
+    result = runner.invoke(app, ["jobs", "submit", str(spec)])
+    assert result.exit_code == 2
+    assert "invalid_spec" in result.output
+    assert api.requests == []
+
+
+@pytest.mark.parametrize(("final", "code"), [("succeeded", 0), ("failed", 1), ("cancelled", 1)])
+def test_jobs_watch_exit_code_follows_the_final_state(api: FakeApi, final: str,
+                                                      code: int) -> None:
+    states = iter([{"state": "running", "progress": {"step": 1, "total": 4}},
+                   {"state": final, "progress": {"step": 4, "total": 4}}])
+    api.route("GET", "/v1/jobs/j1", lambda r: httpx.Response(200, json=next(states)))
+    result = runner.invoke(app, ["jobs", "watch", "j1", "--poll", "0"])
+    assert result.exit_code == code, result.output
+    assert f"ended {final}" in result.output or final == "succeeded"
+
+
+def test_datasets_upload_splits_label_domain(api: FakeApi, tmp_path: Path) -> None:
+    captured: dict[str, bytes] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        captured["body"] = request.content
+        return httpx.Response(201, json={"id": "ds_2"})
+
+    api.route("POST", "/v1/datasets", handler)
+    data = tmp_path / "d.npz"
+    data.write_bytes(b"x")
+    result = runner.invoke(app, ["datasets", "upload", str(data), "--name", "n",
+                                 "--visibility", "private", "--epsilon-limit", "4",
+                                 "--label-domain", "cat, dog"])
+    assert result.exit_code == 0, result.output
+    assert b'"label_domain": ["cat", "dog"]' in captured["body"]
+    assert b'"epsilon_limit": 4.0' in captured["body"]
+
+
+def test_bad_visibility_is_refused_before_any_request(api: FakeApi, tmp_path: Path) -> None:
+    data = tmp_path / "d.npz"
+    data.write_bytes(b"x")
+    result = runner.invoke(app, ["datasets", "upload", str(data), "--name", "n",
+                                 "--visibility", "secret"])
+    assert result.exit_code == 2
+    assert api.requests == []
+
+
+def test_admin_key_create_parses_scopes(api: FakeApi) -> None:
+    api.route("POST", "/v1/tenants/t1/keys",
+              lambda r: httpx.Response(201, json=json.loads(r.content)))
+    result = runner.invoke(app, ["admin", "key", "create", "--tenant", "t1",
+                                 "--scopes", "read,submit"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"scopes": ["read", "submit"]}
+
+
+def test_download_writes_the_file(api: FakeApi, tmp_path: Path) -> None:
+    api.route("GET", "/v1/artifacts/a1/download", lambda r: httpx.Response(200, content=b"ZIP"))
+    out = tmp_path / "c.zip"
+    result = runner.invoke(app, ["download", "a1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() == b"ZIP"
+
+
+def test_status_of_a_home_without_platform_exits_3(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["status", "--home", str(tmp_path)])
+    assert result.exit_code == 3
+    assert json.loads(result.output)["running"] is False
