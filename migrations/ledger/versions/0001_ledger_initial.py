@@ -67,7 +67,7 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id", name="uq_reservations_job_id"),
         schema=S,
     )
-    op.create_index("ix_reservations_dataset_id", "reservations", ["dataset_id"], schema=S)
+    op.create_index("ix_ledger_reservations_dataset_id", "reservations", ["dataset_id"], schema=S)
     op.create_table(
         "leases",
         sa.Column("lease_id", sa.String(64), primary_key=True),
@@ -81,7 +81,7 @@ def upgrade() -> None:
         sa.Column("ended_at", tz, nullable=True),
         schema=S,
     )
-    op.create_index("ix_leases_reservation_id", "leases", ["reservation_id"], schema=S)
+    op.create_index("ix_ledger_leases_reservation_id", "leases", ["reservation_id"], schema=S)
     op.create_table(
         "entries",
         sa.Column("seq", sa.BigInteger(), sa.Identity(always=False), primary_key=True),
@@ -94,7 +94,7 @@ def upgrade() -> None:
         sa.UniqueConstraint("hash", name="entries_hash_key"),
         schema=S,
     )
-    op.create_index("ix_entries_dataset_id", "entries", ["dataset_id"], schema=S)
+    op.create_index("ix_ledger_entries_dataset_id", "entries", ["dataset_id"], schema=S)
     op.create_table(
         "chain_head",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),
@@ -126,11 +126,11 @@ def downgrade() -> None:
     op.execute(f"DROP TRIGGER IF EXISTS entries_append_only ON {S}.entries")
     op.execute(f"DROP FUNCTION IF EXISTS {S}.entries_append_only()")
     op.drop_table("chain_head", schema=S)
-    op.drop_index("ix_entries_dataset_id", table_name="entries", schema=S)
+    op.drop_index("ix_ledger_entries_dataset_id", table_name="entries", schema=S)
     op.drop_table("entries", schema=S)
-    op.drop_index("ix_leases_reservation_id", table_name="leases", schema=S)
+    op.drop_index("ix_ledger_leases_reservation_id", table_name="leases", schema=S)
     op.drop_table("leases", schema=S)
-    op.drop_index("ix_reservations_dataset_id", table_name="reservations", schema=S)
+    op.drop_index("ix_ledger_reservations_dataset_id", table_name="reservations", schema=S)
     op.drop_table("reservations", schema=S)
     op.drop_table("accumulators", schema=S)
     op.drop_table("budgets", schema=S)

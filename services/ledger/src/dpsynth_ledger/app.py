@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -21,7 +24,12 @@ def create_app(settings: LedgerSettings) -> FastAPI:
     """Build the ledger app: engine, session factory, context, routes, problem handlers."""
     engine = create_engine(settings.database.url, pool_size=settings.database.pool_size,
                            max_overflow=20, echo=settings.database.echo, pool_pre_ping=True)
-    app = FastAPI(title="dpsynth ledger", version="0.1.0",
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(title="dpsynth ledger", version="0.1.0", lifespan=lifespan,
                   description="Privacy budgets, RDP-filter admission, step leases, audit chain.")
     app.state.engine = engine
     app.state.sessions = sessionmaker(engine, expire_on_commit=False)
@@ -52,9 +60,5 @@ def create_app(settings: LedgerSettings) -> FastAPI:
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.on_event("shutdown")
-    def _dispose() -> None:
-        engine.dispose()
 
     return app
