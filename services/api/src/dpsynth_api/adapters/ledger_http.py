@@ -1,0 +1,92 @@
+"""The ledger over HTTP (httpx), turning its problem+json back into :class:`DpsynthError`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import httpx
+from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    CloseRequest,
+    CreateBudget,
+    Plan,
+    Reservation,
+    ReserveRequest,
+)
+
+
+class HttpLedger:
+    """:class:`dpsynth_api.ports.LedgerPort` against services/ledger's ``/v1`` API.
+
+    Args:
+        url: the ledger's base URL.
+        token: the service bearer token the ledger accepts from the api.
+        timeout_s: per-request timeout.
+        transport: an httpx transport (tests may pass an ASGI transport).
+    """
+
+    def __init__(self, url: str, token: str, *, timeout_s: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s,
+                                    headers={"Authorization": f"Bearer {token}"},
+                                    transport=transport)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        try:
+            response = self._client.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise DpsynthError(ErrorCode.LEDGER_UNAVAILABLE,
+                               f"the ledger could not be reached ({type(exc).__name__})") from exc
+        if response.status_code >= 400:
+            try:
+                problem = response.json()
+            except ValueError:
+                problem = None
+            if isinstance(problem, dict) and "code" in problem:
+                raise error_from_problem(problem)
+            raise DpsynthError(ErrorCode.LEDGER_UNAVAILABLE,
+                               f"the ledger answered HTTP {response.status_code}")
+        return response.json() if response.content else None
+
+    def create_budget(self, request: CreateBudget) -> BudgetView:
+        """``POST /v1/budgets``."""
+        return BudgetView.model_validate(self._call("POST", "/v1/budgets",
+                                                    request.model_dump(mode="json")))
+
+    def get_budget(self, dataset_id: str) -> BudgetView:
+        """``GET /v1/budgets/{dataset_id}``."""
+        return BudgetView.model_validate(self._call("GET", f"/v1/budgets/{dataset_id}"))
+
+    def plan(self, request: ReserveRequest) -> Plan:
+        """``POST /v1/reservations`` with ``dry_run: true``: the plan, nothing reserved."""
+        body = request.model_copy(update={"dry_run": True}).model_dump(mode="json")
+        data = self._call("POST", "/v1/reservations", body)
+        if isinstance(data, dict) and "reservation_id" in data:  # a Reservation with its plan
+            reservation = Reservation.model_validate(data)
+            if reservation.plan is None:
+                raise DpsynthError(ErrorCode.INTERNAL, "the ledger's dry run carried no plan")
+            return reservation.plan
+        return Plan.model_validate(data)
+
+    def reserve(self, request: ReserveRequest) -> Reservation:
+        """``POST /v1/reservations``: admission through the privacy filter."""
+        return Reservation.model_validate(
+            self._call("POST", "/v1/reservations", request.model_dump(mode="json")))
+
+    def close_reservation(self, reservation_id: str,
+                          outcome: Literal["succeeded", "failed", "cancelled"]) -> None:
+        """``POST /v1/reservations/{rid}/close``."""
+        self._call("POST", f"/v1/reservations/{reservation_id}/close",
+                   CloseRequest(outcome=outcome).model_dump(mode="json"))
+
+    def ready(self) -> bool:
+        """True when the ledger's ``/readyz`` answers 200."""
+        try:
+            return self._client.get("/readyz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()

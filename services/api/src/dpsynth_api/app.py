@@ -1,0 +1,87 @@
+"""The api's application factory: settings and ports in, a FastAPI app out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from PIL import Image
+
+from dpsynth_api import health
+from dpsynth_api.adapters.celery_sender import CelerySender
+from dpsynth_api.adapters.ledger_http import HttpLedger
+from dpsynth_api.artifacts.router import router as artifacts_router
+from dpsynth_api.budgets.router import router as budgets_router
+from dpsynth_api.context import AppContext
+from dpsynth_api.datasets.router import router as datasets_router
+from dpsynth_api.db import make_engine, make_session_factory
+from dpsynth_api.errors import install_error_handlers
+from dpsynth_api.internal.router import router as internal_router
+from dpsynth_api.jobs.reaper import Reaper
+from dpsynth_api.jobs.router import router as jobs_router
+from dpsynth_api.metrics import ApiMetrics
+from dpsynth_api.middleware import GuardMiddleware, ObservabilityMiddleware
+from dpsynth_api.models.router import router as models_router
+from dpsynth_api.ports import LedgerPort, ObjectStore, TaskSender
+from dpsynth_api.settings import ApiSettings
+from dpsynth_api.tenants.router import router as tenants_router
+
+MULTIPART_OVERHEAD_BYTES = 1 << 20
+
+
+def _default_store(settings: ApiSettings) -> ObjectStore:
+    from dpsynth_shared.stores import from_settings  # the adapters live in shared
+
+    store: ObjectStore = from_settings(settings.object_store,
+                                       grant_public_key=settings.grant_public_key)
+    return store
+
+
+def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
+               ledger: LedgerPort | None = None,
+               task_sender: TaskSender | None = None) -> FastAPI:
+    """Build the api. Ports default to the real adapters; tests inject fakes.
+
+    Args:
+        settings: read once at process start.
+        store: the object store (default: from ``settings.object_store``).
+        ledger: the ledger port (default: :class:`HttpLedger`).
+        task_sender: the task sender (default: :class:`CelerySender`).
+    """
+    # PIL's own decompression-bomb guard, set to the api's cap (the api owns its process).
+    Image.MAX_IMAGE_PIXELS = settings.max_image_pixels
+    engine = make_engine(settings.database)
+    ctx = AppContext(
+        settings=settings, engine=engine, sessions=make_session_factory(engine),
+        store=store if store is not None else _default_store(settings),
+        ledger=ledger if ledger is not None else HttpLedger(
+            settings.ledger.url, settings.ledger.token.get_secret_value()),
+        sender=task_sender if task_sender is not None else CelerySender(settings.broker_url),
+        metrics=ApiMetrics())
+    reaper = Reaper(ctx.sessions, ctx.ledger, ctx.sender, lease_ttl_s=settings.lease_ttl_s,
+                    max_attempts=settings.max_attempts, interval_s=settings.heartbeat_s)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.reaper_enabled:
+            reaper.start()
+        try:
+            yield
+        finally:
+            reaper.stop()
+            engine.dispose()
+
+    app = FastAPI(title="dpsynth api", version="0.1.0", lifespan=lifespan,
+                  description="DP fine-tuning of latent diffusion models on private images, "
+                  "synthetic corpora, and an exact account of each dataset's privacy budget.")
+    app.state.ctx = ctx
+    app.state.reaper = reaper
+    install_error_handlers(app)
+    for router in (health.router, tenants_router, datasets_router, budgets_router,
+                   models_router, jobs_router, artifacts_router, internal_router):
+        app.include_router(router)
+    app.add_middleware(GuardMiddleware,
+                       max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES)
+    app.add_middleware(ObservabilityMiddleware, metrics=ctx.metrics)
+    return app

@@ -1,0 +1,1 @@
+"""Artifacts: job outputs (models, checkpoints, corpora, owner-only private statistics)."""

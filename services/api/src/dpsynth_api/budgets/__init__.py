@@ -1,0 +1,1 @@
+"""Budget views: the ledger's figures for the tenant's private datasets."""

@@ -1,0 +1,1 @@
+"""Datasets: upload validation, canonical form, budgets registered with the ledger."""

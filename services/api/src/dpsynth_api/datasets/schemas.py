@@ -1,0 +1,81 @@
+"""Bodies of the dataset endpoints."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from dpsynth_shared.dp_events import Neighbouring
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class DatasetMetadata(BaseModel):
+    """The ``metadata`` form field of an upload (a JSON string)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    visibility: Literal["public", "private"]
+    epsilon_limit: float | None = Field(None, gt=0, le=100)
+    delta: float | None = Field(None, gt=0, lt=1)
+    label_domain: list[str] | None = Field(None, min_length=1, max_length=100_000)
+    declared_size: int | None = Field(None, ge=1)
+    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
+
+    @model_validator(mode="after")
+    def _private_needs_budget(self) -> DatasetMetadata:
+        if self.visibility == "private":
+            if self.epsilon_limit is None:
+                raise ValueError("a private dataset needs an epsilon_limit")
+            if self.label_domain is None:
+                raise ValueError("a private dataset needs a label_domain (the public list "
+                                 "of class names)")
+        elif self.epsilon_limit is not None or self.delta is not None:
+            raise ValueError("a public dataset has no privacy budget (epsilon_limit, delta)")
+        if self.label_domain is not None and len(set(self.label_domain)) != len(self.label_domain):
+            raise ValueError("label_domain has duplicate class names")
+        return self
+
+
+class DatasetOut(BaseModel):
+    dataset_id: str
+    tenant_id: str
+    name: str
+    visibility: Literal["public", "private"]
+    declared_size: int
+    true_size: int | None = Field(None, description="owner scope only")
+    class_counts: dict[str, int] | None = Field(None, description="owner scope only")
+    class_names: list[str]
+    image_shape: list[int]
+    delta: float | None = None
+    epsilon_limit: float | None = None
+    neighbouring: Neighbouring | None = None
+    declared_public_by: str | None = Field(None, description="audit: the key that declared "
+                                           "the data public")
+    source_format: str
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+
+
+class DatasetPage(BaseModel):
+    items: list[DatasetOut]
+    next_cursor: str | None = None
+
+
+def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
+    """The public view of a dataset row; the true count and class counts only for owners."""
+    from dpsynth_api.tables import Dataset
+
+    assert isinstance(dataset, Dataset)
+    return DatasetOut(
+        dataset_id=dataset.id, tenant_id=dataset.tenant_id, name=dataset.name,
+        visibility=dataset.visibility,  # type: ignore[arg-type]
+        declared_size=dataset.declared_size,
+        true_size=dataset.true_size if owner else None,
+        class_counts=dataset.class_counts if owner else None,
+        class_names=dataset.class_names, image_shape=dataset.image_shape, delta=dataset.delta,
+        epsilon_limit=dataset.epsilon_limit,
+        neighbouring=Neighbouring(dataset.neighbouring) if dataset.neighbouring else None,
+        declared_public_by=dataset.declared_public_by, source_format=dataset.source_format,
+        sha256=dataset.sha256, size_bytes=dataset.size_bytes, created_at=dataset.created_at)

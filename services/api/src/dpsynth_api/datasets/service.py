@@ -1,0 +1,133 @@
+"""Dataset use cases: upload (validate → canonical npz → store → ledger budget), read."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.ids import new_dataset_id
+from dpsynth_shared.ledger_contract import CreateBudget
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from dpsynth_api.archives import ArchiveLimits
+from dpsynth_api.datasets import repository as repo
+from dpsynth_api.datasets.ingest import Ingested, IngestLimits, ingest_upload, write_canonical
+from dpsynth_api.datasets.schemas import DatasetMetadata
+from dpsynth_api.ports import LedgerPort, ObjectStore
+from dpsynth_api.settings import ApiSettings
+from dpsynth_api.tables import Dataset
+from dpsynth_api.tenants.security import Principal
+from dpsynth_api.uploads import safe_filename, spool
+
+log = logging.getLogger(__name__)
+
+
+def parse_metadata(raw: str) -> DatasetMetadata:
+    """The upload's ``metadata`` JSON field, validated (422 ``invalid_dataset``)."""
+    try:
+        return DatasetMetadata.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+        summary = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'metadata'}: {e['msg']}"
+                            for e in errors)
+        raise DpsynthError(ErrorCode.INVALID_DATASET, f"invalid metadata: {summary}",
+                           errors=errors) from exc
+
+
+def default_delta(declared_size: int) -> float:
+    """DESIGN §3: delta defaults to min(1e-6, 1/(10·N̂))."""
+    return min(1e-6, 1.0 / (10.0 * declared_size))
+
+
+def _privacy_terms(meta: DatasetMetadata, true_size: int) -> tuple[int, float | None]:
+    declared = meta.declared_size if meta.declared_size is not None else true_size
+    if declared < true_size:
+        raise DpsynthError(ErrorCode.INVALID_DATASET,
+                           f"declared_size {declared} is smaller than the number of records "
+                           "uploaded; the public size N̂ must be at least the true count")
+    if meta.visibility == "public":
+        return declared, None
+    delta = meta.delta if meta.delta is not None else default_delta(declared)
+    if delta >= 1.0 / declared:
+        raise DpsynthError(ErrorCode.INVALID_DATASET,
+                           f"delta {delta:g} must be smaller than 1/N̂ = {1.0 / declared:g} "
+                           "(a larger delta allows releasing a record outright)")
+    return declared, delta
+
+
+def _limits(settings: ApiSettings) -> IngestLimits:
+    return IngestLimits(ArchiveLimits(settings.max_uncompressed_bytes,
+                                      settings.max_archive_members), settings.max_image_pixels)
+
+
+def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore,
+                   ledger: LedgerPort, settings: ApiSettings, metadata: str,
+                   filename: str | None, upload: BinaryIO) -> Dataset:
+    """Validate an upload, store its canonical form and (private) register its budget.
+
+    Nothing is kept when any step fails: the stored object is deleted and the row rolled
+    back when the ledger refuses or cannot be reached.
+    """
+    meta = parse_metadata(metadata)
+    name = safe_filename(filename, "upload.zip")
+    with tempfile.TemporaryDirectory(prefix="dpsynth-upload-") as tmp:
+        raw = Path(tmp) / "upload"
+        spool(upload, raw, max_bytes=settings.max_upload_bytes)
+        data = ingest_upload(raw, name, private=meta.visibility == "private",
+                             label_domain=meta.label_domain, limits=_limits(settings))
+        declared, delta = _privacy_terms(meta, data.size)
+        dataset_id = new_dataset_id()
+        key = f"{meta.visibility}/datasets/{dataset_id}/data.npz"
+        info = store.put_file(key, write_canonical(data, Path(tmp) / "data.npz"))
+    dataset = _row(dataset_id, key, meta, data, principal, declared, delta, info.sha256, info.size)
+    try:
+        repo.add(session, dataset)
+        if meta.visibility == "private":
+            ledger.create_budget(_budget_request(dataset, meta))
+        session.commit()
+    except BaseException:
+        session.rollback()
+        store.delete(key)
+        raise
+    log.info("dataset uploaded", extra={"dataset_id": dataset.id, "visibility": meta.visibility})
+    return dataset
+
+
+def _row(dataset_id: str, key: str, meta: DatasetMetadata, data: Ingested, principal: Principal,
+         declared: int, delta: float | None, sha256: str, size: int) -> Dataset:
+    private = meta.visibility == "private"
+    return Dataset(
+        id=dataset_id, tenant_id=principal.tenant_id, name=meta.name, visibility=meta.visibility,
+        object_key=key, source_format=data.source_format, true_size=data.size,
+        declared_size=declared, class_names=data.class_names, class_counts=data.class_counts(),
+        image_shape=data.image_shape, delta=delta, epsilon_limit=meta.epsilon_limit,
+        neighbouring=str(meta.neighbouring) if private else None,
+        declared_public_by=None if private else principal.key_id,
+        uploaded_by=principal.key_id, sha256=sha256, size_bytes=size)
+
+
+def _budget_request(dataset: Dataset, meta: DatasetMetadata) -> CreateBudget:
+    assert dataset.epsilon_limit is not None and dataset.delta is not None
+    return CreateBudget(dataset_id=dataset.id, tenant_id=dataset.tenant_id,
+                        epsilon_limit=dataset.epsilon_limit, delta=dataset.delta,
+                        declared_size=dataset.declared_size, neighbouring=meta.neighbouring,
+                        partitions=list(dataset.class_names))
+
+
+def get_dataset(session: Session, *, principal: Principal, dataset_id: str) -> Dataset:
+    """The tenant's dataset or 404 ``not_found`` (also for other tenants' ids)."""
+    dataset = repo.get_for_tenant(session, tenant_id=principal.tenant_id, dataset_id=dataset_id)
+    if dataset is None:
+        raise NotFound("dataset", dataset_id)
+    return dataset
+
+
+def list_datasets(session: Session, *, principal: Principal, limit: int,
+                  cursor: str | None) -> list[Dataset]:
+    """One page of the tenant's datasets, newest first (``limit + 1`` rows)."""
+    return repo.list_for_tenant(session, tenant_id=principal.tenant_id, limit=limit,
+                                cursor=cursor)

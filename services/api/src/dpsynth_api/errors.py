@@ -1,0 +1,88 @@
+"""The api's one mapping from errors to RFC 9457 problem+json.
+
+Domain code raises :class:`DpsynthError`; its code's status comes from
+:data:`dpsynth_shared.errors.HTTP_STATUS` (the one table). FastAPI's validation errors become
+422 ``invalid_spec`` (job specs) or ``invalid_request``; Starlette's 404/405 become problems too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dpsynth_shared.errors import PROBLEM_CONTENT_TYPE, DpsynthError, ErrorCode
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_STARLETTE_CODES: dict[int, ErrorCode] = {
+    400: ErrorCode.INVALID_REQUEST,
+    401: ErrorCode.UNAUTHENTICATED,
+    403: ErrorCode.FORBIDDEN,
+    404: ErrorCode.NOT_FOUND,
+    413: ErrorCode.PAYLOAD_TOO_LARGE,
+}
+
+
+def problem_response(error: DpsynthError, request: Request | None = None, *,
+                     status: int | None = None,
+                     headers: dict[str, str] | None = None) -> JSONResponse:
+    """The problem+json response of a domain error (``status`` overrides the table)."""
+    problem = error.to_problem(instance=request.url.path if request is not None else None)
+    body = problem.model_dump(mode="json", exclude_none=True)
+    if status is not None:
+        body["status"] = status
+    return JSONResponse(jsonable_encoder(body), status_code=body["status"],
+                        media_type=PROBLEM_CONTENT_TYPE, headers=headers)
+
+
+async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DpsynthError)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.code == ErrorCode.UNAUTHENTICATED else None
+    if exc.status >= 500:
+        log.warning("request failed", extra={"code": str(exc.code)})
+    return problem_response(exc, request, headers=headers)
+
+
+def _clean_errors(errors: Any) -> list[dict[str, Any]]:
+    # Never echo the submitted input back (it may be a private file's bytes or a key).
+    return [{k: v for k, v in e.items() if k in {"type", "loc", "msg"}} for e in errors]
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    is_spec = request.url.path.rstrip("/") == "/v1/jobs"
+    code = ErrorCode.INVALID_SPEC if is_spec else ErrorCode.INVALID_REQUEST
+    errors = _clean_errors(exc.errors())
+    summary = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+    error = DpsynthError(code, f"the request is invalid: {summary}", errors=errors)
+    return problem_response(error, request, status=422)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:
+        error = DpsynthError(ErrorCode.INVALID_REQUEST, f"method {request.method} is not allowed")
+        return problem_response(error, request, status=405, headers=exc.headers)
+    code = _STARLETTE_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no route {request.url.path}"
+    return problem_response(DpsynthError(code, detail), request, status=exc.status_code)
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error")
+    return problem_response(DpsynthError(ErrorCode.INTERNAL, "internal error"), request)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the problem+json handlers on ``app``."""
+    app.add_exception_handler(DpsynthError, _domain_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)

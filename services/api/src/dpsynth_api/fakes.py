@@ -1,0 +1,148 @@
+"""In-memory fakes of the api's ports, for tests (fakes, not mocks: cosmicpython).
+
+:class:`FakeLedger` is a simple *additive* budget: a job's epsilon is its target_epsilon and
+the dataset's spent figure is the sum over committed and open reservations. It is faithful
+to the ledger's contract (same bodies, same errors and numbers), not to its accountant.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dpsynth_shared.dp_events import DpSgdEvent
+from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.ids import new_reservation_id
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    CreateBudget,
+    Plan,
+    Reservation,
+    ReservationState,
+    ReserveRequest,
+)
+
+
+@dataclass
+class _FakeReservation:
+    reservation: Reservation
+    epsilon: float
+    outcome: str | None = None
+
+
+@dataclass
+class FakeLedger:
+    """An in-memory ledger: budgets, additive admission, reservations, closes."""
+
+    budgets: dict[str, CreateBudget] = field(default_factory=dict)
+    reservations: dict[str, _FakeReservation] = field(default_factory=dict)
+    closed: list[tuple[str, str]] = field(default_factory=list)
+    fail_create: bool = False
+    is_ready: bool = True
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def create_budget(self, request: CreateBudget) -> BudgetView:
+        """Register a dataset's budget (raises ``ledger_unavailable`` when told to fail)."""
+        if self.fail_create:
+            raise DpsynthError(ErrorCode.LEDGER_UNAVAILABLE, "fake ledger told to fail")
+        with self._lock:
+            if request.dataset_id in self.budgets:
+                raise DpsynthError(ErrorCode.CONFLICT, "budget exists")
+            self.budgets[request.dataset_id] = request
+        return self.get_budget(request.dataset_id)
+
+    def _spent(self, dataset_id: str) -> float:
+        return sum(r.epsilon for r in self.reservations.values()
+                   if r.reservation.dataset_id == dataset_id and r.outcome != "released")
+
+    def get_budget(self, dataset_id: str) -> BudgetView:
+        """The additive budget view of a dataset."""
+        budget = self.budgets.get(dataset_id)
+        if budget is None:
+            raise NotFound("budget", dataset_id)
+        spent = self._spent(dataset_id)
+        return BudgetView(
+            dataset_id=dataset_id, tenant_id=budget.tenant_id,
+            epsilon_limit=budget.epsilon_limit, delta=budget.delta,
+            neighbouring=budget.neighbouring, declared_size=budget.declared_size,
+            admission_order=8, accountant="fake-additive", rdp_budget=budget.epsilon_limit,
+            rdp_spent=spent, rdp_reserved=0.0, dataset_epsilon_spent=spent,
+            dataset_epsilon_reserved=0.0,
+            dataset_epsilon_remaining=max(0.0, budget.epsilon_limit - spent),
+            dataset_tight_epsilon=spent, partitions={p: spent for p in budget.partitions},
+        )
+
+    def plan(self, request: ReserveRequest) -> Plan:
+        """The plan of a job: job_epsilon = target_epsilon; admissible iff it fits."""
+        budget = self.budgets.get(request.dataset_id)
+        if budget is None:
+            raise NotFound("budget", request.dataset_id)
+        spent = self._spent(request.dataset_id)
+        remaining = budget.epsilon_limit - spent
+        q = min(1.0, request.expected_batch_size / budget.declared_size)
+        return Plan(
+            dataset_id=request.dataset_id,
+            event=DpSgdEvent(noise_multiplier=1.0, sample_rate=q, steps=request.steps,
+                             neighbouring=budget.neighbouring),
+            expected_batch_size=request.expected_batch_size,
+            job_epsilon=request.target_epsilon, delta=budget.delta, admission_order=8,
+            rdp_per_step=request.target_epsilon / request.steps,
+            rdp_total=request.target_epsilon,
+            dataset_epsilon_spent_before=spent,
+            dataset_epsilon_spent_after=spent + request.target_epsilon,
+            dataset_tight_epsilon_after=spent + request.target_epsilon,
+            admissible=request.target_epsilon <= remaining + 1e-12,
+            max_admissible_target_epsilon=remaining if remaining > 0 else None,
+            accountant="fake-additive",
+        )
+
+    def reserve(self, request: ReserveRequest) -> Reservation:
+        """Admit and reserve, or raise 409 ``privacy_budget_exhausted`` with the numbers."""
+        with self._lock:
+            plan = self.plan(request)
+            if not plan.admissible:
+                raise BudgetExhausted(
+                    f"target_epsilon {request.target_epsilon} exceeds the remaining budget",
+                    dataset_epsilon_spent=plan.dataset_epsilon_spent_before,
+                    epsilon_limit=self.budgets[request.dataset_id].epsilon_limit,
+                    max_admissible_target_epsilon=plan.max_admissible_target_epsilon)
+            reservation = Reservation(
+                reservation_id=new_reservation_id(), job_id=request.job_id,
+                dataset_id=request.dataset_id, state=ReservationState.OPEN, event=plan.event,
+                expected_batch_size=request.expected_batch_size, steps_reserved=request.steps,
+                steps_granted=0, current_attempt=1, job_epsilon=plan.job_epsilon,
+                job_epsilon_granted=0.0, plan=plan)
+            self.reservations[reservation.reservation_id] = _FakeReservation(
+                reservation, request.target_epsilon)
+        return reservation
+
+    def close_reservation(self, reservation_id: str,
+                          outcome: Literal["succeeded", "failed", "cancelled"]) -> None:
+        """Close a reservation; an untouched cancelled one releases its epsilon."""
+        with self._lock:
+            entry = self.reservations.get(reservation_id)
+            if entry is None:
+                raise NotFound("reservation", reservation_id)
+            entry.outcome = "released" if outcome == "cancelled" else outcome
+            self.closed.append((reservation_id, outcome))
+
+    def ready(self) -> bool:
+        """Whether the fake reports ready."""
+        return self.is_ready
+
+
+@dataclass
+class RecordingSender:
+    """A :class:`dpsynth_api.ports.TaskSender` that records what it was asked to send."""
+
+    sent: list[tuple[str, int]] = field(default_factory=list)
+    is_ready: bool = True
+
+    def send_run_job(self, job_id: str, attempt: int) -> None:
+        """Record ``(job_id, attempt)``."""
+        self.sent.append((job_id, attempt))
+
+    def ping(self) -> bool:
+        """Whether the fake broker reports ready."""
+        return self.is_ready

@@ -1,0 +1,1 @@
+"""Internal endpoints for workers (``/internal/v1``, worker token)."""

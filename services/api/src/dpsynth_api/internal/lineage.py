@@ -1,0 +1,82 @@
+"""What a claim carries (inputs of the attempt) and the lineage of models jobs produce.
+
+A model's ``job_ids`` are the jobs whose steps produced it on its dataset: the job itself and,
+when its base model was DP-trained on the SAME dataset, that model's jobs (DESIGN §3: a
+model's ``job_epsilon`` covers its DP ancestors on the same dataset).
+"""
+
+from __future__ import annotations
+
+from dpsynth_shared.errors import NotFound
+from dpsynth_shared.ids import new_model_id
+from dpsynth_shared.worker_contract import Claim, DatasetInfo, ModelRef, RegisterArtifact
+from sqlalchemy.orm import Session
+
+from dpsynth_api.jobs import repository as jobs_repo
+from dpsynth_api.models import repository as models_repo
+from dpsynth_api.settings import ApiSettings
+from dpsynth_api.tables import Dataset, Job, Model
+
+
+def _model(session: Session, job: Job) -> Model | None:
+    if job.model_id is None:
+        return None
+    model = models_repo.get_for_tenant(session, tenant_id=job.tenant_id, model_id=job.model_id)
+    if model is None:
+        raise NotFound("model", job.model_id)
+    return model
+
+
+def _dataset(session: Session, job: Job) -> Dataset | None:
+    return session.get(Dataset, job.dataset_id) if job.dataset_id else None
+
+
+def model_ref(model: Model) -> ModelRef:
+    """How a worker finds a model and its lineage."""
+    return ModelRef(model_id=model.id, object_key=model.object_key, dataset_id=model.dataset_id,
+                    job_ids=list(model.job_ids or []), dp=model.dp)
+
+
+def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
+    """Everything the worker needs for this attempt, incl. the newest checkpoint to resume."""
+    dataset = _dataset(session, job)
+    model = _model(session, job)
+    checkpoint = jobs_repo.latest_checkpoint(session, job.id)
+    info = None
+    if dataset is not None:
+        info = DatasetInfo(dataset_id=dataset.id,
+                           visibility=dataset.visibility,  # type: ignore[arg-type]
+                           object_key=dataset.object_key, class_names=list(dataset.class_names),
+                           declared_size=dataset.declared_size, delta=dataset.delta)
+    return Claim(
+        job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
+        type=job.type,  # type: ignore[arg-type]
+        spec=job.spec, dataset=info, base_model=model_ref(model) if model else None,
+        reservation_id=job.reservation_id,
+        resume_checkpoint_key=checkpoint.object_key if checkpoint else None,
+        resume_step=(checkpoint.checkpoint_step or 0) if checkpoint else 0,
+        lease_ttl_s=settings.lease_ttl_s, heartbeat_s=settings.heartbeat_s)
+
+
+def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Model:
+    """Record the model a job produced, with its lineage (flush only)."""
+    base = _model(session, job)
+    dataset = _dataset(session, job)
+    dp = job.type == "finetune"
+    job_ids = [job.id]
+    if dp and base is not None and base.dp and base.dataset_id == job.dataset_id:
+        job_ids = [*base.job_ids, job.id]
+    meta = body.metadata
+    epsilon = meta.get("job_epsilon")
+    rng = meta.get("rng")
+    info = {k: meta[k] for k in ("class_names", "image_size", "channels", "preset",
+                                 "training_kind", "steps") if k in meta}
+    model = Model(id=new_model_id(), tenant_id=job.tenant_id,
+                  name=str(meta.get("name") or f"{job.type} {job.id}"),
+                  object_key=body.object_key, source="job", dataset_id=job.dataset_id,
+                  job_ids=job_ids, produced_by_job_id=job.id, dp=dp,
+                  job_epsilon=float(epsilon) if dp and epsilon is not None else None,
+                  delta=dataset.delta if dp and dataset is not None else None,
+                  rng=str(rng) if rng is not None else None, info=info, sha256=body.sha256,
+                  size_bytes=body.size)
+    return models_repo.add(session, model)

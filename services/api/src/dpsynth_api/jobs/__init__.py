@@ -1,0 +1,1 @@
+"""Jobs: submission (with budget reservation), the one transition function, the reaper."""

@@ -1,0 +1,163 @@
+"""The reaper: finds jobs whose worker was lost and requeues or ends them.
+
+1. ``running`` / ``cancelling`` jobs whose heartbeat is older than ``lease_ttl_s`` become
+   ``interrupted`` / ``cancelled`` (the latter closes the ledger reservation ``cancelled``).
+2. ``interrupted`` jobs are requeued with attempt + 1 (a new task is sent after the commit),
+   or end ``failed`` (``too_many_attempts``, reservation closed ``failed``) after
+   ``max_attempts``.
+
+Each job is handled in its own transaction, picked with ``FOR UPDATE SKIP LOCKED``, through
+the one transition function with actor REAPER, so several api replicas can reap at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+from dpsynth_shared.job_states import Actor, JobState
+from sqlalchemy.orm import Session, sessionmaker
+
+from dpsynth_api.db import utcnow
+from dpsynth_api.jobs import repository as repo
+from dpsynth_api.jobs.service import transition
+from dpsynth_api.ports import LedgerPort, TaskSender
+
+log = logging.getLogger(__name__)
+TOO_MANY_ATTEMPTS = "too_many_attempts"
+
+
+@dataclass
+class ReapReport:
+    interrupted: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    requeued: list[tuple[str, int]] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Reaper:
+    """Reaps lost jobs every ``interval_s`` in a daemon thread (start/stop with the app)."""
+
+    sessions: sessionmaker[Session]
+    ledger: LedgerPort
+    sender: TaskSender
+    lease_ttl_s: int
+    max_attempts: int
+    interval_s: float
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the background thread (idempotent)."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="dpsynth-reaper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.reap_once()
+            except Exception:
+                log.exception("reaper pass failed")
+
+    def reap_once(self) -> ReapReport:
+        """One pass over lapsed and interrupted jobs."""
+        report = ReapReport()
+        self._expire_lapsed(report)
+        self._requeue_interrupted(report)
+        return report
+
+    def _close(self, reservation_id: str | None,
+               outcome: Literal["failed", "cancelled"]) -> None:
+        if reservation_id:
+            self.ledger.close_reservation(reservation_id, outcome)
+
+    def _expire_lapsed(self, report: ReapReport) -> None:
+        tried: set[str] = set()
+        cutoff = utcnow() - timedelta(seconds=self.lease_ttl_s)
+        while True:
+            with self.sessions() as session:
+                job_id = repo.next_lapsed(session, states=("running", "cancelling"),
+                                          older_than=cutoff, exclude=tried)
+                if job_id is None:
+                    return
+                tried.add(job_id)
+                try:
+                    self._expire_one(session, job_id, report)
+                except Exception:
+                    session.rollback()
+                    log.exception("could not reap a lapsed job", extra={"job_id": job_id})
+
+    def _expire_one(self, session: Session, job_id: str, report: ReapReport) -> None:
+        job = repo.lock(session, job_id)
+        assert job is not None
+        cancelling = job.state == JobState.CANCELLING
+        target = JobState.CANCELLED if cancelling else JobState.INTERRUPTED
+        outcome = transition(session, job_id=job_id, to_state=target, actor=Actor.REAPER)
+        if not outcome.accepted:
+            session.rollback()
+            return
+        outcome.job.error_code = "worker_lost"
+        outcome.job.error_message = (f"no heartbeat for {self.lease_ttl_s}s during attempt "
+                                     f"{outcome.job.attempt}")
+        if cancelling:
+            self._close(outcome.job.reservation_id, "cancelled")
+        session.commit()
+        (report.cancelled if cancelling else report.interrupted).append(job_id)
+        log.warning("job lost its worker", extra={"job_id": job_id, "state": str(target)})
+
+    def _requeue_interrupted(self, report: ReapReport) -> None:
+        tried: set[str] = set()
+        while True:
+            with self.sessions() as session:
+                job_id = repo.next_in_state(session, state="interrupted", exclude=tried)
+                if job_id is None:
+                    return
+                tried.add(job_id)
+                try:
+                    sent = self._requeue_one(session, job_id, report)
+                except Exception:
+                    session.rollback()
+                    log.exception("could not requeue a job", extra={"job_id": job_id})
+                    continue
+            if sent is not None:
+                self.sender.send_run_job(*sent)  # after the commit
+                report.requeued.append(sent)
+
+    def _requeue_one(self, session: Session, job_id: str,
+                     report: ReapReport) -> tuple[str, int] | None:
+        job = repo.lock(session, job_id)
+        assert job is not None
+        give_up = job.attempt >= self.max_attempts
+        target = JobState.FAILED if give_up else JobState.QUEUED
+        outcome = transition(session, job_id=job_id, to_state=target, actor=Actor.REAPER)
+        if not outcome.accepted:
+            session.rollback()
+            return None
+        job = outcome.job
+        if give_up:
+            job.error_code = TOO_MANY_ATTEMPTS
+            job.error_message = f"the job was interrupted {job.attempt} times"
+            self._close(job.reservation_id, "failed")
+            session.commit()
+            report.failed.append(job_id)
+            return None
+        job.attempt += 1
+        job.heartbeat_at = None
+        job.worker_id = None
+        job.error_code = None
+        job.error_message = None
+        session.commit()
+        return job.id, job.attempt

@@ -1,0 +1,114 @@
+"""Bodies of the job endpoints. Nothing here is ever computed from private data: progress is
+step / total / epsilon / ETA, and worker results pass an allow-list (:data:`RESULT_KEYS`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from dpsynth_shared.job_states import JobState
+from dpsynth_shared.ledger_contract import TIGHT_LABEL, Plan
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsynth_api.tables import Artifact, Job
+
+# Keys of a worker's result that may enter the job record (data-independent only).
+RESULT_KEYS = frozenset({"job_epsilon", "job_epsilon_granted", "steps", "steps_done",
+                         "samples", "model_id", "checkpoint_step", "seed"})
+
+
+class Progress(BaseModel):
+    step: int = 0
+    total: int = 0
+    epsilon_so_far: float | None = None
+    eta_s: float | None = None
+    message: str | None = None
+
+
+class JobError(BaseModel):
+    code: str
+    message: str | None = None
+
+
+class ArtifactRef(BaseModel):
+    artifact_id: str
+    kind: str
+    owner_only: bool
+    non_dp: bool
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    job_id: str
+    tenant_id: str
+    type: str
+    state: JobState
+    attempt: int
+    spec: dict[str, Any]
+    dataset_id: str | None = None
+    model_id: str | None = Field(None, description="base model (finetune) / model (generate)")
+    progress: Progress
+    privacy: dict[str, Any] | None = Field(None, description="the ledger's plan and figures")
+    result: dict[str, Any] = Field(default_factory=dict)
+    artifacts: list[ArtifactRef] = Field(default_factory=list)
+    error: JobError | None = None
+    heartbeat_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None = None
+
+
+class DryRun(BaseModel):
+    """What a submission would do; nothing is stored or reserved."""
+
+    dry_run: bool = True
+    type: str
+    dataset_id: str | None = None
+    model_id: str | None = None
+    steps: int | None = None
+    plan: dict[str, Any] | None = None
+
+
+def privacy_block(plan: Plan, *, reservation_id: str | None, steps: int) -> dict[str, Any]:
+    """The labelled privacy figures stored on a job (and shown by ``dry_run``)."""
+    return {
+        "reservation_id": reservation_id,
+        "job_epsilon": plan.job_epsilon,
+        "noise_multiplier": plan.event.noise_multiplier,
+        "sample_rate": plan.event.sample_rate,
+        "steps": steps,
+        "expected_batch_size": plan.expected_batch_size,
+        "delta": plan.delta,
+        "admission_order": plan.admission_order,
+        "accountant": plan.accountant,
+        "dataset_epsilon_spent_before": plan.dataset_epsilon_spent_before,
+        "dataset_epsilon_spent_after": plan.dataset_epsilon_spent_after,
+        "dataset_tight_epsilon_after": plan.dataset_tight_epsilon_after,
+        "dataset_tight_epsilon_label": plan.dataset_tight_epsilon_label or TIGHT_LABEL,
+        "admissible": plan.admissible,
+        "max_admissible_target_epsilon": plan.max_admissible_target_epsilon,
+    }
+
+
+def job_out(job: Job, artifacts: list[Artifact], *, owner: bool) -> JobOut:
+    """The view of a job; owner-only artifacts are listed only for owner keys."""
+    error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
+    return JobOut(
+        job_id=job.id, tenant_id=job.tenant_id, type=job.type, state=JobState(job.state),
+        attempt=job.attempt, spec=job.spec, dataset_id=job.dataset_id, model_id=job.model_id,
+        progress=Progress(step=job.progress_step, total=job.progress_total,
+                          epsilon_so_far=job.epsilon_so_far, eta_s=job.eta_s,
+                          message=job.progress_message),
+        privacy=job.privacy, result={k: v for k, v in (job.result or {}).items()
+                                     if k in RESULT_KEYS},
+        artifacts=[ArtifactRef(artifact_id=a.id, kind=a.kind, owner_only=a.owner_only,
+                               non_dp=a.non_dp) for a in artifacts if owner or not a.owner_only],
+        error=error, heartbeat_at=job.heartbeat_at, created_at=job.created_at,
+        updated_at=job.updated_at, started_at=job.started_at, finished_at=job.finished_at)

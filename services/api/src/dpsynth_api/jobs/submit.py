@@ -1,0 +1,143 @@
+"""Submitting a job: resolve its inputs, check the privacy rules, reserve budget, insert,
+and send the worker task after the commit (docs/architecture.md "Job flow" 1)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.ids import new_job_id
+from dpsynth_shared.job_specs import FinetuneSpec, GenerateSpec, PretrainSpec, steps_for
+from dpsynth_shared.job_states import Actor, JobState
+from dpsynth_shared.ledger_contract import ReserveRequest
+from sqlalchemy.orm import Session
+
+from dpsynth_api.datasets.service import get_dataset
+from dpsynth_api.jobs import repository as repo
+from dpsynth_api.jobs.schemas import DryRun, privacy_block
+from dpsynth_api.jobs.service import transition
+from dpsynth_api.models.service import get_model
+from dpsynth_api.ports import LedgerPort, TaskSender
+from dpsynth_api.tables import Dataset, Job
+from dpsynth_api.tenants.security import Principal
+
+log = logging.getLogger(__name__)
+AnySpec = PretrainSpec | FinetuneSpec | GenerateSpec
+
+
+@dataclass
+class _Resolved:
+    dataset: Dataset | None = None
+    model_id: str | None = None
+    steps: int | None = None
+    reserve: ReserveRequest | None = None
+
+
+def _require_visibility(dataset: Dataset, wanted: str, job_type: str) -> None:
+    if dataset.visibility == wanted:
+        return
+    why = ("pretrain jobs train without differential privacy, so they only accept PUBLIC "
+           "datasets; use a finetune job for private data") if job_type == "pretrain" else (
+           "finetune jobs are the DP path for PRIVATE datasets; train on public data with "
+           "a pretrain job")
+    raise DpsynthError(ErrorCode.VISIBILITY_MISMATCH,
+                       f"dataset {dataset.id} is {dataset.visibility}: {why}",
+                       dataset_visibility=dataset.visibility, job_type=job_type)
+
+
+def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str) -> _Resolved:
+    if isinstance(spec, PretrainSpec):
+        dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
+        _require_visibility(dataset, "public", "pretrain")
+        return _Resolved(dataset=dataset)
+    if isinstance(spec, GenerateSpec):
+        model = get_model(session, principal=principal, model_id=spec.model_id)
+        return _Resolved(model_id=model.id)
+    dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
+    _require_visibility(dataset, "private", "finetune")
+    base = get_model(session, principal=principal, model_id=spec.base_model_id)
+    batch = spec.training.expected_batch_size
+    if batch > dataset.declared_size:
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"expected_batch_size {batch} exceeds the dataset's declared size "
+                           f"N̂ = {dataset.declared_size} (the sample rate q = batch / N̂ "
+                           "must be at most 1)", declared_size=dataset.declared_size)
+    steps = steps_for(epochs=spec.training.epochs, expected_batch_size=batch,
+                      declared_size=dataset.declared_size)
+    reserve = ReserveRequest(job_id=job_id, dataset_id=dataset.id,
+                             target_epsilon=spec.privacy.target_epsilon,
+                             expected_batch_size=batch, steps=steps)
+    return _Resolved(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve)
+
+
+def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
+             spec: AnySpec) -> DryRun:
+    """``dry_run``: what the job would be and cost; nothing is stored or reserved."""
+    resolved = _resolve(session, principal, spec, new_job_id())
+    plan: dict[str, Any] | None = None
+    if resolved.reserve is not None and resolved.steps is not None:
+        plan = privacy_block(ledger.plan(resolved.reserve), reservation_id=None,
+                             steps=resolved.steps)
+        plan.pop("reservation_id")
+    return DryRun(type=spec.type, dataset_id=resolved.dataset.id if resolved.dataset else None,
+                  model_id=resolved.model_id, steps=resolved.steps, plan=plan)
+
+
+def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
+               sender: TaskSender, spec: AnySpec) -> Job:
+    """Insert a ``queued`` job (attempt 1) after reserving its budget, then send its task.
+
+    Raises:
+        DpsynthError: 404 (inputs of another tenant), 422 ``visibility_mismatch`` /
+            ``invalid_spec``, 409 ``privacy_budget_exhausted`` (the ledger's numbers).
+    """
+    job_id = new_job_id()
+    resolved = _resolve(session, principal, spec, job_id)
+    privacy = None
+    reservation_id = None
+    if resolved.reserve is not None and resolved.steps is not None:
+        reservation = ledger.reserve(resolved.reserve)  # before the row exists
+        reservation_id = reservation.reservation_id
+        if reservation.plan is not None:
+            privacy = privacy_block(reservation.plan, reservation_id=reservation_id,
+                                    steps=resolved.steps)
+        else:
+            privacy = {"reservation_id": reservation_id, "job_epsilon": reservation.job_epsilon,
+                       "noise_multiplier": reservation.event.noise_multiplier,
+                       "sample_rate": reservation.event.sample_rate, "steps": resolved.steps}
+    job = Job(id=job_id, tenant_id=principal.tenant_id, type=spec.type,
+              spec=spec.model_dump(mode="json"), state=str(JobState.QUEUED), attempt=1,
+              dataset_id=resolved.dataset.id if resolved.dataset else None,
+              model_id=resolved.model_id, progress_total=resolved.steps or 0,
+              reservation_id=reservation_id, privacy=privacy, result={})
+    try:
+        repo.add(session, job)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        if reservation_id is not None:
+            ledger.close_reservation(reservation_id, "cancelled")
+        raise
+    _send(session, ledger=ledger, sender=sender, job=job)
+    return job
+
+
+def _send(session: Session, *, ledger: LedgerPort, sender: TaskSender, job: Job) -> None:
+    """Send the task after the commit; when the broker refuses, fail the job and release
+    its reservation rather than leave it queued with no message."""
+    try:
+        sender.send_run_job(job.id, job.attempt)
+        return
+    except Exception:
+        log.exception("could not send the job's task", extra={"job_id": job.id})
+    outcome = transition(session, job_id=job.id, to_state=JobState.FAILED, actor=Actor.REAPER)
+    if outcome.accepted:
+        outcome.job.error_code = str(ErrorCode.SERVICE_UNAVAILABLE)
+        outcome.job.error_message = "the job queue could not be reached"
+        if outcome.job.reservation_id:
+            ledger.close_reservation(outcome.job.reservation_id, "cancelled")
+    session.commit()
+    raise DpsynthError(ErrorCode.SERVICE_UNAVAILABLE, "the job queue could not be reached; "
+                       "the job was not started and its budget was released", job_id=job.id)

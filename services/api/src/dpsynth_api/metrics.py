@@ -1,0 +1,32 @@
+"""Prometheus metrics of the api. Nothing computed from private data is ever exported:
+only request counts/latencies by route template, job counts by state, upload counts."""
+
+from __future__ import annotations
+
+from dpsynth_shared.job_states import JobState
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class ApiMetrics:
+    """One registry per app instance (several apps can live in one test process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("dpsynth_api_requests_total", "HTTP requests",
+                                ["method", "route", "status"], registry=self.registry)
+        self.latency = Histogram("dpsynth_api_request_duration_seconds", "HTTP latency",
+                                 ["method", "route"], registry=self.registry)
+        self.jobs = Gauge("dpsynth_api_jobs", "jobs by state", ["state"], registry=self.registry)
+        self.uploads = Counter("dpsynth_api_uploads_total", "dataset and model uploads",
+                               ["kind", "outcome"], registry=self.registry)
+        for state in JobState:
+            self.jobs.labels(state=str(state)).set(0)
+
+    def set_job_counts(self, counts: dict[str, int]) -> None:
+        """Refresh the jobs-by-state gauge (at scrape time)."""
+        for state in JobState:
+            self.jobs.labels(state=str(state)).set(counts.get(str(state), 0))
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

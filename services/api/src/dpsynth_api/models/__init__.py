@@ -1,0 +1,1 @@
+"""Models: uploaded diffusers folders (safetensors only) and models produced by jobs."""

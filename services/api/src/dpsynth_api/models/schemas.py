@@ -1,0 +1,53 @@
+"""Bodies of the model endpoints."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsynth_api.tables import Model
+
+
+class ModelMetadata(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+
+
+class ModelOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_id: str
+    tenant_id: str
+    name: str
+    source: str = Field(description="upload | job")
+    dataset_id: str | None = Field(None, description="lineage: the dataset trained on last")
+    job_ids: list[str] = Field(default_factory=list,
+                               description="lineage: jobs incl. DP ancestors on the dataset")
+    produced_by_job_id: str | None = None
+    dp: bool
+    job_epsilon: float | None = None
+    delta: float | None = None
+    rng: str | None = Field(None, description="'test' when trained with an injected seeded rng")
+    publishable: bool
+    info: dict[str, Any] = Field(default_factory=dict)
+    sha256: str
+    size_bytes: int
+    created_at: datetime
+
+
+class ModelPage(BaseModel):
+    items: list[ModelOut]
+    next_cursor: str | None = None
+
+
+def model_out(model: Model) -> ModelOut:
+    """The view of a model row; a model stamped ``rng: test`` is never publishable."""
+    return ModelOut(
+        model_id=model.id, tenant_id=model.tenant_id, name=model.name, source=model.source,
+        dataset_id=model.dataset_id, job_ids=list(model.job_ids or []),
+        produced_by_job_id=model.produced_by_job_id, dp=model.dp, job_epsilon=model.job_epsilon,
+        delta=model.delta, rng=model.rng, publishable=model.rng != "test", info=model.info or {},
+        sha256=model.sha256, size_bytes=model.size_bytes, created_at=model.created_at)

@@ -1,0 +1,89 @@
+"""Model use cases: upload a diffusers folder, read models with their lineage."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.ids import new_model_id
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from dpsynth_api.archives import ArchiveLimits, SafeArchive
+from dpsynth_api.models import repository as repo
+from dpsynth_api.models.schemas import ModelMetadata
+from dpsynth_api.models.validation import check_model_archive, repack
+from dpsynth_api.ports import ObjectStore
+from dpsynth_api.settings import ApiSettings
+from dpsynth_api.tables import Model
+from dpsynth_api.tenants.security import Principal
+from dpsynth_api.uploads import spool
+
+
+def model_object_key(model_id: str) -> str:
+    """Where a model's tar lives in the store."""
+    return f"models/{model_id}/model.tar"
+
+
+def _metadata(raw: str | None) -> ModelMetadata | None:
+    if raw is None:
+        return None
+    try:
+        return ModelMetadata.model_validate_json(raw)
+    except ValidationError as exc:
+        raise DpsynthError(ErrorCode.INVALID_MODEL, f"invalid metadata: {exc.errors()[0]['msg']}",
+                           errors=[{"loc": list(e["loc"]), "msg": e["msg"]}
+                                   for e in exc.errors()]) from exc
+
+
+def upload_model(session: Session, *, principal: Principal, store: ObjectStore,
+                 settings: ApiSettings, metadata: str | None, upload: BinaryIO) -> Model:
+    """Validate a model archive, store it as ``models/{id}/model.tar`` and record it."""
+    meta = _metadata(metadata)
+    limits = ArchiveLimits(settings.max_uncompressed_bytes, settings.max_archive_members)
+    model_id = new_model_id()
+    key = model_object_key(model_id)
+    with tempfile.TemporaryDirectory(prefix="dpsynth-model-") as tmp:
+        raw = Path(tmp) / "upload"
+        spool(upload, raw, max_bytes=settings.max_upload_bytes)
+        archive = SafeArchive(raw, limits, private=False)
+        root = check_model_archive(archive)
+        info = repack(archive, root, Path(tmp) / "model.tar")
+        stored = store.put_file(key, Path(tmp) / "model.tar", content_type="application/x-tar")
+    rng = info.get("rng")
+    model = Model(id=model_id, tenant_id=principal.tenant_id,
+                  name=meta.name if meta else f"model {model_id}", object_key=key,
+                  source="upload", dataset_id=None, job_ids=[], dp=False,
+                  rng=str(rng) if rng is not None else None, info=_public_info(info),
+                  sha256=stored.sha256, size_bytes=stored.size)
+    try:
+        repo.add(session, model)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        store.delete(key)
+        raise
+    return model
+
+
+def _public_info(info: dict[str, object]) -> dict[str, object]:
+    keep = ("format_version", "preset", "image_size", "channels", "num_classes", "class_names",
+            "training_kind", "steps")
+    return {k: info[k] for k in keep if k in info}
+
+
+def get_model(session: Session, *, principal: Principal, model_id: str) -> Model:
+    """The tenant's model or 404."""
+    model = repo.get_for_tenant(session, tenant_id=principal.tenant_id, model_id=model_id)
+    if model is None:
+        raise NotFound("model", model_id)
+    return model
+
+
+def list_models(session: Session, *, principal: Principal, limit: int,
+                cursor: str | None) -> list[Model]:
+    """One page of the tenant's models (``limit + 1`` rows)."""
+    return repo.list_for_tenant(session, tenant_id=principal.tenant_id, limit=limit,
+                                cursor=cursor)

@@ -1,0 +1,54 @@
+"""Ports the api depends on (cosmicpython): adapters in :mod:`dpsynth_api.adapters`,
+in-memory fakes in :mod:`dpsynth_api.fakes` for tests.
+
+* :class:`ObjectStore`: :class:`dpsynth_shared.object_store.ObjectStore` (local dir or S3).
+* :class:`LedgerPort`: the ledger's HTTP API (:mod:`dpsynth_shared.ledger_contract`).
+* :class:`TaskSender`: sends ``dpsynth.run_job(job_id, attempt)`` to the worker queue.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    CreateBudget,
+    Plan,
+    Reservation,
+    ReserveRequest,
+)
+from dpsynth_shared.object_store import ObjectStore
+
+TASK_NAME = "dpsynth.run_job"
+TASK_QUEUE = "dpsynth"
+
+
+class LedgerPort(Protocol):
+    """What the api asks the ledger. Errors come back as :class:`DpsynthError` with the
+    ledger's code and numbers (e.g. 409 ``privacy_budget_exhausted``)."""
+
+    def create_budget(self, request: CreateBudget) -> BudgetView: ...
+
+    def get_budget(self, dataset_id: str) -> BudgetView: ...
+
+    def plan(self, request: ReserveRequest) -> Plan:
+        """A dry run of :meth:`reserve`: the calibrated plan, nothing stored."""
+        ...
+
+    def reserve(self, request: ReserveRequest) -> Reservation: ...
+
+    def close_reservation(self, reservation_id: str,
+                          outcome: Literal["succeeded", "failed", "cancelled"]) -> None: ...
+
+    def ready(self) -> bool: ...
+
+
+class TaskSender(Protocol):
+    """Sends the worker task of one job attempt (after the job row is committed)."""
+
+    def send_run_job(self, job_id: str, attempt: int) -> None: ...
+
+    def ping(self) -> bool: ...
+
+
+__all__ = ["TASK_NAME", "TASK_QUEUE", "LedgerPort", "ObjectStore", "TaskSender"]

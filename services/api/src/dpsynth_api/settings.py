@@ -1,0 +1,66 @@
+"""Typed settings of the api, read once at process start (env prefix ``DPSYNTH_API_``).
+
+Nested blocks use ``__`` (``DPSYNTH_API_DATABASE__URL``, ``DPSYNTH_API_LEDGER__TOKEN``).
+Weak or default secrets fail fast at start (full-stack-fastapi-template's habit).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpsynth_shared.settings import (
+    DatabaseSettings,
+    ObjectStoreSettings,
+    ServiceEndpoint,
+    require_strong_secret,
+)
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_REPO_MIGRATIONS = Path(__file__).resolve().parents[4] / "migrations" / "api"
+
+
+class ApiSettings(BaseSettings):
+    """Everything the api process needs; injected, never read at import time."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DPSYNTH_API_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    database: DatabaseSettings
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    object_store: ObjectStoreSettings = ObjectStoreSettings()
+    ledger: ServiceEndpoint
+    worker_token: SecretStr
+    lease_ttl_s: int = Field(60, ge=1)
+    heartbeat_s: int = Field(10, ge=1)
+    max_attempts: int = Field(3, ge=1)
+    max_upload_bytes: int = Field(512 * 1024 * 1024, ge=1)
+    max_uncompressed_bytes: int = Field(2 * 1024 * 1024 * 1024, ge=1,
+                                        description="cap on the inflated size of an archive")
+    max_archive_members: int = Field(200_000, ge=1)
+    max_image_pixels: int = Field(16 * 1024 * 1024, ge=1, description="per image")
+    bootstrap_credentials_file: Path | None = None
+    public_url: str | None = Field(None, description="api_url written to the credentials file")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "INFO"
+    grant_public_key: str | None = None
+    reaper_enabled: bool = True
+    migrations_dir: Path = _REPO_MIGRATIONS
+
+    @field_validator("worker_token")
+    @classmethod
+    def _strong_worker_token(cls, v: SecretStr) -> SecretStr:
+        return require_strong_secret(v, "DPSYNTH_API_WORKER_TOKEN")
+
+    @field_validator("ledger")
+    @classmethod
+    def _strong_ledger_token(cls, v: ServiceEndpoint) -> ServiceEndpoint:
+        require_strong_secret(v.token, "DPSYNTH_API_LEDGER__TOKEN")
+        return v
+
+    @property
+    def api_url(self) -> str:
+        """The base URL clients use to reach this api."""
+        return self.public_url or f"http://{self.host}:{self.port}"

@@ -1,0 +1,144 @@
+"""ORM tables of the api (schema ``api``). Migrations in ``migrations/api`` mirror them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from dpsynth_api.db import Base, utcnow
+
+_TS = DateTime(timezone=True)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+
+
+class ApiKey(Base):
+    """An API key: only the sha256 of its 256-bit secret is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(_TS)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    visibility: Mapped[str] = mapped_column(String(10))
+    object_key: Mapped[str] = mapped_column(String(300))
+    source_format: Mapped[str] = mapped_column(String(10))
+    true_size: Mapped[int] = mapped_column(Integer)
+    declared_size: Mapped[int] = mapped_column(Integer)
+    class_names: Mapped[list[str]] = mapped_column(JSON)
+    class_counts: Mapped[dict[str, int]] = mapped_column(JSON)
+    image_shape: Mapped[list[int]] = mapped_column(JSON)
+    delta: Mapped[float | None] = mapped_column(Float)
+    epsilon_limit: Mapped[float | None] = mapped_column(Float)
+    neighbouring: Mapped[str | None] = mapped_column(String(20))
+    declared_public_by: Mapped[str | None] = mapped_column(String(40))
+    uploaded_by: Mapped[str] = mapped_column(String(40))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+
+
+class Model(Base):
+    """A model folder in the store, uploaded or produced by a job, with its lineage."""
+
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    object_key: Mapped[str] = mapped_column(String(300))
+    source: Mapped[str] = mapped_column(String(10))  # upload | job
+    dataset_id: Mapped[str | None] = mapped_column(String(40))
+    job_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
+    produced_by_job_id: Mapped[str | None] = mapped_column(String(40))
+    dp: Mapped[bool] = mapped_column(Boolean, default=False)
+    job_epsilon: Mapped[float | None] = mapped_column(Float)
+    delta: Mapped[float | None] = mapped_column(Float)
+    rng: Mapped[str | None] = mapped_column(String(20))
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_state_heartbeat", "state", "heartbeat_at"),
+                      Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"))
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    type: Mapped[str] = mapped_column(String(20))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(20))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    dataset_id: Mapped[str | None] = mapped_column(String(40))
+    model_id: Mapped[str | None] = mapped_column(String(40))  # base model / model sampled
+    progress_step: Mapped[int] = mapped_column(Integer, default=0)
+    progress_total: Mapped[int] = mapped_column(Integer, default=0)
+    epsilon_so_far: Mapped[float | None] = mapped_column(Float)
+    eta_s: Mapped[float | None] = mapped_column(Float)
+    progress_message: Mapped[str | None] = mapped_column(String(200))
+    reservation_id: Mapped[str | None] = mapped_column(String(40))
+    privacy: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(_TS)
+    error_code: Mapped[str | None] = mapped_column(String(60))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(_TS)
+    finished_at: Mapped[datetime | None] = mapped_column(_TS)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(20))
+    object_key: Mapped[str] = mapped_column(String(300))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    owner_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    non_dp: Mapped[bool] = mapped_column(Boolean, default=False)
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    model_id: Mapped[str | None] = mapped_column(String(40))
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)

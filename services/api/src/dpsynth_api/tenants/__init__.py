@@ -1,0 +1,1 @@
+"""Tenants and API keys."""
