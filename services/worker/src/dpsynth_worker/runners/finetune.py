@@ -48,7 +48,8 @@ class _Inputs:
 def run_finetune(ctx: JobContext) -> Outcome:
     """Run one attempt of a DP finetune; see ``docs/architecture.md`` ("Job flow")."""
     inputs = _fetch_inputs(ctx)
-    training = training_spec(ctx, inputs)
+    training = training_spec(ctx, inputs)  # bad specs fail before private data is touched
+    _fetch_private_data(ctx, inputs)
     hooks = LeasedHooks(ctx, inputs.reservation.reservation_id)
     ctx.heartbeat.phase("training")
     try:
@@ -71,7 +72,7 @@ def run_finetune(ctx: JobContext) -> Outcome:
 
 
 def _fetch_inputs(ctx: JobContext) -> _Inputs:
-    """Base model first, then a read grant and the private data (touching the reservation)."""
+    """The reservation, the base model, its DP ancestors and the checkpoint to resume."""
     claim = ctx.claim
     if claim.reservation_id is None or claim.dataset is None or claim.base_model is None:
         raise DpsynthError(ErrorCode.INVALID_SPEC, "a finetune claim needs a reservation, "
@@ -85,13 +86,17 @@ def _fetch_inputs(ctx: JobContext) -> _Inputs:
     ancestors = _dp_ancestors(claim.base_model, claim.dataset.dataset_id, base_dir)
     resume_dir = (download_folder(ctx, claim.resume_checkpoint_key, "resume")
                   if claim.resume_checkpoint_key else None)
-    grant = ctx.ledger.read_grant(claim.reservation_id, attempt=ctx.attempt,
-                                  worker_id=ctx.worker_id)
-    data_path = ctx.work_dir / "data.npz"
-    ctx.store.get_file(claim.dataset.object_key, data_path, grant=grant.token)
     return _Inputs(spec=spec, reservation=reservation, dataset=claim.dataset,
-                   base=claim.base_model, base_dir=base_dir, data_path=data_path,
-                   resume_dir=resume_dir, ancestors=ancestors)
+                   base=claim.base_model, base_dir=base_dir,
+                   data_path=ctx.work_dir / "data.npz", resume_dir=resume_dir,
+                   ancestors=ancestors)
+
+
+def _fetch_private_data(ctx: JobContext, inputs: _Inputs) -> None:
+    """Read grant (the reservation becomes "touched"), then the private dataset with it."""
+    grant = ctx.ledger.read_grant(inputs.reservation.reservation_id, attempt=ctx.attempt,
+                                  worker_id=ctx.worker_id)
+    ctx.store.get_file(inputs.dataset.object_key, inputs.data_path, grant=grant.token)
 
 
 def _dp_ancestors(base: ModelRef, dataset_id: str, base_dir: Path) -> list[str]:

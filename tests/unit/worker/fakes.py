@@ -1,0 +1,195 @@
+"""In-memory fakes of the worker's ports (ApiPort, LedgerPort): record calls, answer like
+the real services, raise the same domain errors. No mocks."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dpsynth_shared.dp_events import DpSgdEvent
+from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
+from dpsynth_shared.grants import GrantClaims, generate_signing_key, public_key_of, sign_grant
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    Lease,
+    Plan,
+    ReadGrant,
+    Reservation,
+    ReservationState,
+)
+from dpsynth_shared.worker_contract import (
+    Claim,
+    Heartbeat,
+    HeartbeatReply,
+    ProposeTransition,
+    RegisterArtifact,
+    RegisteredArtifact,
+)
+from dpsynth_worker.ports import CloseOutcome, JobEpsilon
+
+EPS_PER_STEP = 0.05
+
+
+@dataclass
+class FakeReservation:
+    reservation_id: str
+    job_id: str
+    dataset_id: str
+    noise_multiplier: float
+    sample_rate: float
+    expected_batch_size: int
+    steps_reserved: int
+    planned_steps: int = 0
+    steps_granted: int = 0
+    closed: str | None = None
+
+
+@dataclass
+class FakeLedger:
+    """Grants leases within reservations; ``max_lease_steps`` caps a lease, ``extend_admits``
+    says whether the filter admits an extension."""
+
+    signing_key: str = field(default_factory=generate_signing_key)
+    reservations: dict[str, FakeReservation] = field(default_factory=dict)
+    max_lease_steps: int | None = None
+    extend_admits: bool = True
+    refuse_leases_with: ErrorCode | None = None
+    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def public_key(self) -> str:
+        return public_key_of(self.signing_key)
+
+    def add(self, res: FakeReservation) -> FakeReservation:
+        self.reservations[res.reservation_id] = res
+        return res
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+    def _grant(self, res: FakeReservation, attempt: int) -> ReadGrant:
+        expires = time.time() + 600
+        claims = GrantClaims(grant_id=f"grt_{uuid.uuid4().hex}", dataset_id=res.dataset_id,
+                             reservation_id=res.reservation_id, job_id=res.job_id,
+                             attempt=attempt, expires_at=expires)
+        return ReadGrant(token=sign_grant(claims, self.signing_key), dataset_id=res.dataset_id,
+                         reservation_id=res.reservation_id, attempt=attempt,
+                         expires_at=datetime.fromtimestamp(expires, UTC))
+
+    def get_reservation(self, reservation_id: str) -> Reservation:
+        self.calls.append(("get_reservation", {"reservation_id": reservation_id}))
+        r = self.reservations[reservation_id]
+        event = DpSgdEvent(noise_multiplier=r.noise_multiplier, sample_rate=r.sample_rate,
+                           steps=r.steps_reserved)
+        planned = event.model_copy(update={"steps": r.planned_steps or r.steps_reserved})
+        plan = Plan(dataset_id=r.dataset_id, event=planned,
+                    expected_batch_size=r.expected_batch_size,
+                    job_epsilon=EPS_PER_STEP * planned.steps, delta=1e-5, admission_order=12,
+                    rdp_per_step=0.01, rdp_total=0.01 * planned.steps,
+                    dataset_epsilon_spent_before=0.0, dataset_epsilon_spent_after=1.0,
+                    dataset_tight_epsilon_after=0.8, admissible=True,
+                    max_admissible_target_epsilon=5.0, accountant="rdp-filter+pld")
+        return Reservation(reservation_id=r.reservation_id, job_id=r.job_id,
+                           dataset_id=r.dataset_id,
+                           state=ReservationState.CLOSED if r.closed else ReservationState.OPEN,
+                           event=event, expected_batch_size=r.expected_batch_size,
+                           steps_reserved=r.steps_reserved, steps_granted=r.steps_granted,
+                           current_attempt=1, job_epsilon=EPS_PER_STEP * r.steps_reserved,
+                           job_epsilon_granted=EPS_PER_STEP * r.steps_granted, plan=plan)
+
+    def read_grant(self, reservation_id: str, *, attempt: int, worker_id: str) -> ReadGrant:
+        self.calls.append(("read_grant", {"attempt": attempt, "worker_id": worker_id}))
+        return self._grant(self.reservations[reservation_id], attempt)
+
+    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int) -> Lease:
+        self.calls.append(("lease", {"attempt": attempt, "start_step": start_step,
+                                     "steps": steps}))
+        if self.refuse_leases_with is not None:
+            raise DpsynthError(self.refuse_leases_with, "refused by the test")
+        r = self.reservations[reservation_id]
+        left = r.steps_reserved - r.steps_granted
+        if left <= 0:
+            raise DpsynthError(ErrorCode.RESERVATION_EXHAUSTED, "reservation fully granted")
+        granted = min(steps, left, self.max_lease_steps or steps)
+        r.steps_granted += granted
+        return Lease(lease_id=f"lse_{uuid.uuid4().hex}", reservation_id=reservation_id,
+                     attempt=attempt, start_step=start_step, steps=granted,
+                     expires_at=datetime.now(UTC) + timedelta(minutes=1),
+                     grant=self._grant(r, attempt), steps_granted_total=r.steps_granted,
+                     job_epsilon_granted=EPS_PER_STEP * r.steps_granted)
+
+    def end_lease(self, reservation_id: str, lease_id: str) -> None:
+        self.calls.append(("end_lease", {"lease_id": lease_id}))
+
+    def extend(self, reservation_id: str, *, attempt: int, additional_steps: int) -> Reservation:
+        self.calls.append(("extend", {"attempt": attempt, "additional_steps": additional_steps}))
+        if not self.extend_admits:
+            raise BudgetExhausted("the filter refuses the extension",
+                                  max_admissible_target_epsilon=None)
+        self.reservations[reservation_id].steps_reserved += additional_steps
+        return self.get_reservation(reservation_id)
+
+    def close_reservation(self, reservation_id: str, *, outcome: CloseOutcome) -> None:
+        self.calls.append(("close_reservation", {"outcome": outcome}))
+        self.reservations[reservation_id].closed = outcome
+
+    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str]) -> JobEpsilon:
+        self.calls.append(("job_epsilon", {"dataset_id": dataset_id,
+                                           "reservation_ids": list(reservation_ids)}))
+        steps = sum(self.reservations[r].steps_granted for r in reservation_ids)
+        return JobEpsilon(job_epsilon=EPS_PER_STEP * steps, delta=1e-5)
+
+    def budget_view(self, dataset_id: str) -> BudgetView:
+        self.calls.append(("budget_view", {"dataset_id": dataset_id}))
+        return BudgetView(dataset_id=dataset_id, tenant_id="ten_x", epsilon_limit=10.0,
+                          delta=1e-5, neighbouring="add_remove", declared_size=50,
+                          admission_order=12, accountant="rdp-filter+pld", rdp_budget=3.0,
+                          rdp_spent=1.0, rdp_reserved=0.0, dataset_epsilon_spent=2.5,
+                          dataset_epsilon_reserved=0.0, dataset_epsilon_remaining=7.5,
+                          dataset_tight_epsilon=1.7)
+
+
+@dataclass
+class FakeApi:
+    """Answers claims with ``claim_result``; ``on_heartbeat`` decides heartbeat replies."""
+
+    claim_result: Claim | DpsynthError
+    on_heartbeat: Callable[[Heartbeat], HeartbeatReply | DpsynthError] | None = None
+    claims: list[tuple[str, int, str]] = field(default_factory=list)
+    heartbeats: list[Heartbeat] = field(default_factory=list)
+    artifacts: list[RegisterArtifact] = field(default_factory=list)
+    transitions: list[ProposeTransition] = field(default_factory=list)
+
+    def claim(self, job_id: str, *, attempt: int, worker_id: str) -> Claim:
+        self.claims.append((job_id, attempt, worker_id))
+        if isinstance(self.claim_result, DpsynthError):
+            raise self.claim_result
+        return self.claim_result
+
+    def heartbeat(self, job_id: str, beat: Heartbeat) -> HeartbeatReply:
+        self.heartbeats.append(beat)
+        reply = (self.on_heartbeat(beat) if self.on_heartbeat
+                 else HeartbeatReply(cancel_requested=False, state="running"))
+        if isinstance(reply, DpsynthError):
+            raise reply
+        return reply
+
+    def register_artifact(self, job_id: str, artifact: RegisterArtifact) -> RegisteredArtifact:
+        self.artifacts.append(artifact)
+        model_id = artifact.metadata.get("model_id") if artifact.kind == "model" else None
+        return RegisteredArtifact(artifact_id=f"art_{uuid.uuid4().hex}", model_id=model_id)
+
+    def propose_transition(self, job_id: str, proposal: ProposeTransition) -> None:
+        self.transitions.append(proposal)
+
+    def of_kind(self, kind: str) -> list[RegisterArtifact]:
+        return [a for a in self.artifacts if a.kind == kind]
+
+    @property
+    def final(self) -> ProposeTransition:
+        assert len(self.transitions) == 1, self.transitions
+        return self.transitions[0]
