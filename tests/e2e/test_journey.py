@@ -1,0 +1,98 @@
+"""The demo journey over HTTP at tiny sizes: public upload → pretrain → private upload →
+DP finetune → generate → download; the zip is opened and checked against the budget view.
+Also checks that nothing computed from private data leaves the DP job."""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import CLASSES, TINY_PRETRAIN, digits_npz, finetune_spec
+
+PRIVATE_FIELD = re.compile(r'"[a-z_]*(loss|grad_norm|gradient|clip_fraction|clipped)[a-z_]*"\s*:')
+
+
+@pytest.fixture(scope="module")
+def journey(platform, client, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("journey")
+    public_npz, _ = digits_npz(tmp / "public.npz", part="public", n=300)
+    private_npz, private_labels = digits_npz(tmp / "private.npz", part="private", n=200)
+    public = client.upload_dataset(public_npz, name="pub", visibility="public",
+                                   label_domain=CLASSES)
+    pre = client.submit_job({**TINY_PRETRAIN, "dataset_id": public["id"]})
+    pre = client.wait_for_job(pre["id"], timeout=600)
+    assert pre["state"] == "succeeded", pre
+    private = client.upload_dataset(private_npz, name="priv", visibility="private",
+                                    epsilon_limit=10.0, label_domain=CLASSES)
+    spec = finetune_spec(private["id"], pre["result"]["model_id"], target_epsilon=4.0)
+    progress_seen: list[dict] = []
+    ft = client.submit_job(spec)
+    ft = client.wait_for_job(ft["id"], timeout=600, poll=0.5,
+                             on_progress=lambda job: progress_seen.append(job))
+    assert ft["state"] == "succeeded", ft
+    gen = client.submit_job({"type": "generate", "model_id": ft["result"]["model_id"],
+                             "samples_per_class": 3, "sampler": "ddim", "steps": 5,
+                             "guidance_scale": 2.0, "seed": 0})
+    gen = client.wait_for_job(gen["id"], timeout=600)
+    assert gen["state"] == "succeeded", gen
+    corpus = next(a for a in client.job_artifacts(gen["id"]) if a["kind"] == "corpus")
+    zip_path = tmp / "corpus.zip"
+    client.download_artifact(corpus["id"], zip_path)
+    return {"public": public, "private": private, "pretrain": pre, "finetune": ft,
+            "generate": gen, "zip": zip_path, "progress": progress_seen,
+            "private_labels": private_labels}
+
+
+def test_corpus_zip_has_every_declared_class_and_a_consistent_manifest(journey, client):
+    with zipfile.ZipFile(journey["zip"]) as zf:
+        names = zf.namelist()
+        manifest = json.loads(zf.read("manifest.json"))
+    for cls in CLASSES:
+        pngs = [n for n in names if n.startswith(f"{cls}/") and n.endswith(".png")]
+        assert len(pngs) == 3, (cls, pngs)
+    budget = client.get_budget(journey["private"]["id"])
+    assert manifest["dataset_id"] == journey["private"]["id"]
+    assert manifest["dataset_epsilon_spent"] == pytest.approx(budget["dataset_epsilon_spent"])
+    assert manifest["dataset_epsilon_spent"] <= budget["epsilon_limit"]
+    assert manifest["delta"] == budget["delta"]
+    assert manifest["admission_order"] == budget["admission_order"]
+    assert 0 < manifest["job_epsilon"] <= 4.0 + 1e-9
+    assert manifest["dataset_tight_epsilon"] <= manifest["dataset_epsilon_spent"] + 1e-9
+    assert journey["finetune"]["id"] in manifest["job_ids"]
+    for key in ("model_hash", "accountant", "sampler", "steps", "seed", "counts"):
+        assert key in manifest, key
+
+
+def test_budget_view_matches_the_finetune_charges(journey, client):
+    budget = client.get_budget(journey["private"]["id"])
+    assert budget["dataset_epsilon_spent"] > 0
+    assert budget["dataset_epsilon_spent"] <= budget["epsilon_limit"]
+    assert budget["dataset_epsilon_reserved"] == pytest.approx(0.0, abs=1e-9)
+    assert budget["dataset_epsilon_remaining"] == pytest.approx(
+        budget["epsilon_limit"] - budget["dataset_epsilon_spent"], abs=1e-6)
+
+
+def test_nothing_computed_from_private_data_leaves_the_job(journey, platform, client):
+    ft = client.get_job(journey["finetune"]["id"])
+    blobs = [json.dumps(ft), json.dumps(client.list_jobs_page()),
+             *(json.dumps(p) for p in journey["progress"])]
+    for blob in blobs:
+        assert not PRIVATE_FIELD.search(blob), blob[:500]
+    metrics = httpx.get(f"{platform.api_url}/metrics").text
+    assert not re.search(r"loss|grad_norm|clip", metrics)
+    logs = platform.all_logs()
+    assert not PRIVATE_FIELD.search(logs)
+    assert not re.search(r"\bloss\b", logs)
+    # The statistics exist, as an owner-only artifact labelled non-DP.
+    stats = [a for a in client.job_artifacts(ft["id"]) if a["kind"] == "private_stats"]
+    assert stats and all(a["owner_only"] and a["non_dp"] for a in stats)
+
+
+def test_progress_is_data_independent(journey):
+    allowed = {"step", "total", "epsilon_so_far", "eta_s", "message"}
+    for job in journey["progress"]:
+        assert set((job.get("progress") or {}).keys()) <= allowed

@@ -1,0 +1,167 @@
+"""The whole platform as real processes for end-to-end tests.
+
+Starts ``python -m dpsynth_ledger``, ``python -m dpsynth_api`` and N ``python -m
+dpsynth_worker`` processes against the session's real PostgreSQL, Redis and S3 server, with
+the env documented in docs/architecture.md. Workers can be killed (SIGKILL) and started
+again to exercise the reaper and resumption.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from dpsynth_shared.grants import generate_signing_key, public_key_of
+from tests.support.servers import free_port
+
+
+@dataclass
+class ServicePlatform:
+    workdir: Path
+    database_url: str
+    broker_url: str
+    s3_endpoint: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.ledger_port = free_port()
+        self.api_port = free_port()
+        self.signing_key = generate_signing_key()
+        self.public_key = public_key_of(self.signing_key)
+        self.api_ledger_token = secrets.token_urlsafe(24)
+        self.worker_ledger_token = secrets.token_urlsafe(24)
+        self.worker_token = secrets.token_urlsafe(24)
+        self.credentials_file = self.workdir / "credentials.json"
+        self.bucket = f"e2e-{secrets.token_hex(4)}"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def ledger_url(self) -> str:
+        return f"http://127.0.0.1:{self.ledger_port}"
+
+    def _store_env(self, prefix: str) -> dict[str, str]:
+        if self.s3_endpoint is None:
+            return {f"{prefix}OBJECT_STORE__KIND": "local",
+                    f"{prefix}OBJECT_STORE__ROOT": str(self.workdir / "objects")}
+        return {
+            f"{prefix}OBJECT_STORE__KIND": "s3",
+            f"{prefix}OBJECT_STORE__ENDPOINT": self.s3_endpoint,
+            f"{prefix}OBJECT_STORE__PUBLIC_ENDPOINT": self.s3_endpoint,
+            f"{prefix}OBJECT_STORE__ACCESS_KEY": "dpsynth-e2e-access",
+            f"{prefix}OBJECT_STORE__SECRET_KEY": "dpsynth-e2e-secret-key",
+            f"{prefix}OBJECT_STORE__BUCKET": self.bucket,
+        }
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPSYNTH_")}
+        env.update({
+            "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp"),
+            "DPSYNTH_LEDGER_DATABASE__URL": self.database_url,
+            "DPSYNTH_LEDGER_SERVICE_TOKENS": json.dumps(
+                [self.api_ledger_token, self.worker_ledger_token]),
+            "DPSYNTH_LEDGER_GRANT_SIGNING_KEY": self.signing_key,
+            "DPSYNTH_LEDGER_HOST": "127.0.0.1",
+            "DPSYNTH_LEDGER_PORT": str(self.ledger_port),
+            "DPSYNTH_API_DATABASE__URL": self.database_url,
+            "DPSYNTH_API_BROKER_URL": self.broker_url,
+            "DPSYNTH_API_LEDGER__URL": self.ledger_url,
+            "DPSYNTH_API_LEDGER__TOKEN": self.api_ledger_token,
+            "DPSYNTH_API_WORKER_TOKEN": self.worker_token,
+            "DPSYNTH_API_BOOTSTRAP_CREDENTIALS_FILE": str(self.credentials_file),
+            "DPSYNTH_API_HOST": "127.0.0.1",
+            "DPSYNTH_API_PORT": str(self.api_port),
+            "DPSYNTH_API_GRANT_PUBLIC_KEY": self.public_key,
+            "DPSYNTH_WORKER_BROKER_URL": self.broker_url,
+            "DPSYNTH_WORKER_API__URL": self.api_url,
+            "DPSYNTH_WORKER_API__TOKEN": self.worker_token,
+            "DPSYNTH_WORKER_LEDGER__URL": self.ledger_url,
+            "DPSYNTH_WORKER_LEDGER__TOKEN": self.worker_ledger_token,
+            "DPSYNTH_WORKER_GRANT_PUBLIC_KEY": self.public_key,
+            "DPSYNTH_WORKER_WORK_DIR": str(self.workdir / "work"),
+        })
+        env.update(self._store_env("DPSYNTH_API_"))
+        env.update(self._store_env("DPSYNTH_WORKER_"))
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, name: str, module: str) -> subprocess.Popen[bytes]:
+        log = (self.workdir / f"{name}.log").open("ab")
+        proc = subprocess.Popen([sys.executable, "-m", module], env=self.env(), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start(self, *, workers: int = 1) -> None:
+        self._spawn("ledger", "dpsynth_ledger")
+        self._wait_ready(self.ledger_url, "ledger")
+        self._spawn("api", "dpsynth_api")
+        self._wait_ready(self.api_url, "api")
+        for i in range(workers):
+            self.start_worker(i)
+
+    def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
+        return self._spawn(f"worker-{index}", "dpsynth_worker")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        proc.wait(30)
+
+    def _wait_ready(self, url: str, name: str, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)}")
+            try:
+                r = httpx.get(f"{url}/readyz", timeout=2)
+                if r.status_code == 200:
+                    return
+                last = r.text
+            except httpx.HTTPError as exc:
+                last = str(exc)
+            time.sleep(0.3)
+        raise TimeoutError(f"{name} not ready: {last}\n{self.log(name)}")
+
+    def log(self, name: str) -> str:
+        path = self.workdir / f"{name}.log"
+        return path.read_text(errors="replace")[-5000:] if path.exists() else ""
+
+    def all_logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.workdir.glob("*.log"))
+
+    def admin_key(self) -> str:
+        return str(json.loads(self.credentials_file.read_text())["api_key"])
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
