@@ -69,8 +69,8 @@ class _Http:
             last = attempt == self._retries
             try:
                 response = self._client.request(method, path, json=payload)
-            except retry_on as exc:
-                if last:
+            except httpx.TransportError as exc:
+                if last or not isinstance(exc, retry_on):
                     raise DpsynthError(self._unavailable, f"{method} {path}: "
                                        f"{type(exc).__name__}") from exc
                 self._sleep(attempt, method, path, type(exc).__name__)
