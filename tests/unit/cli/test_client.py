@@ -166,3 +166,20 @@ def test_admin_calls_hit_documented_paths(api: FakeApi) -> None:
     assert client.create_tenant("acme") == {"name": "acme"}
     assert client.create_key("t1", ["read"]) == {"scopes": ["read"]}
     assert client.revoke_key("k1")["revoked_at"] == "now"
+
+
+def test_list_datasets_and_models_read_every_page(api: FakeApi) -> None:
+    def pager(prefix: str):  # type: ignore[no-untyped-def]
+        def handler(request: httpx.Request) -> httpx.Response:
+            if request.url.params.get("cursor") == "p2":
+                return httpx.Response(200, json={"items": [{"id": f"{prefix}3"}],
+                                                 "next_cursor": None})
+            return httpx.Response(200, json={"items": [{"id": f"{prefix}1"}, {"id": f"{prefix}2"}],
+                                             "next_cursor": "p2"})
+        return handler
+
+    api.route("GET", "/v1/datasets", pager("ds"))
+    api.route("GET", "/v1/models", pager("m"))
+    client = make(api)
+    assert [d["id"] for d in client.list_datasets()] == ["ds1", "ds2", "ds3"]
+    assert [m["id"] for m in client.list_models()] == ["m1", "m2", "m3"]

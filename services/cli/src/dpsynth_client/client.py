@@ -114,8 +114,8 @@ class Client:
                 files={"file": (path.name, handle, "application/octet-stream")})
 
     def list_datasets(self) -> list[dict[str, Any]]:
-        """The tenant's datasets."""
-        return _items(self._request("GET", "/v1/datasets"))
+        """The tenant's datasets (every page)."""
+        return list(self._paged("/v1/datasets"))
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any]:
         """One dataset."""
@@ -140,8 +140,8 @@ class Client:
                     files={"file": (upload.name, handle, "application/x-tar")})
 
     def list_models(self) -> list[dict[str, Any]]:
-        """The tenant's models."""
-        return _items(self._request("GET", "/v1/models"))
+        """The tenant's models (every page)."""
+        return list(self._paged("/v1/models"))
 
     def get_model(self, model_id: str) -> dict[str, Any]:
         """One model."""
@@ -160,12 +160,17 @@ class Client:
 
     def list_jobs(self, *, page_size: int = 50, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every job of the tenant, following ``next_cursor`` page by page."""
+        return self._paged("/v1/jobs", page_size=page_size, **filters)
+
+    def _paged(self, path: str, *, page_size: int = 50,
+               **filters: Any) -> Iterator[dict[str, Any]]:
+        """Items of a ``{items, next_cursor}`` listing, fetched lazily page by page."""
         cursor: str | None = None
         while True:
             params: dict[str, Any] = {"limit": page_size, **filters}
             if cursor:
                 params["cursor"] = cursor
-            page = self._request("GET", "/v1/jobs", params=params)
+            page = self._request("GET", path, params=params)
             yield from _items(page)
             cursor = page.get("next_cursor") if isinstance(page, dict) else None
             if not cursor:
