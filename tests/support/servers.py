@@ -130,7 +130,11 @@ def start_seaweedfs(workdir: Path) -> Process:
     proc = subprocess.Popen(
         [weed_binary(), "server", f"-dir={workdir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
          f"-master.port={master_port}", f"-volume.port={volume_port}",
-         f"-filer.port={filer_port}", "-s3", f"-s3.port={s3_port}", "-master.volumeSizeLimitMB=64"],
+         f"-filer.port={filer_port}", "-s3", f"-s3.port={s3_port}",
+         # Small volumes and many of them: every bucket takes its own volumes. The Iceberg
+         # and Lance listeners have fixed default ports that clash between servers.
+         "-master.volumeSizeLimitMB=32", "-volume.max=300",
+         "-s3.port.iceberg=0", "-s3.port.lance=0"],
         stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     wait_for_port(s3_port, timeout=60)
