@@ -207,6 +207,8 @@ def _encode(bundle: ModelBundle, dataset: ImageDataset, info: ModelInfo) -> torc
 def _model_labels(dataset: ImageDataset, spec: TrainingSpec) -> torch.Tensor:
     """Private label indices mapped to model class indices."""
     labels = torch.from_numpy(dataset.labels)
+    if not spec.class_conditional:
+        return torch.full_like(labels, spec.num_classes)  # every example is the null class
     if spec.class_map is None:
         return labels
     table = torch.tensor([spec.class_map[i] for i in range(len(dataset.class_names))])
