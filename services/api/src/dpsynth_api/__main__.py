@@ -29,7 +29,7 @@ def _bootstrap(settings: ApiSettings) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = sys.argv[1:] if argv is None else argv
-    settings = ApiSettings()  # type: ignore[call-arg]  (from the environment)
+    settings = ApiSettings()  # values come from the environment
     configure_logging("api", settings.log_level)
     wait_for_database(settings)
     upgrade_head(settings)

@@ -67,7 +67,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 405:
         error = DpsynthError(ErrorCode.INVALID_REQUEST, f"method {request.method} is not allowed")
-        return problem_response(error, request, status=405, headers=exc.headers)
+        return problem_response(error, request, status=405, headers=dict(exc.headers or {}))
     code = _STARLETTE_CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and detail == "Not Found":

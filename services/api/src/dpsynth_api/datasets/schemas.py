@@ -70,7 +70,7 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
     assert isinstance(dataset, Dataset)
     return DatasetOut(
         dataset_id=dataset.id, tenant_id=dataset.tenant_id, name=dataset.name,
-        visibility=dataset.visibility,  # type: ignore[arg-type]
+        visibility=dataset.visibility,
         declared_size=dataset.declared_size,
         true_size=dataset.true_size if owner else None,
         class_counts=dataset.class_counts if owner else None,

@@ -45,12 +45,12 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
     info = None
     if dataset is not None:
         info = DatasetInfo(dataset_id=dataset.id,
-                           visibility=dataset.visibility,  # type: ignore[arg-type]
+                           visibility=dataset.visibility,
                            object_key=dataset.object_key, class_names=list(dataset.class_names),
                            declared_size=dataset.declared_size, delta=dataset.delta)
     return Claim(
         job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
-        type=job.type,  # type: ignore[arg-type]
+        type=job.type,
         spec=job.spec, dataset=info, base_model=model_ref(model) if model else None,
         reservation_id=job.reservation_id,
         resume_checkpoint_key=checkpoint.object_key if checkpoint else None,
