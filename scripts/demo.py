@@ -154,11 +154,11 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
     print(f"   {public['id']}: {public['declared_size'] or len(data['public'][1])} images")
 
     print("2. Pretrain (non-private) on the public dataset", flush=True)
-    pre = client.submit_job({"type": "pretrain", "dataset_id": public["id"], "preset": "small",
+    pre = client.submit_job({"type": "pretrain", "dataset_id": public["dataset_id"], "preset": "small",
                              "image_size": args.image_size, "channels": 1,
                              "class_conditional": True, "epochs": args.pretrain_epochs,
                              "seed": 0})
-    pre = watch(client, pre["id"], "pretrain")
+    pre = watch(client, pre["job_id"], "pretrain")
     base_model_id = pre["result"]["model_id"]
 
     print(f"3. Upload the private dataset with a budget of epsilon {args.epsilon_limit}",
@@ -169,7 +169,7 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
           f"delta {private['delta']:.2e}")
 
     finetune_spec = {
-        "type": "finetune", "dataset_id": private["id"], "base_model_id": base_model_id,
+        "type": "finetune", "dataset_id": private["dataset_id"], "base_model_id": base_model_id,
         "privacy": {"target_epsilon": args.target_epsilon, "max_grad_norm": 1.0},
         "training": {"trainable": "attention", "expected_batch_size": 128, "epochs": 5,
                      "learning_rate": 5e-4, "class_conditional": True, "label_dropout": 0.1,
@@ -179,33 +179,33 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
     print("4. DP finetune, dry run first:")
     print(json.dumps(plan, indent=2)[:1500])
     ft = client.submit_job(finetune_spec)
-    ft = watch(client, ft["id"], "DP finetune")
+    ft = watch(client, ft["job_id"], "DP finetune")
     dp_model_id = ft["result"]["model_id"]
 
     print("5. Generate a synthetic corpus (costs no budget)", flush=True)
     gen = client.submit_job({"type": "generate", "model_id": dp_model_id,
                              "samples_per_class": args.samples_per_class, "sampler": "ddim",
                              "steps": 50, "guidance_scale": 2.0, "seed": 0})
-    gen = watch(client, gen["id"], "generate")
-    corpus = next(a for a in client.job_artifacts(gen["id"]) if a["kind"] == "corpus")
+    gen = watch(client, gen["job_id"], "generate")
+    corpus = next(a for a in client.job_artifacts(gen["job_id"]) if a["kind"] == "corpus")
     corpus_zip = OUT / "corpus.zip"
-    client.download_artifact(corpus["id"], corpus_zip)
+    client.download_artifact(corpus["artifact_id"], corpus_zip)
 
     print("6. Evaluate: classifier trained on the synthetic corpus, tested on real digits "
           "never uploaded", flush=True)
     xs, ys, manifest = corpus_to_arrays(corpus_zip, OUT / "corpus")
     accuracy = classifier_accuracy(xs, ys, data["test"])
-    budget = client.get_budget(private["id"])
+    budget = client.get_budget(private["dataset_id"])
     print_budget(budget)
     print(f"\nSynthetic corpus: {corpus_zip} (extracted in {OUT / 'corpus'})")
     print(f"Classifier (logistic regression) trained on {len(ys)} synthetic images: "
           f"accuracy {accuracy:.3f} on {len(data['test'][1])} real held-out digits "
           "(chance 0.100)")
     return {
-        "public_dataset_id": public["id"], "private_dataset_id": private["id"],
-        "pretrain_job_id": pre["id"], "finetune_job_id": ft["id"], "generate_job_id": gen["id"],
+        "public_dataset_id": public["dataset_id"], "private_dataset_id": private["dataset_id"],
+        "pretrain_job_id": pre["job_id"], "finetune_job_id": ft["job_id"], "generate_job_id": gen["job_id"],
         "base_model_id": base_model_id, "dp_model_id": dp_model_id,
-        "corpus_artifact_id": corpus["id"], "corpus_path": str(corpus_zip),
+        "corpus_artifact_id": corpus["artifact_id"], "corpus_path": str(corpus_zip),
         "epsilon_budget": budget["epsilon_limit"],
         "epsilon_spent": budget["dataset_epsilon_spent"],
         "tight_epsilon": budget["dataset_tight_epsilon"],

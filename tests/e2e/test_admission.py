@@ -37,7 +37,7 @@ def test_concurrent_admission_is_reproduced_by_an_independent_replay(idle_platfo
     # fine for admission (the model must exist: upload a minimal diffusers folder instead).
     base = _any_model(client, tmp_path)
     rng = random.Random(5)
-    specs = [finetune_spec(ds["id"], base, target_epsilon=rng.choice([0.5, 1.0, 2.0, 3.0]),
+    specs = [finetune_spec(ds["dataset_id"], base, target_epsilon=rng.choice([0.5, 1.0, 2.0, 3.0]),
                            expected_batch_size=rng.choice([16, 32, 64]),
                            epochs=rng.choice([1, 2, 4])) for _ in range(50)]
 
@@ -58,9 +58,9 @@ def test_concurrent_admission_is_reproduced_by_an_independent_replay(idle_platfo
         for key in ("epsilon_limit", "dataset_epsilon_spent", "max_admissible_target_epsilon"):
             assert key in ext, (key, ext)
 
-    budget = client.get_budget(ds["id"])
+    budget = client.get_budget(ds["dataset_id"])
     order, delta, rdp_budget = budget["admission_order"], budget["delta"], budget["rdp_budget"]
-    entries = ledger_entries(idle_platform.ledger_url, idle_platform.api_ledger_token, ds["id"])
+    entries = ledger_entries(idle_platform.ledger_url, idle_platform.api_ledger_token, ds["dataset_id"])
     decisions = [e for e in entries
                  if e["kind"] in ("reservation_accepted", "reservation_refused")]
     assert len(decisions) == 50
@@ -78,8 +78,8 @@ def test_concurrent_admission_is_reproduced_by_an_independent_replay(idle_platfo
     assert conversion(reserved, order, delta) <= budget["epsilon_limit"] + 1e-9
 
     for job in accepted:
-        client.cancel_job(job["id"])
-    after = client.get_budget(ds["id"])
+        client.cancel_job(job["job_id"])
+    after = client.get_budget(ds["dataset_id"])
     assert after["rdp_reserved"] == pytest.approx(0.0, abs=1e-12)
     assert after["rdp_spent"] == pytest.approx(0.0, abs=1e-12)
     assert after["dataset_epsilon_remaining"] == pytest.approx(after["epsilon_limit"], rel=1e-9)
@@ -92,15 +92,15 @@ def test_over_budget_job_gets_409_with_the_largest_admissible_target(idle_platfo
                                label_domain=CLASSES)
     base = _any_model(client, tmp_path)
     with pytest.raises(DpsynthError) as info:
-        client.submit_job(finetune_spec(ds["id"], base, target_epsilon=5.0))
+        client.submit_job(finetune_spec(ds["dataset_id"], base, target_epsilon=5.0))
     err = info.value
     assert str(err.code) == "privacy_budget_exhausted"
     assert getattr(err, "status", 409) == 409
     best = err.extensions["max_admissible_target_epsilon"]
     assert 0 < best < 5.0
-    admitted = client.submit_job(finetune_spec(ds["id"], base, target_epsilon=best))
+    admitted = client.submit_job(finetune_spec(ds["dataset_id"], base, target_epsilon=best))
     assert admitted["state"] == "queued"
-    client.cancel_job(admitted["id"])
+    client.cancel_job(admitted["job_id"])
 
 
 def _any_model(client: Client, tmp_path) -> str:
@@ -108,4 +108,4 @@ def _any_model(client: Client, tmp_path) -> str:
     from tests.support.models import tiny_model_archive
 
     archive = tiny_model_archive(tmp_path / "model.tar", class_names=CLASSES)
-    return client.upload_model(archive, name="tiny-untrained")["id"]
+    return client.upload_model(archive, name="tiny-untrained")["model_id"]

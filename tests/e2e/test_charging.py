@@ -27,7 +27,7 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 def base_model(client: Client, tmp_path_factory) -> str:
     tmp = tmp_path_factory.mktemp("base")
     archive = tiny_model_archive(tmp / "model.tar", class_names=CLASSES)
-    return client.upload_model(archive, name="tiny-base")["id"]
+    return client.upload_model(archive, name="tiny-base")["model_id"]
 
 
 def private_dataset(client: Client, tmp_path, *, limit: float, n: int = 200) -> dict:
@@ -58,14 +58,14 @@ def reservation_of(job: dict) -> str:
 def test_cancel_at_a_random_step_charges_exactly_the_granted_steps(platform, client,
                                                                    base_model, tmp_path):
     ds = private_dataset(client, tmp_path, limit=10.0)
-    job = client.submit_job(finetune_spec(ds["id"], base_model, expected_batch_size=8,
+    job = client.submit_job(finetune_spec(ds["dataset_id"], base_model, expected_batch_size=8,
                                           epochs=2, checkpoint_every=2))
-    wait_for_step(client, job["id"], random.Random().randint(3, 12))
-    client.cancel_job(job["id"])
-    job = client.wait_for_job(job["id"], timeout=300)
+    wait_for_step(client, job["job_id"], random.Random().randint(3, 12))
+    client.cancel_job(job["job_id"])
+    job = client.wait_for_job(job["job_id"], timeout=300)
     assert job["state"] == "cancelled", job
-    budget = client.get_budget(ds["id"])
-    entries = ledger_entries(platform.ledger_url, platform.api_ledger_token, ds["id"])
+    budget = client.get_budget(ds["dataset_id"])
+    entries = ledger_entries(platform.ledger_url, platform.api_ledger_token, ds["dataset_id"])
     steps = granted_steps(entries, reservation_of(job))
     assert steps > 0
     ev = next(e["payload"]["event"] for e in entries if e["kind"] == "reservation_accepted")
@@ -80,16 +80,16 @@ def test_sigkill_mid_training_is_charged_and_resumed_with_a_new_admission(platfo
                                                                           base_model,
                                                                           tmp_path):
     ds = private_dataset(client, tmp_path, limit=10.0)
-    job = client.submit_job(finetune_spec(ds["id"], base_model, expected_batch_size=8,
+    job = client.submit_job(finetune_spec(ds["dataset_id"], base_model, expected_batch_size=8,
                                           epochs=2, checkpoint_every=2))
-    wait_for_step(client, job["id"], 5)
+    wait_for_step(client, job["job_id"], 5)
     platform.kill("worker-0")
     platform.start_worker(1)
-    job = client.wait_for_job(job["id"], timeout=600)
+    job = client.wait_for_job(job["job_id"], timeout=600)
     assert job["state"] == "succeeded", job
     assert job["attempt"] >= 2
-    budget = client.get_budget(ds["id"])
-    entries = ledger_entries(platform.ledger_url, platform.api_ledger_token, ds["id"])
+    budget = client.get_budget(ds["dataset_id"])
+    entries = ledger_entries(platform.ledger_url, platform.api_ledger_token, ds["dataset_id"])
     steps = granted_steps(entries, reservation_of(job))
     reserved_steps = job["privacy"]["steps"]
     assert steps >= reserved_steps
@@ -111,22 +111,22 @@ def test_sigkill_with_no_budget_left_for_replays_fails_and_never_overspends(plat
                                                                             base_model,
                                                                             tmp_path):
     ds = private_dataset(client, tmp_path, limit=3.0)
-    spec = finetune_spec(ds["id"], base_model, expected_batch_size=8, epochs=2,
+    spec = finetune_spec(ds["dataset_id"], base_model, expected_batch_size=8, epochs=2,
                          checkpoint_every=4)
     plan = client.submit_job({**spec, "privacy": {"target_epsilon": 2.9,
                                                   "max_grad_norm": 1.0}}, dry_run=True)
     best = plan["privacy"]["max_admissible_target_epsilon"]
     spec["privacy"]["target_epsilon"] = best * 0.999  # leaves no room for replayed steps
     job = client.submit_job(spec)
-    wait_for_step(client, job["id"], 6)
+    wait_for_step(client, job["job_id"], 6)
     worker = next(n for n in platform.procs if n.startswith("worker")
                   and platform.procs[n].poll() is None)
     platform.kill(worker)
     platform.start_worker(len(platform.procs))
-    job = client.wait_for_job(job["id"], timeout=600)
-    budget = client.get_budget(ds["id"])
+    job = client.wait_for_job(job["job_id"], timeout=600)
+    budget = client.get_budget(ds["dataset_id"])
     assert budget["dataset_epsilon_spent"] <= budget["epsilon_limit"] + 1e-12
-    entries = ledger_entries(platform.ledger_url, platform.api_ledger_token, ds["id"])
+    entries = ledger_entries(platform.ledger_url, platform.api_ledger_token, ds["dataset_id"])
     if any(e["kind"] == "extension_refused" for e in entries):
         assert job["state"] == "failed", job
         assert job["error"]["code"] == "privacy_budget_exhausted"

@@ -13,7 +13,10 @@ import pytest
 
 from tests.e2e.conftest import CLASSES, TINY_PRETRAIN, digits_npz, finetune_spec
 
-PRIVATE_FIELD = re.compile(r'"[a-z_]*(loss|grad_norm|gradient|clip_fraction|clipped)[a-z_]*"\s*:')
+# Names of statistics computed from private data; max_grad_norm (the public clipping norm
+# the user chose) is not one.
+PRIVATE_FIELD = re.compile(
+    r'"(?!max_grad_norm")[a-z_]*(loss|grad_norm|gradient|clip_fraction|clipped)[a-z_]*"\s*:')
 
 
 @pytest.fixture(scope="module")
@@ -23,25 +26,25 @@ def journey(platform, client, tmp_path_factory):
     private_npz, private_labels = digits_npz(tmp / "private.npz", part="private", n=200)
     public = client.upload_dataset(public_npz, name="pub", visibility="public",
                                    label_domain=CLASSES)
-    pre = client.submit_job({**TINY_PRETRAIN, "dataset_id": public["id"]})
-    pre = client.wait_for_job(pre["id"], timeout=600)
+    pre = client.submit_job({**TINY_PRETRAIN, "dataset_id": public["dataset_id"]})
+    pre = client.wait_for_job(pre["job_id"], timeout=600)
     assert pre["state"] == "succeeded", pre
     private = client.upload_dataset(private_npz, name="priv", visibility="private",
                                     epsilon_limit=10.0, label_domain=CLASSES)
-    spec = finetune_spec(private["id"], pre["result"]["model_id"], target_epsilon=4.0)
+    spec = finetune_spec(private["dataset_id"], pre["result"]["model_id"], target_epsilon=4.0)
     progress_seen: list[dict] = []
     ft = client.submit_job(spec)
-    ft = client.wait_for_job(ft["id"], timeout=600, poll=0.5,
+    ft = client.wait_for_job(ft["job_id"], timeout=600, poll=0.5,
                              on_progress=lambda job: progress_seen.append(job))
     assert ft["state"] == "succeeded", ft
     gen = client.submit_job({"type": "generate", "model_id": ft["result"]["model_id"],
                              "samples_per_class": 3, "sampler": "ddim", "steps": 5,
                              "guidance_scale": 2.0, "seed": 0})
-    gen = client.wait_for_job(gen["id"], timeout=600)
+    gen = client.wait_for_job(gen["job_id"], timeout=600)
     assert gen["state"] == "succeeded", gen
-    corpus = next(a for a in client.job_artifacts(gen["id"]) if a["kind"] == "corpus")
+    corpus = next(a for a in client.job_artifacts(gen["job_id"]) if a["kind"] == "corpus")
     zip_path = tmp / "corpus.zip"
-    client.download_artifact(corpus["id"], zip_path)
+    client.download_artifact(corpus["artifact_id"], zip_path)
     return {"public": public, "private": private, "pretrain": pre, "finetune": ft,
             "generate": gen, "zip": zip_path, "progress": progress_seen,
             "private_labels": private_labels}
@@ -54,21 +57,21 @@ def test_corpus_zip_has_every_declared_class_and_a_consistent_manifest(journey, 
     for cls in CLASSES:
         pngs = [n for n in names if n.startswith(f"{cls}/") and n.endswith(".png")]
         assert len(pngs) == 3, (cls, pngs)
-    budget = client.get_budget(journey["private"]["id"])
-    assert manifest["dataset_id"] == journey["private"]["id"]
+    budget = client.get_budget(journey["private"]["dataset_id"])
+    assert manifest["dataset_id"] == journey["private"]["dataset_id"]
     assert manifest["dataset_epsilon_spent"] == pytest.approx(budget["dataset_epsilon_spent"])
     assert manifest["dataset_epsilon_spent"] <= budget["epsilon_limit"]
     assert manifest["delta"] == budget["delta"]
     assert manifest["admission_order"] == budget["admission_order"]
     assert 0 < manifest["job_epsilon"] <= 4.0 + 1e-9
     assert manifest["dataset_tight_epsilon"] <= manifest["dataset_epsilon_spent"] + 1e-9
-    assert journey["finetune"]["id"] in manifest["job_ids"]
+    assert journey["finetune"]["job_id"] in manifest["job_ids"]
     for key in ("model_hash", "accountant", "sampler", "steps", "seed", "counts"):
         assert key in manifest, key
 
 
 def test_budget_view_matches_the_finetune_charges(journey, client):
-    budget = client.get_budget(journey["private"]["id"])
+    budget = client.get_budget(journey["private"]["dataset_id"])
     assert budget["dataset_epsilon_spent"] > 0
     assert budget["dataset_epsilon_spent"] <= budget["epsilon_limit"]
     assert budget["dataset_epsilon_reserved"] == pytest.approx(0.0, abs=1e-9)
@@ -77,8 +80,8 @@ def test_budget_view_matches_the_finetune_charges(journey, client):
 
 
 def test_nothing_computed_from_private_data_leaves_the_job(journey, platform, client):
-    ft = client.get_job(journey["finetune"]["id"])
-    blobs = [json.dumps(ft), json.dumps(client.list_jobs_page()),
+    ft = client.get_job(journey["finetune"]["job_id"])
+    blobs = [json.dumps(ft), json.dumps(list(client.list_jobs())),
              *(json.dumps(p) for p in journey["progress"])]
     for blob in blobs:
         assert not PRIVATE_FIELD.search(blob), blob[:500]
@@ -88,7 +91,7 @@ def test_nothing_computed_from_private_data_leaves_the_job(journey, platform, cl
     assert not PRIVATE_FIELD.search(logs)
     assert not re.search(r"\bloss\b", logs)
     # The statistics exist, as an owner-only artifact labelled non-DP.
-    stats = [a for a in client.job_artifacts(ft["id"]) if a["kind"] == "private_stats"]
+    stats = [a for a in client.job_artifacts(ft["job_id"]) if a["kind"] == "private_stats"]
     assert stats and all(a["owner_only"] and a["non_dp"] for a in stats)
 
 

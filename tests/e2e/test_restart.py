@@ -32,8 +32,8 @@ def test_restart_keeps_datasets_jobs_and_ledger(embedded, tmp_path):
                                label_domain=CLASSES)
     model = client.upload_model(tiny_model_archive(tmp_path / "m.tar", class_names=CLASSES),
                                 name="tiny")
-    job = client.submit_job(finetune_spec(ds["id"], model["id"], target_epsilon=1.0))
-    before = client.get_budget(ds["id"])
+    job = client.submit_job(finetune_spec(ds["dataset_id"], model["model_id"], target_epsilon=1.0))
+    before = client.get_budget(ds["dataset_id"])
     assert before["rdp_reserved"] > 0
 
     embedded.stop()
@@ -41,15 +41,15 @@ def test_restart_keeps_datasets_jobs_and_ledger(embedded, tmp_path):
     creds_after = json.loads(creds_file.read_text())
     assert creds_after["api_key"] == creds["api_key"]  # the key was not regenerated
     client = Client(creds_after["api_url"], creds_after["api_key"])
-    assert client.get_dataset(ds["id"])["id"] == ds["id"]
-    assert client.get_model(model["id"])["id"] == model["id"]
-    kept = client.get_job(job["id"])
+    assert client.get_dataset(ds["dataset_id"])["dataset_id"] == ds["dataset_id"]
+    assert client.get_model(model["model_id"])["model_id"] == model["model_id"]
+    kept = client.get_job(job["job_id"])
     assert kept["state"] == "queued"
-    after = client.get_budget(ds["id"])
+    after = client.get_budget(ds["dataset_id"])
     for key in ("epsilon_limit", "delta", "admission_order", "rdp_budget", "rdp_reserved",
                 "rdp_spent", "dataset_epsilon_spent"):
         assert after[key] == before[key], key
     assert len(after["history"]) == len(before["history"])
     # The platform keeps working after the restart: cancelling releases the reservation.
-    client.cancel_job(job["id"])
-    assert client.get_budget(ds["id"])["rdp_reserved"] == pytest.approx(0.0, abs=1e-15)
+    client.cancel_job(job["job_id"])
+    assert client.get_budget(ds["dataset_id"])["rdp_reserved"] == pytest.approx(0.0, abs=1e-15)

@@ -32,6 +32,9 @@ from dpsynth_api.tables import Artifact, Job
 
 _LIVE = (JobState.RUNNING, JobState.CANCELLING)
 _PRIVATE_STAT = re.compile(r"loss|grad|clip", re.IGNORECASE)
+# Public hyperparameters whose names look like statistics: set by the user, not computed
+# from the data (the clipping norm C is part of the published DP mechanism).
+_PUBLIC_HYPERPARAMETERS = frozenset({"max_grad_norm"})
 _PREFIX = {"model": "models/", "checkpoint": "checkpoints/{job}/", "corpus": "corpora/{job}/",
            "private_stats": "owner/{job}/"}
 
@@ -90,7 +93,8 @@ def _check_artifact(job: Job, body: RegisterArtifact, owner_only: bool) -> None:
         raise DpsynthError(ErrorCode.INVALID_REQUEST,
                            f"a {body.kind} artifact of this job must live under '{prefix}'")
     if not owner_only:
-        leaked = sorted(k for k in body.metadata if _PRIVATE_STAT.search(k))
+        leaked = sorted(k for k in body.metadata
+                        if _PRIVATE_STAT.search(k) and k not in _PUBLIC_HYPERPARAMETERS)
         if leaked:
             raise DpsynthError(ErrorCode.INVALID_REQUEST,
                                f"metadata keys {leaked} look like statistics of private data; "
