@@ -103,7 +103,7 @@ def test_sigkill_mid_training_is_charged_and_resumed_with_a_new_admission(platfo
     assert budget["dataset_epsilon_spent"] <= budget["epsilon_limit"]
     assert verify_chain(platform.ledger_url, platform.api_ledger_token)["ok"]
     # Every attempt after the first had its own read grant (fresh leases).
-    attempts = {e["payload"].get("attempt") for e in entries if e["kind"] == "read_granted"}
+    attempts = {e["payload"].get("attempt") for e in entries if e["kind"] == "read_grant"}
     assert {1, 2} <= attempts
 
 
@@ -115,7 +115,7 @@ def test_sigkill_with_no_budget_left_for_replays_fails_and_never_overspends(plat
                          checkpoint_every=4)
     plan = client.submit_job({**spec, "privacy": {"target_epsilon": 2.9,
                                                   "max_grad_norm": 1.0}}, dry_run=True)
-    best = plan["privacy"]["max_admissible_target_epsilon"]
+    best = plan["plan"]["max_admissible_target_epsilon"]
     spec["privacy"]["target_epsilon"] = best * 0.999  # leaves no room for replayed steps
     job = client.submit_job(spec)
     wait_for_step(client, job["job_id"], 6)
