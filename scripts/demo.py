@@ -21,10 +21,9 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
-
 from dpsynth_cli.embedded import EmbeddedPlatform
 from dpsynth_client import Client
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "out" / "demo"
@@ -154,7 +153,8 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
     print(f"   {public['id']}: {public['declared_size'] or len(data['public'][1])} images")
 
     print("2. Pretrain (non-private) on the public dataset", flush=True)
-    pre = client.submit_job({"type": "pretrain", "dataset_id": public["dataset_id"], "preset": "small",
+    pre = client.submit_job({"type": "pretrain", "dataset_id": public["dataset_id"],
+                             "preset": "small",
                              "image_size": args.image_size, "channels": 1,
                              "class_conditional": True, "epochs": args.pretrain_epochs,
                              "seed": 0})
@@ -203,7 +203,8 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
           "(chance 0.100)")
     return {
         "public_dataset_id": public["dataset_id"], "private_dataset_id": private["dataset_id"],
-        "pretrain_job_id": pre["job_id"], "finetune_job_id": ft["job_id"], "generate_job_id": gen["job_id"],
+        "pretrain_job_id": pre["job_id"], "finetune_job_id": ft["job_id"],
+        "generate_job_id": gen["job_id"],
         "base_model_id": base_model_id, "dp_model_id": dp_model_id,
         "corpus_artifact_id": corpus["artifact_id"], "corpus_path": str(corpus_zip),
         "epsilon_budget": budget["epsilon_limit"],
@@ -212,7 +213,7 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
         "tight_epsilon_label": budget.get("dataset_tight_epsilon_label"),
         "delta": budget["delta"], "admission_order": budget["admission_order"],
         "accountant": budget["accountant"], "job_epsilon": manifest.get("job_epsilon"),
-        "classifier_accuracy": accuracy, "test_images": int(len(data["test"][1])),
+        "classifier_accuracy": accuracy, "test_images": len(data["test"][1]),
     }
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from dpsynth_client import Client
+
 from tests.support.platform import ServicePlatform
 
 LEASE_TTL_S = 4

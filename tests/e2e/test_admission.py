@@ -11,9 +11,9 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from dpsynth_client import Client
 from dpsynth_shared.errors import DpsynthError
+
 from tests.e2e.conftest import CLASSES, digits_npz, finetune_spec, make_platform
 from tests.e2e.ledger_replay import conversion, independent_rdp, ledger_entries
 
@@ -60,7 +60,8 @@ def test_concurrent_admission_is_reproduced_by_an_independent_replay(idle_platfo
 
     budget = client.get_budget(ds["dataset_id"])
     order, delta, rdp_budget = budget["admission_order"], budget["delta"], budget["rdp_budget"]
-    entries = ledger_entries(idle_platform.ledger_url, idle_platform.api_ledger_token, ds["dataset_id"])
+    entries = ledger_entries(idle_platform.ledger_url, idle_platform.api_ledger_token,
+                             ds["dataset_id"])
     decisions = [e for e in entries
                  if e["kind"] in ("reservation_accepted", "reservation_refused")]
     assert len(decisions) == 50

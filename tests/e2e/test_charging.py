@@ -14,8 +14,8 @@ import random
 import time
 
 import pytest
-
 from dpsynth_client import Client
+
 from tests.e2e.conftest import CLASSES, digits_npz, finetune_spec
 from tests.e2e.ledger_replay import independent_rdp, ledger_entries, verify_chain
 from tests.support.models import tiny_model_archive

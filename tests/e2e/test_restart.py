@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from dpsynth_cli.embedded import EmbeddedPlatform
 from dpsynth_client import Client
+
 from tests.e2e.conftest import CLASSES, FAST_ENV, digits_npz, finetune_spec
 from tests.support.models import tiny_model_archive
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
 from dpsynth_shared.grants import generate_signing_key, public_key_of
+
 from tests.support.servers import free_port
 
 

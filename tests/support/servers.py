@@ -171,7 +171,7 @@ def _wait_s3_ready(endpoint: str, timeout: float = 60.0) -> None:
             client.make_bucket(name)
             client.remove_bucket(name)
             return
-        except Exception as exc:  # noqa: BLE001 - the server is still starting
+        except Exception as exc:
             last = exc
             time.sleep(0.5)
     raise TimeoutError(f"S3 at {endpoint} not ready: {last}")

@@ -73,7 +73,7 @@ class ParallelEvent(_Event):
     """Events on disjoint partitions (labels of the declared domain); composes as the max."""
 
     kind: Literal["parallel"] = "parallel"
-    partitions: dict[str, "DpEvent"]
+    partitions: dict[str, DpEvent]
 
 
 DpEvent = Annotated[DpSgdEvent | GaussianEvent | ParallelEvent, Field(discriminator="kind")]

@@ -115,7 +115,7 @@ class DpsynthError(Exception):
             return HTTP_STATUS[self.code]
         return 500
 
-    def to_problem(self, instance: str | None = None) -> "Problem":
+    def to_problem(self, instance: str | None = None) -> Problem:
         code = str(self.code)
         title = TITLES.get(self.code, code.replace("_", " ").capitalize()) if isinstance(
             self.code, ErrorCode
@@ -171,8 +171,8 @@ def problem_schema_fields() -> dict[str, Any]:
 
 
 __all__ = [
-    "PROBLEM_CONTENT_TYPE",
     "HTTP_STATUS",
+    "PROBLEM_CONTENT_TYPE",
     "BudgetExhausted",
     "DpsynthError",
     "ErrorCode",

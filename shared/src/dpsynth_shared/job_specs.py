@@ -35,7 +35,7 @@ class PretrainSpec(_Spec):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _size(self) -> "PretrainSpec":
+    def _size(self) -> PretrainSpec:
         if self.image_size % 4:
             raise ValueError("image_size must be a multiple of 4")
         return self

@@ -13,7 +13,8 @@ import sys
 import time
 from typing import Any
 
-request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "request_id", default=None)
 job_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("job_id", default=None)
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from dpsynth_ml import TrainingResult, TrainingSpec, train
 
 from .support import IMAGE_SIZE, write_digits

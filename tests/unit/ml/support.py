@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from dpsynth_ml import DpSpec, NullHooks, TrainingSpec
 
 IMAGE_SIZE = 16
@@ -56,7 +55,8 @@ class RecordingHooks(NullHooks):
     granted_total: int = 0
 
     def acquire_steps(self, start: int, count: int) -> int:
-        grant = count if self.budget is None else max(0, min(count, self.budget - self.granted_total))
+        grant = (count if self.budget is None
+                 else max(0, min(count, self.budget - self.granted_total)))
         self.granted_total += grant
         self.acquired.append((start, count, grant))
         return grant

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
-
 from dpsynth_ml.dp import DpSgdEngine
+from torch import nn
 
 DIM_IN, DIM_OUT = 6, 4
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from dpsynth_ml import InvalidSpecError, TrainingResult, train
 
 from .support import RecordingHooks, finetune_spec, seeded

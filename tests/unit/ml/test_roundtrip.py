@@ -8,11 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
-from dpsynth_ml import (InvalidSpecError, TrainingResult, TrainingSpec, load_dataset,
-                        model_hash, read_model_info, sample, train)
+from dpsynth_ml import (
+    InvalidSpecError,
+    TrainingResult,
+    TrainingSpec,
+    load_dataset,
+    model_hash,
+    read_model_info,
+    sample,
+    train,
+)
 from dpsynth_ml.model_io import load_model
+from PIL import Image
 
 from .support import IMAGE_SIZE, finetune_spec, seeded
 

@@ -7,10 +7,9 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
-
 from dpsynth_ml import TrainingResult, train
 from dpsynth_ml.dp import PoissonSampler
+from safetensors.torch import load_file
 
 from .support import NUM_RECORDS, RecordingHooks, finetune_spec, seeded
 

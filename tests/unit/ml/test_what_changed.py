@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
-
 from dpsynth_ml import TrainingResult, train
 from dpsynth_ml import finetune as finetune_module
 from dpsynth_ml.dp import DpSgdEngine
@@ -18,7 +18,7 @@ from .support import finetune_spec, seeded
 class RecordingEngine(DpSgdEngine):
     """The real engine, recording which parameters had per-sample grads and were updated."""
 
-    instances: list[RecordingEngine] = []
+    instances: ClassVar[list[RecordingEngine]] = []
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

@@ -34,8 +34,15 @@ from dpsynth_ml.data import ImageDataset, load_dataset
 from dpsynth_ml.generate import sample
 from dpsynth_ml.hooks import NullHooks, TrainingHooks
 from dpsynth_ml.model_io import model_hash, read_model_info
-from dpsynth_ml.spec import (DpSpec, InvalidSpecError, MlError, ModelInfo, SampleResult,
-                             TrainingResult, TrainingSpec)
+from dpsynth_ml.spec import (
+                             DpSpec,
+                             InvalidSpecError,
+                             MlError,
+                             ModelInfo,
+                             SampleResult,
+                             TrainingResult,
+                             TrainingSpec,
+)
 from dpsynth_ml.training import train
 
 __all__ = [

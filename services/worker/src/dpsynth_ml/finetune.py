@@ -15,17 +15,31 @@ from pathlib import Path
 
 import torch
 
-from dpsynth_ml.checkpoint import (load_optimizer_state, read_trainer_state,
-                                   save_optimizer_state, write_trainer_state)
+from dpsynth_ml.checkpoint import (
+    load_optimizer_state,
+    read_trainer_state,
+    save_optimizer_state,
+    write_trainer_state,
+)
 from dpsynth_ml.data import ImageDataset, images_to_tensor, load_dataset
 from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.dp import DpSgdEngine, PoissonSampler
 from dpsynth_ml.hooks import TrainingHooks
 from dpsynth_ml.model_io import load_model, model_hash, save_model
-from dpsynth_ml.models import ConditionalDenoiser, ModelBundle, build_class_embedder
-from dpsynth_ml.models import is_attention_parameter
-from dpsynth_ml.spec import DpSpec, InvalidSpecError, ModelInfo, RngKind, TrainingResult
-from dpsynth_ml.spec import TrainingSpec
+from dpsynth_ml.models import (
+    ConditionalDenoiser,
+    ModelBundle,
+    build_class_embedder,
+    is_attention_parameter,
+)
+from dpsynth_ml.spec import (
+    DpSpec,
+    InvalidSpecError,
+    ModelInfo,
+    RngKind,
+    TrainingResult,
+    TrainingSpec,
+)
 
 _ENCODE_CHUNK = 256
 
@@ -243,7 +257,6 @@ def _trainer_state(run: _Run, step: int) -> dict[str, object]:
 
 
 def _stamp(run: _Run, step: int) -> ModelInfo:
-    info = run.info
     return dataclasses.replace(run.info, steps=step, rng=run.rng)
 
 

@@ -15,7 +15,11 @@ class TrainingHooks(Protocol):
     """
 
     def acquire_steps(self, start: int, count: int) -> int:
-        """Ask for logical steps ``[start, start + count)``; return how many are granted (0 = stop)."""
+        """Ask for logical steps ``[start, start + count)``.
+
+        Returns:
+            How many are granted (0 = stop now).
+        """
         ...
 
     def should_stop(self) -> bool:

@@ -18,11 +18,24 @@ from dpsynth_ml.data import images_to_tensor, load_dataset
 from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.hooks import TrainingHooks
 from dpsynth_ml.model_io import save_model
-from dpsynth_ml.models import (ConditionalDenoiser, ModelBundle, build_class_embedder,
-                               build_scheduler, build_unet, build_vae, preset_config,
-                               vae_downsample_factor)
-from dpsynth_ml.spec import MODEL_FORMAT_VERSION, InvalidSpecError, ModelInfo, RngKind
-from dpsynth_ml.spec import TrainingResult, TrainingSpec
+from dpsynth_ml.models import (
+    ConditionalDenoiser,
+    ModelBundle,
+    build_class_embedder,
+    build_scheduler,
+    build_unet,
+    build_vae,
+    preset_config,
+    vae_downsample_factor,
+)
+from dpsynth_ml.spec import (
+    MODEL_FORMAT_VERSION,
+    InvalidSpecError,
+    ModelInfo,
+    RngKind,
+    TrainingResult,
+    TrainingSpec,
+)
 
 #: KL weight: small, so the VAE behaves like a regularised autoencoder (LDM "KL-reg").
 KL_WEIGHT = 1e-4

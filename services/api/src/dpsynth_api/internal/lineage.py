@@ -8,7 +8,7 @@ model's ``job_epsilon`` covers its DP ancestors on the same dataset).
 from __future__ import annotations
 
 from dpsynth_shared.errors import NotFound
-from dpsynth_shared.ids import new_model_id
+from dpsynth_shared.ids import is_valid_id, new_model_id
 from dpsynth_shared.worker_contract import Claim, DatasetInfo, ModelRef, RegisterArtifact
 from sqlalchemy.orm import Session
 
@@ -58,6 +58,17 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
         lease_ttl_s=settings.lease_ttl_s, heartbeat_s=settings.heartbeat_s)
 
 
+def _model_id_for(session: Session, body: RegisterArtifact) -> str:
+    """The worker names the model before uploading it (its key is ``models/{id}/...``); keep
+    that id when it is well formed, matches the key and is unused, so id and key agree."""
+    proposed = body.metadata.get("model_id")
+    if (isinstance(proposed, str) and is_valid_id(proposed, "model")
+            and body.object_key.startswith(f"models/{proposed}/")
+            and session.get(Model, proposed) is None):
+        return proposed
+    return new_model_id()
+
+
 def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Model:
     """Record the model a job produced, with its lineage (flush only)."""
     base = _model(session, job)
@@ -71,7 +82,7 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
     rng = meta.get("rng")
     info = {k: meta[k] for k in ("class_names", "image_size", "channels", "preset",
                                  "training_kind", "steps") if k in meta}
-    model = Model(id=new_model_id(), tenant_id=job.tenant_id,
+    model = Model(id=_model_id_for(session, body), tenant_id=job.tenant_id,
                   name=str(meta.get("name") or f"{job.type} {job.id}"),
                   object_key=body.object_key, source="job", dataset_id=job.dataset_id,
                   job_ids=job_ids, produced_by_job_id=job.id, dp=dp,
