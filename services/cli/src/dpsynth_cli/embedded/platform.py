@@ -137,11 +137,13 @@ class EmbeddedPlatform:
         for sub in ("logs", "objects", "redis", "work"):
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         secrets = load_or_create_secrets(self.home)
+        previous = self._previous_ports()
         state = PlatformState(home=str(self.home), pgdata=str(self.pgdata))
         try:
             self._start_stores(state)
             if self.services:
-                self._start_services(state, secrets)
+                self._start_services(state, secrets, previous)
+                self._refresh_credentials_url(state.api_url)
         except BaseException:
             self._write_state(state)
             self.stop()
@@ -171,9 +173,18 @@ class EmbeddedPlatform:
             raise PlatformError(f"redis did not start:\n{log_tail(record.log)}") from exc
         return f"redis://127.0.0.1:{port}/0"
 
-    def _start_services(self, state: PlatformState, secrets: PlatformSecrets) -> None:
-        ledger_port = choose_port(self.ledger_port, DEFAULT_LEDGER_PORT)
-        api_port = choose_port(self.api_port, DEFAULT_API_PORT, avoid={ledger_port})
+    def _previous_ports(self) -> tuple[int | None, int | None]:
+        """The ports of the last run, so URLs stay stable across a restart."""
+        old = self.read_state()
+        if old is None or not old.api_url or not old.ledger_url:
+            return None, None
+        return int(old.ledger_url.rsplit(":", 1)[1]), int(old.api_url.rsplit(":", 1)[1])
+
+    def _start_services(self, state: PlatformState, secrets: PlatformSecrets,
+                        previous: tuple[int | None, int | None] = (None, None)) -> None:
+        ledger_port = choose_port(self.ledger_port, previous[0] or DEFAULT_LEDGER_PORT)
+        api_port = choose_port(self.api_port, previous[1] or DEFAULT_API_PORT,
+                               avoid={ledger_port})
         state.ledger_url = f"http://127.0.0.1:{ledger_port}"
         state.api_url = f"http://127.0.0.1:{api_port}"
         envs = service_env(home=self.home, state=state, secrets=secrets,
@@ -194,6 +205,18 @@ class EmbeddedPlatform:
                 raise PlatformError(f"the api wrote no {self.credentials_file}:\n"
                                     f"{log_tail(logs / 'api.log')}")
             time.sleep(0.2)
+
+    def _refresh_credentials_url(self, api_url: str) -> None:
+        """Point the credentials file at this run's api when its port changed (mode 0600)."""
+        creds = json.loads(self.credentials_file.read_text())
+        if creds.get("api_url") == api_url:
+            return
+        creds["api_url"] = api_url
+        tmp = self.credentials_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(creds, fh, indent=2)
+        os.replace(tmp, self.credentials_file)
 
     def _spawn_service(self, name: str, module: str, env: Mapping[str, str]) -> ProcessRecord:
         return spawn(name, [sys.executable, "-m", module], log=self.home / "logs" / f"{name}.log",

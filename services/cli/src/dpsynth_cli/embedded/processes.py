@@ -94,8 +94,10 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether ``host:port`` can be bound now."""
+    """Whether ``host:port`` can be bound now by a server (which sets SO_REUSEADDR, so a
+    port whose last connections linger in TIME_WAIT after a restart counts as free)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
