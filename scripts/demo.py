@@ -150,7 +150,7 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
     print("1. Upload the public dataset", flush=True)
     public = client.upload_dataset(public_npz, name="digits-public", visibility="public",
                                    label_domain=CLASSES)
-    print(f"   {public['id']}: {public['declared_size'] or len(data['public'][1])} images")
+    print(f"   {public['dataset_id']}: {public['declared_size'] or len(data['public'][1])} images")
 
     print("2. Pretrain (non-private) on the public dataset", flush=True)
     pre = client.submit_job({"type": "pretrain", "dataset_id": public["dataset_id"],
@@ -165,7 +165,7 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
           flush=True)
     private = client.upload_dataset(private_npz, name="digits-private", visibility="private",
                                     epsilon_limit=args.epsilon_limit, label_domain=CLASSES)
-    print(f"   {private['id']}: declared size {private['declared_size']}, "
+    print(f"   {private['dataset_id']}: declared size {private['declared_size']}, "
           f"delta {private['delta']:.2e}")
 
     finetune_spec = {

@@ -221,6 +221,10 @@ def test_full_finetune_lifecycle_and_lineage(api: Api) -> None:
     assert {k for k in _keys(job) if any(f in k for f in FORBIDDEN_KEYS)} == set()
     art = api.client.get(f"/v1/artifacts/{stats.json()['artifact_id']}", headers=auth(token))
     assert art.json()["owner_only"] is True and art.json()["non_dp"] is True
+    # A model trained with the test-injected generator can never be published.
+    gen = api.client.post("/v1/jobs", headers=auth(token), json={
+        "type": "generate", "model_id": produced.json()["model_id"], "samples_per_class": 2})
+    assert gen.status_code == 409 and gen.json()["code"] == "not_publishable"
 
 
 def test_job_records_and_metrics_never_carry_private_statistics(api: Api) -> None:

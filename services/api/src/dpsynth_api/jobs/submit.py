@@ -54,6 +54,12 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
         return _Resolved(dataset=dataset)
     if isinstance(spec, GenerateSpec):
         model = get_model(session, principal=principal, model_id=spec.model_id)
+        if model.rng == "test":
+            # DESIGN §3: a model trained with a test-injected seeded generator has
+            # predictable noise; its outputs carry no DP guarantee and are never released.
+            raise DpsynthError(ErrorCode.NOT_PUBLISHABLE,
+                               f"model {model.id} was trained with a test random generator "
+                               "(rng: test); its samples can never be published")
         return _Resolved(model_id=model.id)
     dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
     _require_visibility(dataset, "private", "finetune")
