@@ -8,6 +8,7 @@ again to exercise the reaper and resumption.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -23,6 +24,8 @@ from dpsynth_shared.grants import generate_signing_key, public_key_of
 
 from tests.support.servers import free_port
 
+_REDIS_DBS = itertools.cycle(range(12, 16))
+
 
 @dataclass
 class ServicePlatform:
@@ -35,6 +38,8 @@ class ServicePlatform:
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # A Redis database of its own, so one platform's workers never see another's queue.
+        self.broker_url = f"{self.broker_url.rsplit('/', 1)[0]}/{next(_REDIS_DBS)}"
         self.ledger_port = free_port()
         self.api_port = free_port()
         self.signing_key = generate_signing_key()
