@@ -99,3 +99,32 @@ def test_progress_is_data_independent(journey):
     allowed = {"step", "total", "epsilon_so_far", "eta_s", "message"}
     for job in journey["progress"]:
         assert set((job.get("progress") or {}).keys()) <= allowed
+
+
+def test_the_trainer_sampled_at_exactly_the_committed_rate_and_steps(journey, platform, client,
+                                                                    tmp_path):
+    """The worker's Poisson sampler used q and a step count bit-equal to the ledger's event."""
+    import tarfile
+
+    from tests.e2e.ledger_replay import ledger_entries
+
+    ft = client.get_job(journey["finetune"]["job_id"])
+    ckpts = [a for a in client.job_artifacts(ft["job_id"]) if a["kind"] == "checkpoint"]
+    assert ckpts
+    last = max(ckpts, key=lambda a: a.get("checkpoint_step") or 0)
+    tar_path = tmp_path / "ckpt.tar"
+    client.download_artifact(last["artifact_id"], tar_path)
+    with tarfile.open(tar_path) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("trainer_state.json"))
+        state = json.loads(tar.extractfile(member).read())
+    entries = ledger_entries(platform.ledger_url, platform.api_ledger_token,
+                             journey["private"]["dataset_id"])
+    accepted = next(e for e in entries if e["kind"] == "reservation_accepted"
+                    and e["payload"]["job_id"] == ft["job_id"])
+    event = accepted["payload"]["event"]
+    leased = sum(e["payload"]["event"]["steps"] for e in entries
+                 if e["kind"] == "lease_granted" and e["payload"]["job_id"] == ft["job_id"])
+    assert state["sampler"]["sample_rate_hex"] == float(event["sample_rate"]).hex()
+    assert state["dp"]["noise_multiplier"] == event["noise_multiplier"]
+    assert state["step"] == leased == event["steps"] == ft["privacy"]["steps"]
+    assert state["sampler"]["draws_this_attempt"] == state["step"]  # one draw per step
