@@ -26,6 +26,8 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _TAR_ERRORS = (tarfile.TarError, EOFError, zlib.error, OSError, ValueError)
+# zipfile raises NotImplementedError for a compression method it does not support: that is
+# a bad upload (422), not an unfinished feature of ours.
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error, OSError,
                NotImplementedError, ValueError)
 
