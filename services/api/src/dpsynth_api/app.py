@@ -56,7 +56,8 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
         settings=settings, engine=engine, sessions=make_session_factory(engine),
         store=store if store is not None else _default_store(settings),
         ledger=ledger if ledger is not None else HttpLedger(
-            settings.ledger.url, settings.ledger.token.get_secret_value()),
+            settings.ledger.url, settings.ledger.token.get_secret_value(),
+            timeout_s=settings.ledger_timeout_s),
         sender=task_sender if task_sender is not None else CelerySender(settings.broker_url),
         metrics=ApiMetrics())
     reaper = Reaper(ctx.sessions, ctx.ledger, ctx.sender, lease_ttl_s=settings.lease_ttl_s,

@@ -31,6 +31,9 @@ class ApiSettings(BaseSettings):
     broker_url: str = "redis://127.0.0.1:6379/0"
     object_store: ObjectStoreSettings = ObjectStoreSettings()
     ledger: ServiceEndpoint
+    ledger_timeout_s: float = Field(120.0, gt=0, description="per-request timeout for the "
+                                    "ledger; admission calibrates noise, which takes seconds "
+                                    "under concurrent submissions")
     worker_token: SecretStr
     lease_ttl_s: int = Field(60, ge=1)
     heartbeat_s: int = Field(10, ge=1)

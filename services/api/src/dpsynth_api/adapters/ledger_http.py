@@ -15,6 +15,9 @@ from dpsynth_shared.ledger_contract import (
     ReserveRequest,
 )
 
+#: How often a reservation is sent when the ledger's answer is lost (idempotent on job_id).
+RESERVE_ATTEMPTS = 3
+
 
 class HttpLedger:
     """:class:`dpsynth_api.ports.LedgerPort` against services/ledger's ``/v1`` API.
@@ -26,7 +29,7 @@ class HttpLedger:
         transport: an httpx transport (tests may pass an ASGI transport).
     """
 
-    def __init__(self, url: str, token: str, *, timeout_s: float = 30.0,
+    def __init__(self, url: str, token: str, *, timeout_s: float = 120.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s,
                                     headers={"Authorization": f"Bearer {token}"},
@@ -70,9 +73,20 @@ class HttpLedger:
         return Plan.model_validate(data)
 
     def reserve(self, request: ReserveRequest) -> Reservation:
-        """``POST /v1/reservations``: admission through the privacy filter."""
-        return Reservation.model_validate(
-            self._call("POST", "/v1/reservations", request.model_dump(mode="json")))
+        """``POST /v1/reservations``: admission through the privacy filter.
+
+        The ledger reserves idempotently on ``job_id``, so a request whose answer was lost
+        (a timeout under load) is sent again: the retry returns the reservation already made
+        instead of leaving it orphaned, and never reserves twice.
+        """
+        body = request.model_dump(mode="json")
+        for _ in range(RESERVE_ATTEMPTS - 1):
+            try:
+                return Reservation.model_validate(self._call("POST", "/v1/reservations", body))
+            except DpsynthError as err:
+                if err.code != ErrorCode.LEDGER_UNAVAILABLE:
+                    raise
+        return Reservation.model_validate(self._call("POST", "/v1/reservations", body))
 
     def close_reservation(self, reservation_id: str,
                           outcome: Literal["succeeded", "failed", "cancelled"]) -> None:
