@@ -6,7 +6,7 @@ mean of the Poisson batch; the ledger turns it into q = expected_batch_size / NÌ
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -19,15 +19,37 @@ class _Spec(BaseModel):
     spec_version: Literal[1] = 1
 
 
+UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
+
+
+class Architecture(BaseModel):
+    """A fully custom model instead of a preset: diffusers config dicts, checked by the
+    worker against an allow-list of keys and size limits (no custom or remote code)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    unet_class: UnetClass = "UNet2DConditionModel"
+    unet: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of "
+                                 "the diffusers UNet class (sample_size/in/out channels are "
+                                 "set by the platform)")
+    vae: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of "
+                                "diffusers AutoencoderKL (in/out channels set by the platform)")
+
+
 class PretrainSpec(_Spec):
     """Non-private pretraining of the autoencoder and the denoiser on a public dataset."""
 
     type: Literal["pretrain"] = "pretrain"
     dataset_id: str
-    preset: Literal["tiny", "small"] = "small"
+    preset: Literal["tiny", "small", "base", "custom"] = "small"
+    architecture: Architecture | None = Field(
+        None, description="required with preset 'custom', forbidden otherwise")
     image_size: int = Field(32, ge=8, le=256)
     channels: Literal[1, 3] = 1
     class_conditional: bool = True
+    layout_conditioning: bool = Field(
+        False, description="DP-DocLDM: the dataset's layout masks, encoded by the same "
+        "autoencoder, are concatenated to the noisy latent (the dataset must carry masks)")
     epochs: int = Field(10, ge=1, le=10_000)
     batch_size: int = Field(64, ge=1, le=4096)
     learning_rate: float = Field(1e-3, gt=0, le=1)
@@ -38,6 +60,8 @@ class PretrainSpec(_Spec):
     def _size(self) -> PretrainSpec:
         if self.image_size % 4:
             raise ValueError("image_size must be a multiple of 4")
+        if (self.preset == "custom") != (self.architecture is not None):
+            raise ValueError("an architecture is given exactly when preset is 'custom'")
         return self
 
 
@@ -49,13 +73,57 @@ class PrivacySpec(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0, le=1e4)
 
 
+Trainable = Literal["full", "attention", "output_attention", "blocks", "lora"]
+
+
+class DpPromise(BaseModel):
+    """Phase 1 of DP-Promise (Wang et al., USENIX Security 2024); see
+    docs/privacy/dp-promise.md for why the platform does not offer it yet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase1_epochs: float = Field(1, gt=0, le=1000)
+    phase1_min_timestep: int = Field(900, ge=0, le=999, description="phase 1 trains only "
+                                     "on timesteps t >= this (high forward-noise regime)")
+    latent_clip: float = Field(1.0, gt=0, description="L2 bound every latent is clipped to")
+
+
 class FinetuneTraining(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    trainable: Literal["full", "attention"] = "attention"
-    expected_batch_size: int = Field(256, ge=1)
+    algorithm: Literal["dp_sgd", "dp_promise"] = Field(
+        "dp_sgd", description="dp_sgd (DP-LDMs / DPDM); dp_promise is refused, see "
+        "docs/privacy/dp-promise.md")
+    dp_promise: DpPromise | None = None
+    trainable: Trainable = Field(
+        "attention", description="full UNet; attention (all self- and cross-attention, "
+        "DP-LDMs); output_attention (attention of the up blocks only); blocks (the UNet "
+        "module-name prefixes in `blocks`); lora (LoRA adapters on the attention "
+        "projections, DP-LoRA)")
+    blocks: list[str] | None = Field(
+        None, min_length=1, max_length=256,
+        description="with trainable 'blocks': UNet module-name prefixes, e.g. "
+        "'up_blocks.1.attentions'")
+    lora_rank: int = Field(4, ge=1, le=256)
+    lora_alpha: float | None = Field(None, gt=0, le=4096, description="default: lora_rank")
+    train_embedder: bool | None = Field(
+        None, description="train the class embedder too; default: only when there is no "
+        "class_map (new labels must be learnt)")
+    noise_multiplicity: int = Field(
+        1, ge=1, le=256, description="K (DPDM): each sampled example's loss is averaged "
+        "over K (timestep, noise) draws before its one gradient is clipped")
+    per_label: bool = Field(
+        False, description="DP-DocLDM: one model per declared class, each DP-trained on its "
+        "class only (needs public class sizes declared at upload)")
+    expected_batch_size: int = Field(256, ge=1, description="mean Poisson batch; per class "
+                                     "with per_label (capped at the class's declared size)")
     epochs: float = Field(5, gt=0, le=10_000)
     learning_rate: float = Field(3e-4, gt=0, le=1)
+    warmup_steps: int = Field(0, ge=0, le=1_000_000, description="linear learning-rate "
+                              "warm-up over this many logical steps")
+    ema_decay: float | None = Field(None, gt=0, lt=1, description="keep an exponential "
+                                    "moving average of the trained weights; the released "
+                                    "model is the average")
     class_conditional: bool = True
     label_dropout: float = Field(0.1, ge=0, lt=1)
     max_physical_batch_size: int = Field(64, ge=1, le=4096)
@@ -65,6 +133,17 @@ class FinetuneTraining(BaseModel):
         "embedding is re-initialised and trained under DP.",
     )
     checkpoint_every: int = Field(10, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FinetuneTraining:
+        if (self.trainable == "blocks") != (self.blocks is not None):
+            raise ValueError("`blocks` is given exactly when trainable is 'blocks'")
+        if (self.algorithm == "dp_promise") != (self.dp_promise is not None):
+            raise ValueError("`dp_promise` is given exactly when algorithm is 'dp_promise'")
+        if self.per_label and self.class_map is not None:
+            raise ValueError("per_label trains one unconditional model per class; a "
+                             "class_map does not apply")
+        return self
 
 
 class FinetuneSpec(_Spec):
@@ -77,15 +156,33 @@ class FinetuneSpec(_Spec):
     training: FinetuneTraining = FinetuneTraining()
 
 
+class LayoutSource(BaseModel):
+    """Where the layout masks of a layout-conditioned generation come from.
+
+    Only public masks are accepted: a mask copied from a private record has unbounded
+    privacy loss, so no charge could cover it (``private_conditioning_refused``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset_id: str = Field(description="a PUBLIC dataset carrying layout masks (public "
+                            "document layouts, or masks the uploader declared public)")
+    per_class: bool = Field(True, description="draw each class's layouts from that class's "
+                            "masks when the layout dataset has the class")
+
+
 class GenerateSpec(_Spec):
     """Sampling a synthetic corpus from a model. Costs no privacy budget."""
 
     type: Literal["generate"] = "generate"
     model_id: str
     samples_per_class: int = Field(100, ge=1, le=100_000)
-    sampler: Literal["ddpm", "ddim"] = "ddim"
+    sampler: Literal["ddpm", "ddim", "dpm_solver++"] = "ddim"
     steps: int = Field(50, ge=1, le=1000)
     guidance_scale: float = Field(2.0, ge=0, le=50)
+    batch_size: int = Field(64, ge=1, le=4096)
+    layout_source: LayoutSource | None = Field(
+        None, description="required by layout-conditioned models")
     seed: int = 0
 
 

@@ -54,7 +54,7 @@ class RecordingHooks(NullHooks):
     private_stats: list[Mapping[str, float]] = field(default_factory=list)
     granted_total: int = 0
 
-    def acquire_steps(self, start: int, count: int) -> int:
+    def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         grant = (count if self.budget is None
                  else max(0, min(count, self.budget - self.granted_total)))
         self.granted_total += grant

@@ -20,11 +20,15 @@ class ImageDataset:
         images: uint8 array [N, H, W, C].
         labels: int64 array [N], indices into ``class_names``.
         class_names: the public label domain, in index order.
+        masks: optional layout masks, uint8 [N, H, W, 1] (0 background, 255 text line),
+            one per image (DP-DocLDM layout conditioning). Masks of a private dataset are
+            private: they are read only inside the DP finetune, like the images.
     """
 
     images: np.ndarray
     labels: np.ndarray
     class_names: tuple[str, ...]
+    masks: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -35,7 +39,8 @@ def load_dataset(path: Path) -> ImageDataset:
 
     Args:
         path: an ``.npz`` with ``images`` (uint8 [N,H,W,C]), ``labels`` (int64 [N]) and
-            ``class_names`` (unicode [K]). Loaded with ``allow_pickle=False``.
+            ``class_names`` (unicode [K]), optionally ``masks`` (uint8 [N,H,W,1]). Loaded
+            with ``allow_pickle=False``.
 
     Returns:
         The validated dataset.
@@ -48,6 +53,7 @@ def load_dataset(path: Path) -> ImageDataset:
         if missing:
             raise InvalidSpecError(f"dataset misses arrays: {sorted(missing)}")
         images, labels, names = npz["images"], npz["labels"], npz["class_names"]
+        masks = npz["masks"] if "masks" in npz.files else None
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
         raise InvalidSpecError("images must be uint8 [N, H, W, C] with C in (1, 3)")
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
@@ -58,8 +64,11 @@ def load_dataset(path: Path) -> ImageDataset:
         raise InvalidSpecError("class_names must be a non-empty unicode array [K]")
     if labels.size and (labels.min() < 0 or labels.max() >= names.shape[0]):
         raise InvalidSpecError("labels must index class_names")
+    if masks is not None and (masks.dtype != np.uint8 or masks.ndim != 4
+                              or masks.shape[0] != images.shape[0] or masks.shape[-1] != 1):
+        raise InvalidSpecError("masks must be uint8 [N, H, W, 1] with one mask per image")
     return ImageDataset(images=images, labels=labels.astype(np.int64),
-                        class_names=tuple(str(n) for n in names))
+                        class_names=tuple(str(n) for n in names), masks=masks)
 
 
 def images_to_tensor(images: np.ndarray, *, image_size: int, channels: int) -> torch.Tensor:

@@ -14,8 +14,11 @@ class TrainingHooks(Protocol):
     "Charging"), so the trainer never runs a step it was not granted.
     """
 
-    def acquire_steps(self, start: int, count: int) -> int:
+    def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         """Ask for logical steps ``[start, start + count)``.
+
+        ``partition`` is None for a whole-dataset job and the class name for a step of a
+        per-label job (whose steps are counted per class, each from 0).
 
         Returns:
             How many are granted (0 = stop now).
@@ -42,7 +45,7 @@ class TrainingHooks(Protocol):
 class NullHooks:
     """Grants every step, never stops, ignores reports (pretraining and tests)."""
 
-    def acquire_steps(self, start: int, count: int) -> int:
+    def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         """Grant all ``count`` steps."""
         return count
 

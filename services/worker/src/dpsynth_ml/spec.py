@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-Preset = Literal["tiny", "small"]
+Preset = Literal["tiny", "small", "base", "custom"]
 TrainingKind = Literal["pretrain", "finetune"]
-Trainable = Literal["full", "attention"]
+Trainable = Literal["full", "attention", "output_attention", "blocks", "lora"]
 RngKind = Literal["os", "test"]
-SamplerKind = Literal["ddpm", "ddim"]
+SamplerKind = Literal["ddpm", "ddim", "dpm_solver++"]
+UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
 
 #: Version of the on-disk model directory format (``dpsynth_model.json``).
 MODEL_FORMAT_VERSION = 1
@@ -66,16 +67,55 @@ class DpSpec:
 
 
 @dataclass(frozen=True)
+class Architecture:
+    """A custom model: diffusers config dicts, checked against allow-lists by ``models``.
+
+    Attributes:
+        unet_class: "UNet2DConditionModel" (class token through cross-attention) or
+            "UNet2DModel" (class embedding added to the timestep embedding, DP-DocLDM).
+        unet: keyword arguments of the UNet class (sample_size and in/out channels are set
+            by the platform from image size, VAE and layout conditioning).
+        vae: keyword arguments of ``AutoencoderKL`` (in/out channels set by the platform).
+    """
+
+    unet_class: UnetClass = "UNet2DConditionModel"
+    unet: Mapping[str, object] = field(default_factory=dict)
+    vae: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class TrainingSpec:
-    """What to train; see the package docstring for the meaning of each field."""
+    """What to train; see the package docstring for the meaning of each field.
+
+    Finetune-only fields: ``trainable`` ("full", "attention" = every attn1/attn2,
+    "output_attention" = attention of the UNet's up blocks, "blocks" = the UNet module-name
+    prefixes in ``blocks``, "lora" = LoRA adapters of rank ``lora_rank`` on the attention
+    projections via peft, merged into the weights on save), ``train_embedder`` (None = train
+    the class embedder iff there is no class_map), ``noise_multiplicity`` (K draws of
+    (timestep, noise) averaged per example before clipping), ``ema_decay``, ``warmup_steps``,
+    and exactly one of ``dp`` (whole-dataset DP-SGD) or ``per_label_dp`` (class name ->
+    DpSpec: one model per class, each trained on that class's records only).
+
+    Pretrain-only fields: ``preset`` / ``architecture`` and ``layout_conditioning`` (the
+    dataset's masks are encoded by the VAE and concatenated to the noisy latent).
+    """
 
     kind: TrainingKind
     preset: Preset = "tiny"
+    architecture: Architecture | None = None
     image_size: int = 32
     channels: int = 1
     class_conditional: bool = True
+    layout_conditioning: bool = False
     num_classes: int = 10
     trainable: Trainable = "attention"
+    blocks: tuple[str, ...] | None = None
+    lora_rank: int = 4
+    lora_alpha: float | None = None
+    train_embedder: bool | None = None
+    noise_multiplicity: int = 1
+    ema_decay: float | None = None
+    warmup_steps: int = 0
     learning_rate: float = 3e-4
     epochs: int = 1
     batch_size: int = 64
@@ -85,16 +125,34 @@ class TrainingSpec:
     checkpoint_every: int = 10
     seed: int = 0
     dp: DpSpec | None = None
+    per_label_dp: Mapping[str, DpSpec] | None = None
 
     def __post_init__(self) -> None:
-        if self.kind == "finetune" and self.dp is None:
-            raise InvalidSpecError("a finetune needs a DpSpec")
-        if self.kind == "pretrain" and self.dp is not None:
+        private = self.dp is not None or self.per_label_dp is not None
+        if self.kind == "finetune" and (self.dp is None) == (self.per_label_dp is None):
+            raise InvalidSpecError("a finetune needs exactly one of dp / per_label_dp")
+        if self.kind == "pretrain" and private:
             raise InvalidSpecError("a pretrain must not carry a DpSpec (it is not private)")
-        if self.preset not in ("tiny", "small"):
+        if self.per_label_dp is not None and (not self.per_label_dp
+                                              or self.class_map is not None):
+            raise InvalidSpecError("per_label_dp needs at least one class and no class_map")
+        if self.preset not in ("tiny", "small", "base", "custom"):
             raise InvalidSpecError(f"unknown preset {self.preset!r}")
-        if self.trainable not in ("full", "attention"):
+        if self.kind == "pretrain" and (self.preset == "custom") != (
+                self.architecture is not None):
+            raise InvalidSpecError("an architecture is given exactly when preset is 'custom'")
+        if self.trainable not in ("full", "attention", "output_attention", "blocks", "lora"):
             raise InvalidSpecError(f"unknown trainable {self.trainable!r}")
+        if (self.trainable == "blocks") != bool(self.blocks):
+            raise InvalidSpecError("blocks are given exactly when trainable is 'blocks'")
+        if not 1 <= self.lora_rank <= 256:
+            raise InvalidSpecError("lora_rank must be in [1, 256]")
+        if self.noise_multiplicity < 1:
+            raise InvalidSpecError("noise_multiplicity must be >= 1")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise InvalidSpecError("ema_decay must be in (0, 1)")
+        if self.warmup_steps < 0:
+            raise InvalidSpecError("warmup_steps must be >= 0")
         if self.image_size < 8 or self.image_size % 4 != 0:
             raise InvalidSpecError("image_size must be a multiple of 4 and >= 8")
         if self.channels not in (1, 3):
@@ -126,6 +184,7 @@ class TrainingResult:
         trainable_parameters: number of scalars the optimiser updated.
         total_parameters: number of scalars in VAE + UNet + class embedder.
         rng: "os" for OS-seeded randomness, "test" when a generator was injected.
+        steps_by_partition: per-label runs: logical steps done per class name.
     """
 
     steps_completed: int
@@ -134,6 +193,7 @@ class TrainingResult:
     trainable_parameters: int
     total_parameters: int
     rng: RngKind
+    steps_by_partition: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -144,11 +204,15 @@ class SampleResult:
         out_dir: root of the written PNGs (``out_dir/<class_name>/<i>.png``).
         counts: number of images written per class name.
         seed: the generation seed (generation is post-processing, so it may be recorded).
+        images_per_second: images written per second of sampling wall time.
+        layouts: per class name, the indices of the layout masks used (in order).
     """
 
     out_dir: Path
     counts: Mapping[str, int]
     seed: int
+    images_per_second: float = 0.0
+    layouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:

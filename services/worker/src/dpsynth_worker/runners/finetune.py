@@ -146,6 +146,11 @@ def training_spec(ctx: JobContext, inputs: _Inputs) -> Any:
     return TrainingSpec(kind="finetune", preset=base.preset, image_size=base.image_size,
                         channels=base.channels, class_conditional=t.class_conditional,
                         num_classes=num_classes, trainable=t.trainable,
+                        blocks=tuple(t.blocks) if t.blocks else None,
+                        lora_rank=t.lora_rank, lora_alpha=t.lora_alpha,
+                        train_embedder=t.train_embedder,
+                        noise_multiplicity=t.noise_multiplicity, ema_decay=t.ema_decay,
+                        warmup_steps=t.warmup_steps,
                         learning_rate=t.learning_rate, label_dropout=t.label_dropout,
                         max_physical_batch_size=t.max_physical_batch_size,
                         class_map=class_map, checkpoint_every=t.checkpoint_every, dp=dp)
@@ -184,7 +189,8 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
         "steps": result.steps_completed, "neighbouring": str(event.neighbouring),
         "expected_batch_size": inputs.reservation.expected_batch_size,
         "max_grad_norm": inputs.spec.privacy.max_grad_norm,
-        "base_model_id": inputs.base.model_id}
+        "base_model_id": inputs.base.model_id,
+        "training": inputs.spec.training.model_dump(mode="json")}
     published = publish_model(ctx, result.model_dir, provenance=record, metadata={
         **record, "trainable_parameters": result.trainable_parameters,
         "total_parameters": result.total_parameters})

@@ -32,7 +32,7 @@ class PlainHooks:
     def __init__(self, ctx: JobContext) -> None:
         self._ctx = ctx
 
-    def acquire_steps(self, start: int, count: int) -> int:
+    def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         """Grant all steps: public data costs no budget."""
         return count
 
@@ -73,7 +73,7 @@ class LeasedHooks(PlainHooks):
         """Also stop once the ledger refused more steps."""
         return self.budget_refused or super().should_stop()
 
-    def acquire_steps(self, start: int, count: int) -> int:
+    def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         """Lease ``[start, start + count)`` for this attempt; 0 stops the trainer.
 
         A resumed attempt replays steps its reservation already granted, so the ledger may
