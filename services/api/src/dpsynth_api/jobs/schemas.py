@@ -74,6 +74,8 @@ class DryRun(BaseModel):
     model_id: str | None = None
     steps: int | None = None
     plan: dict[str, Any] | None = None
+    spec: dict[str, Any] = Field(default_factory=dict, description="the validated spec with "
+                                 "every default filled in: exactly what would run")
 
 
 def privacy_block(plan: Plan, *, reservation_id: str | None, steps: int) -> dict[str, Any]:

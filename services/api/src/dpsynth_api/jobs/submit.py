@@ -88,7 +88,8 @@ def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
                              steps=resolved.steps)
         plan.pop("reservation_id")
     return DryRun(type=spec.type, dataset_id=resolved.dataset.id if resolved.dataset else None,
-                  model_id=resolved.model_id, steps=resolved.steps, plan=plan)
+                  model_id=resolved.model_id, steps=resolved.steps, plan=plan,
+                  spec=spec.model_dump(mode="json"))
 
 
 def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
