@@ -32,6 +32,9 @@ class DatasetInfo(BaseModel):
     class_names: list[str]
     declared_size: int | None = None
     delta: float | None = None
+    has_masks: bool = False
+    class_sizes: dict[str, int] | None = Field(
+        None, description="public per-class sizes declared at upload (per-label training)")
 
 
 class ModelRef(BaseModel):
@@ -55,6 +58,9 @@ class Claim(BaseModel):
     reservation_id: str | None = None
     resume_checkpoint_key: str | None = None
     resume_step: int = 0
+    layout_dataset: DatasetInfo | None = Field(
+        None, description="generate: the PUBLIC dataset whose layout masks condition "
+        "sampling (GenerateSpec.layout_source); never a private one")
     lease_ttl_s: int
     heartbeat_s: int
 
