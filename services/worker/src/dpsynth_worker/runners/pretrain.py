@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 def run_pretrain(ctx: JobContext) -> Outcome:
     """Download the public dataset, train, publish the model, propose ``succeeded``."""
     from dpsynth_ml import TrainingSpec
+    from dpsynth_ml.spec import Architecture
 
     spec = PretrainSpec.model_validate(ctx.claim.spec)
     dataset = ctx.claim.dataset
@@ -27,7 +28,12 @@ def run_pretrain(ctx: JobContext) -> Outcome:
     ctx.heartbeat.phase("downloading dataset")
     data_path = ctx.work_dir / "data.npz"
     ctx.store.get_file(dataset.object_key, data_path)
+    arch = spec.architecture
     training = TrainingSpec(kind="pretrain", preset=spec.preset, image_size=spec.image_size,
+                            architecture=Architecture(unet_class=arch.unet_class,
+                                                      unet=dict(arch.unet), vae=dict(arch.vae))
+                            if arch is not None else None,
+                            layout_conditioning=spec.layout_conditioning,
                             channels=spec.channels, class_conditional=spec.class_conditional,
                             num_classes=len(dataset.class_names),
                             learning_rate=spec.learning_rate, epochs=spec.epochs,
@@ -43,7 +49,8 @@ def run_pretrain(ctx: JobContext) -> Outcome:
         provenance={"dp": False, "job_ids": [ctx.job_id], "public_dataset_id": dataset.dataset_id},
         metadata={"dp": False, "trainable_parameters": result.trainable_parameters,
                   "total_parameters": result.total_parameters,
-                  "steps": result.steps_completed, "public_dataset_id": dataset.dataset_id})
+                  "steps": result.steps_completed, "public_dataset_id": dataset.dataset_id,
+                  "preset": spec.preset, "layout_conditioning": spec.layout_conditioning})
     propose(ctx, JobState.SUCCEEDED, result={"model_id": published.model_id,
                                               "artifact_id": published.artifact_id,
                                               "model_hash": published.model_hash})
