@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"
     UNSUPPORTED_NEIGHBOURING = "unsupported_neighbouring"
     PRIVATE_CONDITIONING_REFUSED = "private_conditioning_refused"
+    METHOD_NOT_OFFERED = "method_not_offered"
     NOT_PUBLISHABLE = "not_publishable"
     PRESIGN_REFUSED = "presign_refused"
     LEDGER_UNAVAILABLE = "ledger_unavailable"
@@ -76,6 +77,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.CONFLICT: 409,
     ErrorCode.UNSUPPORTED_NEIGHBOURING: 422,
     ErrorCode.PRIVATE_CONDITIONING_REFUSED: 422,
+    ErrorCode.METHOD_NOT_OFFERED: 422,
     ErrorCode.NOT_PUBLISHABLE: 409,
     ErrorCode.PRESIGN_REFUSED: 403,
     ErrorCode.LEDGER_UNAVAILABLE: 503,

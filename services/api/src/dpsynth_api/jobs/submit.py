@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.service import get_dataset
 from dpsynth_api.jobs import repository as repo
+from dpsynth_api.jobs.options import check_finetune_options
 from dpsynth_api.jobs.schemas import DryRun, privacy_block
 from dpsynth_api.jobs.service import transition
 from dpsynth_api.models.service import get_model
@@ -63,6 +64,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
         return _Resolved(model_id=model.id)
     dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
     _require_visibility(dataset, "private", "finetune")
+    check_finetune_options(dataset, spec)
     base = get_model(session, principal=principal, model_id=spec.base_model_id)
     batch = spec.training.expected_batch_size
     if batch > dataset.declared_size:
