@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -69,6 +70,8 @@ class Dataset(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+    # One layout mask per image in the canonical npz (private with a private dataset).
+    has_masks: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class Model(Base):
