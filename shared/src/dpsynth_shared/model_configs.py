@@ -77,7 +77,7 @@ VAE_DOWN_BLOCKS = ("DownEncoderBlock2D", "AttnDownEncoderBlock2D")
 VAE_UP_BLOCKS = ("UpDecoderBlock2D", "AttnUpDecoderBlock2D")
 
 _VERSION = re.compile(r"^\d{1,3}\.\d{1,3}\.\d{1,3}([.\-+]?[A-Za-z0-9.]{0,16})?$")
-_KEY_SEGMENT = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_KEY_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 
 
 class ModelConfigError(ValueError):
@@ -739,7 +739,7 @@ def _transformer(c: int, heads: int, layers: int, cross: int, only_cross: bool) 
 
 def _time_embedding(cfg: Mapping[str, Any], c0: int, *, cond: bool) -> tuple[int, int]:
     kind = cfg.get("time_embedding_type", "positional")
-    temb = cfg.get("time_embedding_dim") or 4 * c0
+    temb = cfg.get("time_embedding_dim") or (2 if cond and kind == "fourier" else 4) * c0
     n = 0
     if kind == "fourier":
         if cond:
@@ -815,8 +815,9 @@ def _unet_parameters(cfg: Mapping[str, Any], *, cond: bool) -> int:
             return _spatial_attention(c, c // hd, hd)
         return 0
 
-    def sampler(kind_key: str, c: int) -> int:
-        if not cond and cfg.get(kind_key, "conv") == "resnet":
+    def sampler(kind: str, kind_key: str, c: int) -> int:
+        # UNet2DModel: only the attention blocks read downsample_type / upsample_type.
+        if not cond and kind.startswith("Attn") and cfg.get(kind_key, "conv") == "resnet":
             return _resnet(c, c, temb, ss)
         return _conv(c, c)
 
@@ -826,7 +827,7 @@ def _unet_parameters(cfg: Mapping[str, Any], *, cond: bool) -> int:
         for j in range(int(layers[i])):
             n += _resnet(cin if j == 0 else out, out, temb, ss) + attention(kind, out, i)
         if i < n_blocks - 1:
-            n += sampler("downsample_type", out)
+            n += sampler(kind, "downsample_type", out)
     mid = cfg.get("mid_block_type", "UNetMidBlock2DCrossAttn" if cond else "UNetMidBlock2D")
     cl = ch[-1]
     if mid == "UNetMidBlock2DCrossAttn":
@@ -840,6 +841,8 @@ def _unet_parameters(cfg: Mapping[str, Any], *, cond: bool) -> int:
             if cfg.get("add_attention", True):
                 hd = int(head_dim or cl)
                 n += _spatial_attention(cl, cl // hd, hd)
+                if ss and cfg.get("attn_norm_num_groups") is None:
+                    n -= 2 * cl  # diffusers drops the attention's group norm then
     rch = ch[::-1]
     rlayers = layers[::-1]
     out = rch[0]
@@ -853,7 +856,7 @@ def _unet_parameters(cfg: Mapping[str, Any], *, cond: bool) -> int:
             res_in = prev if j == 0 else out
             n += _resnet(res_in + skip, out, temb, ss) + attention(kind, out, bi)
         if i < n_blocks - 1:
-            n += sampler("upsample_type", out)
+            n += sampler(kind, "upsample_type", out)
     n += 2 * c0 + _conv(c0, out_ch, k_out)
     return n
 
