@@ -1,4 +1,12 @@
-"""Trainer state of a checkpoint: step, DP parameters and optimizer state (safetensors).
+"""Trainer state of a checkpoint: step, DP parameters, optimizer, EMA and LR schedule.
+
+A finetune checkpoint directory is a model directory (holding the *released* weights: the
+EMA when ``ema_decay`` is set) plus::
+
+    trainer_state.json       step, DP parameters, EMA counters, LR-schedule state
+    optimizer.safetensors    per-parameter optimizer state keyed by trainable-parameter name
+    trainable.safetensors    the raw (non-averaged) trainable weights, to resume from
+    ema.safetensors          the EMA of the trainable weights (only with ``ema_decay``)
 
 The RNG state is deliberately *not* saved: DP noise and Poisson sampling are never restored
 or replayed on resume (DESIGN §3), so every attempt's steps are fresh releases.
@@ -14,9 +22,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
+TRAINABLE_FILE = "trainable.safetensors"
+EMA_FILE = "ema.safetensors"
 
 
 def write_trainer_state(checkpoint_dir: Path, state: Mapping[str, Any]) -> None:
@@ -64,3 +75,49 @@ def load_optimizer_state(optimizer: Optimizer, names: Sequence[str], checkpoint_
         entry = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         if entry:
             optimizer.state[param] = entry
+
+
+def save_named_tensors(tensors: Sequence[torch.Tensor], names: Sequence[str], path: Path) -> None:
+    """Save ``tensors`` keyed by ``names`` (e.g. trainable weights, EMA) as safetensors."""
+    payload = {name: t.detach().cpu().contiguous().clone()
+               for name, t in zip(names, tensors, strict=True)}
+    save_file(payload, str(path))
+
+
+def load_named_tensors(names: Sequence[str], path: Path) -> list[torch.Tensor]:
+    """Load what :func:`save_named_tensors` wrote, in the order of ``names``.
+
+    Raises:
+        ValueError: if the file holds different names.
+    """
+    tensors = load_file(str(path))
+    if set(tensors) != set(names):
+        raise ValueError(f"{Path(path).name} is for different trainable parameters")
+    return [tensors[name] for name in names]
+
+
+def warmup_schedule(optimizer: Optimizer, warmup_steps: int) -> LambdaLR:
+    """Linear learning-rate warm-up over logical steps, then constant.
+
+    Logical step s (0-based) runs at ``lr * min(1, (s + 1) / warmup_steps)``: the first step
+    already moves (a step at lr 0 would spend privacy budget for nothing) and step
+    ``warmup_steps - 1`` reaches the full rate. Call ``step()`` once per logical step.
+    """
+    def factor(step: int) -> float:
+        return 1.0 if warmup_steps <= 0 else min(1.0, (step + 1) / warmup_steps)
+
+    return LambdaLR(optimizer, factor)
+
+
+def schedule_state(schedule: LambdaLR) -> dict[str, Any]:
+    """The JSON-serialisable state of a :func:`warmup_schedule` (its lambda is code)."""
+    state = schedule.state_dict()
+    state.pop("lr_lambdas", None)
+    return {k: v for k, v in state.items() if isinstance(v, (int, float, bool, list))}
+
+
+def restore_schedule(schedule: LambdaLR, state: Mapping[str, Any]) -> None:
+    """Restore :func:`schedule_state` and set the optimizer's current learning rates."""
+    schedule.load_state_dict({**schedule.state_dict(), **dict(state)})
+    for group, lr in zip(schedule.optimizer.param_groups, schedule.get_last_lr(), strict=True):
+        group["lr"] = lr

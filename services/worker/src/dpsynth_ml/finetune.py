@@ -4,24 +4,43 @@ The VAE is frozen and only encodes the private images; the UNet's attention modu
 whole UNet) and, when labels are new, the class embedder are trained with DP-SGD (Abadi et
 al. 2016; diffusion-specific practice from DPDM, Dockhorn et al.). Only the DP-trained UNet
 and embedder depend on private data, so the released model is DP by post-processing.
+
+Each logical step Poisson-samples once over the whole dataset, splits the sample into
+physical micro-batches of ``max_physical_batch_size`` (no cap on the realised size), draws
+label dropout once per sampled example, lets each example's loss average ``K =
+noise_multiplicity`` (timestep, noise) draws before its one gradient is clipped, adds the
+noise once and divides by ``expected_batch_size`` (``DpSgdEngine``). The optimiser's rate
+follows a linear warm-up over logical steps; with ``ema_decay`` an EMA of the trained
+weights (diffusers ``EMAModel``) is what the model and checkpoints release, while
+checkpoints also keep the raw weights to resume from (post-processing of DP outputs, free).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from diffusers.training_utils import EMAModel
+from torch.optim.lr_scheduler import LambdaLR
 
 from dpsynth_ml.checkpoint import (
+    EMA_FILE,
+    TRAINABLE_FILE,
+    load_named_tensors,
     load_optimizer_state,
     read_trainer_state,
+    restore_schedule,
+    save_named_tensors,
     save_optimizer_state,
+    schedule_state,
+    warmup_schedule,
     write_trainer_state,
 )
-from dpsynth_ml.data import ImageDataset, images_to_tensor, load_dataset
+from dpsynth_ml.data import ImageDataset, load_dataset
 from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.dp import DpSgdEngine, PoissonSampler
 from dpsynth_ml.hooks import TrainingHooks
@@ -29,8 +48,8 @@ from dpsynth_ml.model_io import load_model, model_hash, save_model
 from dpsynth_ml.models import (
     ConditionalDenoiser,
     ModelBundle,
-    build_class_embedder,
-    is_attention_parameter,
+    encode_images,
+    reset_class_embedder,
 )
 from dpsynth_ml.spec import (
     DpSpec,
@@ -40,8 +59,7 @@ from dpsynth_ml.spec import (
     TrainingResult,
     TrainingSpec,
 )
-
-_ENCODE_CHUNK = 256
+from dpsynth_ml.trainable import apply_trainable, trains_embedder
 
 
 @dataclass
@@ -61,21 +79,31 @@ class _Run:
     out_dir: Path
     start_step: int
     rng: RngKind
+    lr_schedule: LambdaLR | None = None
+    ema: EMAModel | None = None
+    layouts: torch.Tensor | None = None  # encoded private masks (layout-conditioned models)
 
 
 def run_finetune(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path, hooks: TrainingHooks,
                  base_model_dir: Path | None, resume_from: Path | None,
-                 generator: torch.Generator, rng: RngKind) -> TrainingResult:
-    """Run (or resume) a DP finetune; see :func:`dpsynth_ml.train` for the contract."""
+                 generator: torch.Generator, rng: RngKind,
+                 dataset: ImageDataset | None = None) -> TrainingResult:
+    """Run (or resume) a DP finetune; see :func:`dpsynth_ml.train` for the contract.
+
+    ``dataset``, when given, is used instead of loading ``dataset_path`` (per-label training
+    passes one class's records).
+    """
     run = _prepare(spec, dataset_path=dataset_path, out_dir=out_dir,
                    base_model_dir=base_model_dir, resume_from=resume_from,
-                   generator=generator, rng=rng)
+                   generator=generator, rng=rng, dataset=dataset)
+    _attach_schedule_and_ema(run, resume_from)
     step, stopped = _train_loop(run, hooks)
     run.engine.close()
     last = out_dir / "checkpoints" / _checkpoint_name(step)
     if step > run.start_step and not last.exists():
         _checkpoint(run, step, hooks)
-    model_dir = save_model(run.bundle, _stamp(run, step), out_dir / "model")
+    with _released_weights(run):
+        model_dir = save_model(run.bundle, _stamp(run, step), out_dir / "model")
     write_trainer_state(out_dir, _trainer_state(run, step))
     trainable = sum(p.numel() for p in run.engine.params)
     return TrainingResult(steps_completed=step, stopped_early=stopped, model_dir=model_dir,
@@ -108,23 +136,41 @@ def _train_loop(run: _Run, hooks: TrainingHooks) -> tuple[int, bool]:
 def _logical_step(run: _Run) -> dict[str, float]:
     """One DP-SGD step: Poisson batch → micro-batches → clip/sum → noise once → update.
 
-    Returns owner-only, non-DP statistics of the private batch.
+    Only the examples of the Poisson batch are drawn for (label dropout, K diffusion draws);
+    the rest of the dataset is not touched. Returns owner-only, non-DP statistics.
     """
     indices = run.sampler.sample()
-    null_class = run.info.null_class
+    # Label dropout: one draw per sampled example per step, shared by its K diffusion draws
+    # (the example is (x, y) or (x, null) for this step; K averages the diffusion objective
+    # for that input, as DPDM's replicated rows share their label). Drawn for the whole
+    # logical batch at once so the draws do not depend on the micro-batch split; each
+    # example's gradient still depends on that example alone.
+    labels = drop_labels(run.labels[indices], probability=run.spec.label_dropout,
+                         null_class=run.info.null_class, generator=run.generator)
+    size, step_size = int(indices.numel()), run.spec.max_physical_batch_size
     loss_sum, clipped = 0.0, 0
-    # torch.split of an empty tensor yields one empty chunk; an empty Poisson batch has no
-    # micro-batch at all (privatize() then releases pure noise).
-    chunks = torch.split(indices, run.spec.max_physical_batch_size) if indices.numel() else ()
-    for chunk in chunks:
-        labels = drop_labels(run.labels[chunk], probability=run.spec.label_dropout,
-                             null_class=null_class, generator=run.generator)
-        losses = per_sample_diffusion_loss(run.engine.module, run.bundle.scheduler,
-                                           run.latents[chunk], labels, run.generator)
-        clipped += run.engine.accumulate(losses)
-        loss_sum += float(losses.detach().sum())
+    # An empty Poisson batch has no micro-batch at all (privatize() releases pure noise).
+    for start in range(0, size, step_size):
+        chunk, chunk_labels = indices[start:start + step_size], labels[start:start + step_size]
+        latents = run.latents[chunk]
+        layout = run.layouts[chunk] if run.layouts is not None else None
+
+        def draw(latents: torch.Tensor = latents, chunk_labels: torch.Tensor = chunk_labels,
+                 layout: torch.Tensor | None = layout) -> torch.Tensor:
+            return per_sample_diffusion_loss(run.engine.module, run.bundle.scheduler,
+                                             latents, chunk_labels, run.generator,
+                                             layout=layout)
+
+        chunk_clipped, losses = run.engine.accumulate_draws(
+            draw, run.spec.noise_multiplicity)
+        clipped += chunk_clipped
+        loss_sum += float(losses.sum())
     run.engine.privatize()
     run.engine.apply_update()
+    if run.lr_schedule is not None:
+        run.lr_schedule.step()
+    if run.ema is not None:
+        run.ema.step(run.engine.params)
     size = int(indices.numel())
     stats = {"batch_size": float(size), "fraction_clipped": clipped / size if size else 0.0}
     if size:
@@ -134,7 +180,8 @@ def _logical_step(run: _Run) -> dict[str, float]:
 
 def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
              base_model_dir: Path | None, resume_from: Path | None,
-             generator: torch.Generator, rng: RngKind) -> _Run:
+             generator: torch.Generator, rng: RngKind,
+             dataset: ImageDataset | None = None) -> _Run:
     """Load model and data, select trainable parameters, build the DP engine."""
     dp = spec.dp
     assert dp is not None  # TrainingSpec validation guarantees it for finetunes
@@ -145,16 +192,20 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     if resume_from is not None and info.rng == "test":
         rng = "test"  # a model is "test" if any attempt in its history was seeded by a test
     start_step = _resume_step(resume_from, dp) if resume_from is not None else 0
-    dataset = load_dataset(dataset_path)
+    dataset = dataset if dataset is not None else load_dataset(dataset_path)
     info = _finetune_info(spec, info, dataset, base_model_dir, fresh=resume_from is None)
     if resume_from is None and spec.class_map is None:
-        bundle.class_embedder = build_class_embedder(
-            spec.num_classes, bundle.class_embedder.embedding_dim)
+        reset_class_embedder(bundle, spec.num_classes)  # new labels: a fresh class table
     latents = _encode(bundle, dataset, info)
+    # Masks of a private dataset are private: read here, inside the DP job, and each one is
+    # part of its example (same Poisson sample, same per-example clipping).
+    layouts = _encode_masks(bundle, dataset, info)
     labels = _model_labels(dataset, spec)
     names = _select_trainable(bundle, spec)
     denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).train()
     named = dict(denoiser.named_parameters())
+    count = sum(named[n].numel() for n in names)
+    info = dataclasses.replace(info, extra={**info.extra, "trainable_parameters": count})
     optimizer = torch.optim.AdamW([named[n] for n in names], lr=spec.learning_rate,
                                   weight_decay=0.0)
     if resume_from is not None:
@@ -165,7 +216,7 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     sampler = PoissonSampler(len(dataset), dp.sample_rate, generator)
     return _Run(spec=spec, dp=dp, bundle=bundle, info=info, latents=latents, labels=labels,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
-                out_dir=Path(out_dir), start_step=start_step, rng=rng)
+                out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts)
 
 
 def _resume_step(resume_from: Path, dp: DpSpec) -> int:
@@ -194,7 +245,17 @@ def _finetune_info(spec: TrainingSpec, base: ModelInfo, dataset: ImageDataset,
         class_names = base.class_names
     extra = dict(base.extra) if not fresh else {
         "base_model_hash": model_hash(base_model_dir) if base_model_dir else None}
-    extra.update({"trainable": spec.trainable, "class_map_given": spec.class_map is not None})
+    extra.update({"trainable": spec.trainable, "class_map_given": spec.class_map is not None,
+                  "train_embedder": trains_embedder(spec)})
+    if spec.trainable == "blocks":
+        extra["blocks"] = list(spec.blocks or ())
+    if spec.trainable == "lora":
+        extra["lora"] = {"rank": spec.lora_rank, "alpha": float(
+            spec.lora_alpha if spec.lora_alpha is not None else spec.lora_rank),
+            "merged": True}
+    if base.extra.get("layout_channels") and dataset.masks is None:
+        raise InvalidSpecError("the base model is layout-conditioned: the private dataset "
+                               "must carry one layout mask per image")
     return ModelInfo(format_version=base.format_version, preset=base.preset,
                      image_size=base.image_size, channels=base.channels,
                      latent_channels=base.latent_channels,
@@ -206,16 +267,26 @@ def _finetune_info(spec: TrainingSpec, base: ModelInfo, dataset: ImageDataset,
 
 def _encode(bundle: ModelBundle, dataset: ImageDataset, info: ModelInfo) -> torch.Tensor:
     """Scaled VAE latents (posterior means) of all images; the VAE stays frozen."""
-    bundle.vae.requires_grad_(False).eval()
-    chunks = []
-    with torch.no_grad():
-        for start in range(0, len(dataset), _ENCODE_CHUNK):
-            x = images_to_tensor(dataset.images[start:start + _ENCODE_CHUNK],
-                                 image_size=info.image_size, channels=info.channels)
-            chunks.append(bundle.vae.encode(x).latent_dist.mean * info.vae_scaling_factor)
-    if not chunks:
+    if len(dataset) == 0:
         raise InvalidSpecError("the dataset is empty")
-    return torch.cat(chunks)
+    return encode_images(bundle.vae, dataset.images, image_size=info.image_size,
+                         channels=info.channels, scaling_factor=info.vae_scaling_factor)
+
+
+def _encode_masks(bundle: ModelBundle, dataset: ImageDataset,
+                  info: ModelInfo) -> torch.Tensor | None:
+    """Encoded layout masks of all examples for a layout-conditioned model, else None.
+
+    Raises:
+        InvalidSpecError: the model is layout-conditioned and the dataset has no masks.
+    """
+    if bundle.layout_channels == 0:
+        return None
+    if dataset.masks is None:
+        raise InvalidSpecError("the model is layout-conditioned: the private dataset must "
+                               "carry one layout mask per image")
+    return encode_images(bundle.vae, dataset.masks, image_size=info.image_size,
+                         channels=info.channels, scaling_factor=info.vae_scaling_factor)
 
 
 def _model_labels(dataset: ImageDataset, spec: TrainingSpec) -> torch.Tensor:
@@ -230,14 +301,11 @@ def _model_labels(dataset: ImageDataset, spec: TrainingSpec) -> torch.Tensor:
 
 
 def _select_trainable(bundle: ModelBundle, spec: TrainingSpec) -> list[str]:
-    """Set requires_grad per the spec; return trainable names (ConditionalDenoiser naming)."""
-    for name, param in bundle.unet.named_parameters():
-        param.requires_grad_(spec.trainable == "full" or is_attention_parameter(name))
-    bundle.class_embedder.requires_grad_(spec.class_map is None)
-    names = [f"unet.{n}" for n, p in bundle.unet.named_parameters() if p.requires_grad]
-    if spec.class_map is None:
-        names.append("class_embedder.weight")
-    return names
+    """Set requires_grad per the spec (LoRA: inject adapters); return trainable names.
+
+    See :mod:`dpsynth_ml.trainable` for the modes; names are ConditionalDenoiser names.
+    """
+    return apply_trainable(bundle, spec)
 
 
 def _dp_record(dp: DpSpec) -> dict[str, float | int]:
@@ -247,13 +315,70 @@ def _dp_record(dp: DpSpec) -> dict[str, float | int]:
 
 
 def _trainer_state(run: _Run, step: int) -> dict[str, object]:
-    """What the trainer actually used (read back by tests and by resume)."""
+    """What the trainer actually used (read back by tests and by resume).
+
+    ``step`` is the accountant's state: logical steps done over all attempts. No RNG state.
+    """
     return {"kind": "finetune", "step": step, "dp": _dp_record(run.dp),
             "sampler": {"sample_rate": run.sampler.sample_rate,
                         "sample_rate_hex": float(run.sampler.sample_rate).hex(),
                         "num_records": run.sampler.num_records,
                         "draws_this_attempt": run.sampler.draws},
-            "start_step": run.start_step, "trainable_parameter_names": run.trainable_names}
+            "start_step": run.start_step, "trainable_parameter_names": run.trainable_names,
+            "noise_multiplicity": run.spec.noise_multiplicity,
+            "lr_schedule": (schedule_state(run.lr_schedule)
+                            if run.lr_schedule is not None else None),
+            "ema": ({"decay": run.ema.decay, "optimization_step": run.ema.optimization_step}
+                    if run.ema is not None else None)}
+
+
+def _attach_schedule_and_ema(run: _Run, resume_from: Path | None) -> None:
+    """LR warm-up and EMA; on resume, restore raw weights, EMA and schedule exactly.
+
+    The optimizer state is restored by ``_prepare``; the step count (the accountant's state)
+    by ``_resume_step``. Randomness is never restored.
+    """
+    params = run.engine.params
+    state = read_trainer_state(resume_from) if resume_from is not None else {}
+    if resume_from is not None and (Path(resume_from) / TRAINABLE_FILE).is_file():
+        # The checkpoint's model holds the released (EMA) weights; training resumes from
+        # the raw ones.
+        raw = load_named_tensors(run.trainable_names, Path(resume_from) / TRAINABLE_FILE)
+        with torch.no_grad():
+            for p, value in zip(params, raw, strict=True):
+                p.copy_(value.to(p.device, p.dtype))
+    run.lr_schedule = warmup_schedule(run.engine.optimizer.original_optimizer,
+                                      run.spec.warmup_steps)
+    if state.get("lr_schedule"):
+        restore_schedule(run.lr_schedule, state["lr_schedule"])
+    elif run.start_step:  # an older checkpoint: the schedule is a function of the step
+        sched, done = run.lr_schedule, run.start_step
+        restore_schedule(sched, {"last_epoch": done, "_step_count": done + 1, "_last_lr": [
+            base * fn(done) for base, fn in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]})
+    if run.spec.ema_decay is None:
+        return
+    run.ema = EMAModel(params, decay=run.spec.ema_decay)
+    saved = state.get("ema")
+    if resume_from is not None and saved and (Path(resume_from) / EMA_FILE).is_file():
+        shadow = load_named_tensors(run.trainable_names, Path(resume_from) / EMA_FILE)
+        run.ema.shadow_params = [s.to(p.device, p.dtype) for s, p in zip(shadow, params,
+                                                                         strict=True)]
+        run.ema.optimization_step = int(saved["optimization_step"])
+
+
+@contextmanager
+def _released_weights(run: _Run) -> Iterator[None]:
+    """Inside the block the trainable parameters hold what is released (EMA if any)."""
+    if run.ema is None:
+        yield
+        return
+    params = run.engine.params
+    run.ema.store(params)
+    run.ema.copy_to(params)
+    try:
+        yield
+    finally:
+        run.ema.restore(params)
 
 
 def _stamp(run: _Run, step: int) -> ModelInfo:
@@ -267,9 +392,15 @@ def _checkpoint_name(step: int) -> str:
 def _checkpoint(run: _Run, step: int, hooks: TrainingHooks) -> None:
     """Write model dir + trainer state + optimizer state, then tell the platform."""
     ckpt = run.out_dir / "checkpoints" / _checkpoint_name(step)
-    save_model(run.bundle, _stamp(run, step), ckpt)
+    with _released_weights(run):
+        # LoRA: the checkpoint keeps the unmerged base + adapters so a resume continues
+        # exactly; the released model (run_finetune) merges them.
+        save_model(run.bundle, _stamp(run, step), ckpt, keep_adapters=True)
     write_trainer_state(ckpt, _trainer_state(run, step))
     save_optimizer_state(run.engine.optimizer.original_optimizer, run.trainable_names, ckpt)
+    save_named_tensors(run.engine.params, run.trainable_names, ckpt / TRAINABLE_FILE)
+    if run.ema is not None:
+        save_named_tensors(run.ema.shadow_params, run.trainable_names, ckpt / EMA_FILE)
     hooks.on_checkpoint(step, ckpt)
 
 

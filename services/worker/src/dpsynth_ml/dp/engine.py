@@ -12,12 +12,22 @@ so ``F.scaled_dot_product_attention`` itself needs none). Clipping and noise are
 ``DPOptimizer``; a logical batch is fed in physical micro-batches, each clipped and summed
 into ``p.summed_grad`` (``signal_skip_step``), then :meth:`DpSgdEngine.privatize` adds the
 noise once and divides by the *expected* batch size, never by the realised one.
+
+Noise multiplicity (DPDM, Dockhorn et al. 2023, Alg. 1; DP-DocLDM): with K > 1 each example's
+loss is averaged over K independent diffusion draws *before* its one gradient is clipped, so
+its contribution to the sum still has norm <= C (no extra privacy cost). The DPDM fork of
+opacus replicates each example K times and averages the B*K per-row gradients inside the
+optimizer, which needs K times the per-sample-gradient memory; :meth:`DpSgdEngine.
+accumulate_draws` instead runs K forward/backward passes over the same micro-batch and folds
+each pass's per-sample gradients into a running sum (each pass back-propagates loss / K), so
+at most two [b, ...] per-sample gradients exist at a time, whatever K is. The K rows are never
+clipped separately (that would give each example sensitivity K * C).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from opacus import GradSampleModule
@@ -78,11 +88,68 @@ class DpSgdEngine:
         Returns:
             How many examples of the micro-batch had a gradient norm above C (private).
         """
+        self._backward(per_sample_loss.sum())
+        return self._clip_and_sum()
+
+    def accumulate_draws(self, draw_losses: Callable[[], torch.Tensor],
+                         draws: int) -> tuple[int, torch.Tensor]:
+        """Noise multiplicity: clip each example's gradient averaged over ``draws`` draws.
+
+        Calls ``draw_losses`` ``draws`` times; each call must compute, through
+        ``self.module``, the per-example losses [b] of the *same* micro-batch with fresh
+        randomness (timesteps, noise). Example i's gradient is then
+        ``(1/K) sum_k grad l_ik`` = the gradient of its K-draw mean loss, and it is clipped
+        once to C and added to the sum. Per-sample-gradient memory is two [b, ...] tensors
+        per parameter (the running sum and the current pass), independent of K.
+
+        Args:
+            draw_losses: computes one draw of the micro-batch's per-example losses [b].
+            draws: K >= 1.
+
+        Returns:
+            (how many examples had a mean-gradient norm above C, the K-draw mean loss per
+            example [b], detached). Both are private statistics.
+
+        Raises:
+            ValueError: if ``draws < 1``.
+        """
+        if draws < 1:
+            raise ValueError("draws must be >= 1")
+        mean_loss: torch.Tensor | None = None
+        for _ in range(draws):
+            losses = draw_losses()
+            # loss / K: the per-sample gradients of the K passes then *sum* to the mean.
+            self._backward(losses.sum() / draws)
+            self._fold_grad_samples()
+            detached = losses.detach() / draws
+            mean_loss = detached if mean_loss is None else mean_loss + detached
+        assert mean_loss is not None
+        return self._clip_and_sum(), mean_loss
+
+    def _backward(self, loss: torch.Tensor) -> None:
         with warnings.catch_warnings():
             # The class embedder's input (integer labels) never requires grad, so torch
             # warns that opacus' full backward hook fires on outputs only; that is expected.
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            per_sample_loss.sum().backward()
+            loss.backward()
+
+    def _fold_grad_samples(self) -> None:
+        """Sum this pass's per-sample gradients into the previous passes' (same examples).
+
+        After a second backward without an optimizer step, opacus keeps ``grad_sample`` as a
+        list [earlier, this pass] (its gradient-accumulation mode, which would treat the
+        passes as *more examples*); the rows belong to the same examples, so add them.
+        """
+        for p in self.params:
+            gs = p.grad_sample
+            if isinstance(gs, list):
+                total = gs[0]
+                for more in gs[1:]:
+                    total = total.add_(more)
+                p.grad_sample = total
+
+    def _clip_and_sum(self) -> int:
+        """Clip each example's (folded) gradient to C and add it to ``p.summed_grad``."""
         norms = self.per_sample_norms()
         # Skip = clip and accumulate into p.summed_grad only; no noise, no update yet.
         self.optimizer.signal_skip_step(True)
