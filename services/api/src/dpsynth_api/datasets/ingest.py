@@ -1,8 +1,12 @@
 """Turning an upload (image-folder zip/tar, or .npz) into the canonical dataset arrays.
 
 Canonical form (docs/architecture.md): ``images`` uint8 ``[N,H,W,C]`` (C = 1 or 3),
-``labels`` int64 ``[N]`` (indices into ``class_names``), ``class_names`` unicode ``[K]``.
-For private uploads no error message names a record (DESIGN §3): only counts.
+``labels`` int64 ``[N]`` (indices into ``class_names``), ``class_names`` unicode ``[K]``,
+and optionally ``masks`` uint8 ``[N,H,W,1]``: one layout mask per image (DP-DocLDM layout
+conditioning; only an ``.npz`` upload can carry them). The masks of a private dataset are
+private data like its images: they share the dataset's budget and are read only inside a
+DP job, with the images. For private uploads no error message names a record (DESIGN §3):
+only counts.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dpsynth_api.archives import ArchiveLimits, SafeArchive, describe
 from dpsynth_api.datasets.images import decode_image
 
 _IGNORED_PARTS = ("__MACOSX",)
+NPZ_ARRAYS = ("images", "labels", "class_names", "masks")
+"""The arrays an uploaded ``.npz`` may hold; any other array is refused."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,7 @@ class Ingested:
     labels: np.ndarray
     class_names: list[str]
     source_format: str
+    masks: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -151,13 +158,17 @@ def _check_npz_container(path: Path, limits: IngestLimits) -> None:
                            "bytes (decompression bomb?)", limit=cap)
 
 
-def _load_npz_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _load_npz_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = {"images", "labels"} - set(npz.files)
             if missing:
                 raise _invalid(f"the .npz lacks the array(s) {sorted(missing)}")
-            return npz["images"], npz["labels"]
+            other = sorted(set(npz.files) - set(NPZ_ARRAYS))
+            if other:
+                raise _invalid(f"the .npz holds {len(other)} array(s) other than "
+                               f"{', '.join(NPZ_ARRAYS)}: {other[:5]}")
+            return {name: npz[name] for name in npz.files}
     except ValueError as exc:
         if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
             raise DpsynthError(ErrorCode.UNSAFE_NPZ, "the .npz contains pickled (object) "
@@ -177,6 +188,47 @@ def _npz_images(images: np.ndarray, limits: IngestLimits) -> np.ndarray:
     if images.shape[1] * images.shape[2] > limits.max_image_pixels:
         raise DpsynthError(ErrorCode.UNSAFE_ARCHIVE, "the images exceed the pixel limit")
     return np.ascontiguousarray(images)
+
+
+def _npz_masks(masks: np.ndarray, images: np.ndarray, limits: IngestLimits) -> np.ndarray:
+    """One uint8 layout mask per image, of its image's size: ``[N,H,W,1]``."""
+    if masks.dtype != np.uint8 or masks.ndim not in (3, 4):
+        raise _invalid("'masks' must be a uint8 array [N,H,W] or [N,H,W,1]")
+    if masks.ndim == 3:
+        masks = masks[..., None]
+    if masks.shape[3] != 1:
+        raise _invalid(f"'masks' must have 1 channel, not {masks.shape[3]}")
+    if masks.shape[1] * masks.shape[2] > limits.max_image_pixels:
+        raise DpsynthError(ErrorCode.UNSAFE_ARCHIVE, "the masks exceed the pixel limit")
+    n, height, width = images.shape[:3]
+    if masks.shape[0] != n:
+        raise _invalid(f"'masks' must hold one mask per image: {masks.shape[0]} masks for "
+                       f"{n} images")
+    if masks.shape[1:3] != (height, width):
+        raise _invalid(f"each mask must have its image's size {width}x{height}, not "
+                       f"{masks.shape[2]}x{masks.shape[1]}")
+    return np.ascontiguousarray(masks)
+
+
+def _npz_class_names(names: np.ndarray) -> list[str]:
+    if names.ndim != 1 or names.dtype.kind != "U" or names.shape[0] == 0:
+        raise _invalid("'class_names' must be a non-empty array of strings [K]")
+    listed = [str(c) for c in names.tolist()]
+    if len(set(listed)) != len(listed):
+        raise _invalid("'class_names' has duplicate names")
+    return listed
+
+
+def _named_labels(labels: np.ndarray, names: list[str]) -> np.ndarray:
+    """Integer labels that index the file's ``class_names``, as those names."""
+    if labels.dtype.kind in "US":
+        return labels
+    if labels.dtype.kind not in "iu" or labels.ndim != 1:
+        return labels  # refused with the usual message by _npz_labels
+    outside = int(np.count_nonzero((labels < 0) | (labels >= len(names))))
+    if outside:
+        raise _invalid(f"{outside} label(s) do not index the file's {len(names)} class_names")
+    return np.asarray(names, dtype=str)[labels.astype(np.int64)]
 
 
 def _npz_labels(labels: np.ndarray, n: int, label_domain: list[str] | None, *,
@@ -202,15 +254,25 @@ def _npz_labels(labels: np.ndarray, n: int, label_domain: list[str] | None, *,
 def _from_npz(path: Path, *, private: bool, label_domain: list[str] | None,
               limits: IngestLimits) -> Ingested:
     _check_npz_container(path, limits)
-    images, labels = _load_npz_arrays(path)
-    images = _npz_images(images, limits)
+    arrays = _load_npz_arrays(path)
+    images = _npz_images(arrays["images"], limits)
+    masks = _npz_masks(arrays["masks"], images, limits) if "masks" in arrays else None
+    labels = arrays["labels"]
+    if "class_names" in arrays:  # the canonical form: integer labels name these classes
+        names = _npz_class_names(arrays["class_names"])
+        labels = _named_labels(labels, names)
+        label_domain = names if label_domain is None else label_domain
     ints, class_names = _npz_labels(labels, images.shape[0], label_domain, private=private)
-    return Ingested(images, ints, class_names, "npz")
+    return Ingested(images, ints, class_names, "npz", masks)
 
 
 def write_canonical(data: Ingested, dest: Path) -> Path:
-    """Write the canonical ``.npz`` (loadable with ``allow_pickle=False``)."""
+    """Write the canonical ``.npz`` (loadable with ``allow_pickle=False``), with the
+    dataset's layout masks when it has them."""
+    arrays = {"images": data.images, "labels": data.labels,
+              "class_names": np.asarray(data.class_names, dtype=str)}
+    if data.masks is not None:
+        arrays["masks"] = data.masks
     with dest.open("wb") as fh:
-        np.savez(fh, images=data.images, labels=data.labels,
-                 class_names=np.asarray(data.class_names, dtype=str))
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
     return dest

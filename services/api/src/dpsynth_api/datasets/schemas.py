@@ -47,6 +47,8 @@ class DatasetOut(BaseModel):
     class_counts: dict[str, int] | None = Field(None, description="owner scope only")
     class_names: list[str]
     image_shape: list[int]
+    has_masks: bool = Field(False, description="one layout mask per image (DP-DocLDM); a "
+                            "private dataset's masks are private and share its budget")
     delta: float | None = None
     epsilon_limit: float | None = None
     neighbouring: Neighbouring | None = None
@@ -74,7 +76,8 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
         declared_size=dataset.declared_size,
         true_size=dataset.true_size if owner else None,
         class_counts=dataset.class_counts if owner else None,
-        class_names=dataset.class_names, image_shape=dataset.image_shape, delta=dataset.delta,
+        class_names=dataset.class_names, image_shape=dataset.image_shape,
+        has_masks=bool(dataset.has_masks), delta=dataset.delta,
         epsilon_limit=dataset.epsilon_limit,
         neighbouring=Neighbouring(dataset.neighbouring) if dataset.neighbouring else None,
         declared_public_by=dataset.declared_public_by, source_format=dataset.source_format,

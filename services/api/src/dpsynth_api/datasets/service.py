@@ -104,7 +104,8 @@ def _row(dataset_id: str, key: str, meta: DatasetMetadata, data: Ingested, princ
         id=dataset_id, tenant_id=principal.tenant_id, name=meta.name, visibility=meta.visibility,
         object_key=key, source_format=data.source_format, true_size=data.size,
         declared_size=declared, class_names=data.class_names, class_counts=data.class_counts(),
-        image_shape=data.image_shape, delta=delta, epsilon_limit=meta.epsilon_limit,
+        image_shape=data.image_shape, has_masks=data.masks is not None, delta=delta,
+        epsilon_limit=meta.epsilon_limit,
         neighbouring=str(meta.neighbouring) if private else None,
         declared_public_by=None if private else principal.key_id,
         uploaded_by=principal.key_id, sha256=sha256, size_bytes=size)
