@@ -102,18 +102,81 @@ def zip_bomb(inflated_bytes: int = 20 * 1024 * 1024) -> bytes:
     return buf.getvalue()
 
 
+def safetensors_bytes(tensors: dict[str, list[int]], *, dtype: str = "F32",
+                      metadata: dict[str, str] | None = None) -> bytes:
+    """A valid safetensors file of zero-filled tensors with these shapes."""
+    import json
+    import math
+
+    size = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8}[dtype]
+    header: dict[str, object] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, shape in tensors.items():
+        n = math.prod(shape) * size
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * offset
+
+
+#: Configs of a tiny model as diffusers saves them (the ML core's ``tiny`` preset at 8x8).
+TINY_CONFIGS: dict[str, dict[str, object]] = {
+    "vae/config.json": {
+        "_class_name": "AutoencoderKL", "_diffusers_version": "0.42.1", "in_channels": 1,
+        "out_channels": 1, "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D"],
+        "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D"],
+        "block_out_channels": [16, 32], "layers_per_block": 1, "act_fn": "silu",
+        "latent_channels": 4, "norm_num_groups": 8, "sample_size": 8, "scaling_factor": 1.0,
+        "mid_block_add_attention": False},
+    "unet/config.json": {
+        "_class_name": "UNet2DConditionModel", "_diffusers_version": "0.42.1",
+        "sample_size": 4, "in_channels": 4, "out_channels": 4, "layers_per_block": 1,
+        "block_out_channels": [32, 64],
+        "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+        "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
+        "mid_block_type": "UNetMidBlock2DCrossAttn", "cross_attention_dim": 32,
+        "attention_head_dim": 8, "norm_num_groups": 8},
+    "scheduler/scheduler_config.json": {
+        "_class_name": "DDPMScheduler", "_diffusers_version": "0.42.1",
+        "num_train_timesteps": 1000, "beta_schedule": "linear", "beta_start": 0.0001,
+        "beta_end": 0.02, "prediction_type": "epsilon", "clip_sample": False},
+    "class_embedder/config.json": {"num_embeddings": 3, "embedding_dim": 32, "null_class": 2},
+}
+
+
+def model_info(**overrides: object) -> dict[str, object]:
+    """A valid ``dpsynth_model.json`` for :func:`model_folder` (classes a, b)."""
+    info: dict[str, object] = {
+        "format_version": 1, "preset": "tiny", "image_size": 8, "channels": 1,
+        "latent_channels": 4, "vae_scaling_factor": 1.0, "num_classes": 2,
+        "class_names": ["a", "b"], "null_class": 2, "rng": "os", "training_kind": "pretrain",
+        "steps": 1, "extra": {"unet_class": "UNet2DConditionModel"}}
+    info.update(overrides)
+    return info
+
+
 def model_folder(*, extra: dict[str, bytes] | None = None, root: str = "",
-                 info: dict[str, object] | None = None) -> dict[str, bytes]:
-    """Members of a minimal diffusers-style model folder (fake safetensors bytes)."""
+                 info: dict[str, object] | None = None,
+                 configs: dict[str, dict[str, object]] | None = None) -> dict[str, bytes]:
+    """Members of a small valid model folder: real tiny configs, valid safetensors headers
+    (the weights are zeros and only a few tensors: nothing here loads them).
+
+    Args:
+        extra: more members (or replacements), by path without ``root``.
+        root: a top directory the folder is archived under.
+        info: overrides of :func:`model_info`'s fields.
+        configs: replacements of :data:`TINY_CONFIGS` entries, by path.
+    """
     import json
 
-    members = {
-        f"{root}unet/config.json": b'{"_class_name": "UNet2DConditionModel"}',
-        f"{root}unet/diffusion_pytorch_model.safetensors": b"\x08\0\0\0\0\0\0\0{}      ",
-        f"{root}vae/config.json": b'{"_class_name": "AutoencoderKL"}',
-        f"{root}vae/diffusion_pytorch_model.safetensors": b"\x08\0\0\0\0\0\0\0{}      ",
-        f"{root}dpsynth_model.json": json.dumps(info or {"rng": "os", "image_size": 8,
-                                                         "class_names": ["a", "b"]}).encode(),
-    }
+    members = {path: json.dumps(config, indent=2).encode()
+               for path, config in {**TINY_CONFIGS, **(configs or {})}.items()}
+    members["unet/diffusion_pytorch_model.safetensors"] = safetensors_bytes(
+        {"conv_in.weight": [32, 4, 3, 3], "conv_in.bias": [32]}, metadata={"format": "pt"})
+    members["vae/diffusion_pytorch_model.safetensors"] = safetensors_bytes(
+        {"encoder.conv_in.weight": [16, 1, 3, 3], "encoder.conv_in.bias": [16]})
+    members["class_embedder/model.safetensors"] = safetensors_bytes({"weight": [3, 32]})
+    members["dpsynth_model.json"] = json.dumps(model_info(**(info or {}))).encode()
     members.update(extra or {})
-    return members
+    return {f"{root}{path}": data for path, data in members.items()}

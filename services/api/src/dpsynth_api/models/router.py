@@ -6,8 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
 
-from dpsynth_api.deps import ContextDep, ReaderDep, SessionDep, SubmitterDep
+from dpsynth_api.deps import ContextDep, ReaderDep, SessionDep, StoreDep, SubmitterDep
 from dpsynth_api.models import service
 from dpsynth_api.models.schemas import ModelOut, ModelPage, model_out
 from dpsynth_api.pagination import split
@@ -47,3 +48,16 @@ def list_models(session: SessionDep, principal: ReaderDep,
 def get_model(model_id: str, session: SessionDep, principal: ReaderDep) -> ModelOut:
     """One model with its lineage (dataset, jobs, dp flag, job_epsilon, rng stamp)."""
     return model_out(service.get_model(session, principal=principal, model_id=model_id))
+
+
+@router.get("/{model_id}/download", response_model=None,
+            responses={200: {"content": {"application/zip": {}},
+                             "description": "the zip of the diffusers folder + "
+                                            "dpsynth_model.json, as uploaded"}})
+def download_model(model_id: str, session: SessionDep, principal: ReaderDep,
+                   store: StoreDep) -> StreamingResponse:
+    """Stream a model as a zip (the upload format); ``rng: test`` models are refused (409)."""
+    chunks = service.open_download(session, principal=principal, store=store,
+                                   model_id=model_id)
+    return StreamingResponse(chunks, media_type="application/zip", headers={
+        "Content-Disposition": f'attachment; filename="{model_id}.zip"'})

@@ -1,23 +1,26 @@
-"""Model use cases: upload a diffusers folder, read models with their lineage."""
+"""Model use cases: upload a diffusers folder, read models with their lineage, download."""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_model_id
+from dpsynth_shared.object_store import PRIVATE_PREFIX
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from dpsynth_api.archives import ArchiveLimits, SafeArchive
 from dpsynth_api.models import repository as repo
+from dpsynth_api.models.download import tar_to_zip
 from dpsynth_api.models.schemas import ModelMetadata
 from dpsynth_api.models.validation import check_model_archive, repack
 from dpsynth_api.ports import ObjectStore
 from dpsynth_api.settings import ApiSettings
-from dpsynth_api.tables import Model
+from dpsynth_api.tables import Dataset, Model
 from dpsynth_api.tenants.security import Principal
 from dpsynth_api.uploads import spool
 
@@ -50,7 +53,7 @@ def upload_model(session: Session, *, principal: Principal, store: ObjectStore,
         spool(upload, raw, max_bytes=settings.max_upload_bytes)
         archive = SafeArchive(raw, limits, private=False)
         root = check_model_archive(archive)
-        info = repack(archive, root, Path(tmp) / "model.tar")
+        info = repack(archive, root, Path(tmp) / "model.tar").info
         stored = store.put_file(key, Path(tmp) / "model.tar", content_type="application/x-tar")
     rng = info.get("rng")
     model = Model(id=model_id, tenant_id=principal.tenant_id,
@@ -71,7 +74,11 @@ def upload_model(session: Session, *, principal: Principal, store: ObjectStore,
 def _public_info(info: dict[str, object]) -> dict[str, object]:
     keep = ("format_version", "preset", "image_size", "channels", "num_classes", "class_names",
             "training_kind", "steps")
-    return {k: info[k] for k in keep if k in info}
+    public = {k: info[k] for k in keep if k in info}
+    extra = info.get("extra")
+    if isinstance(extra, dict) and isinstance(extra.get("unet_class"), str):
+        public["unet_class"] = extra["unet_class"]
+    return public
 
 
 def get_model(session: Session, *, principal: Principal, model_id: str) -> Model:
@@ -87,3 +94,30 @@ def list_models(session: Session, *, principal: Principal, limit: int,
     """One page of the tenant's models (``limit + 1`` rows)."""
     return repo.list_for_tenant(session, tenant_id=principal.tenant_id, limit=limit,
                                 cursor=cursor)
+
+
+def open_download(session: Session, *, principal: Principal, store: ObjectStore,
+                  model_id: str) -> Iterator[bytes]:
+    """The tenant's model as the zip it would be uploaded as, streamed.
+
+    A model trained with DP-SGD on private data is releasable by post-processing; a model
+    trained with an injected test generator carries no DP guarantee and is never released
+    (409 ``not_publishable``), and neither is anything trained on private data without DP.
+
+    Raises:
+        DpsynthError: 404 ``not_found`` (another tenant's id too), 409 ``not_publishable``,
+            403 ``forbidden``.
+    """
+    model = get_model(session, principal=principal, model_id=model_id)
+    if model.rng == "test":
+        raise DpsynthError(ErrorCode.NOT_PUBLISHABLE, "this model was trained with an injected "
+                           "test generator (rng: test): it carries no DP guarantee and cannot "
+                           "be downloaded", rng="test")
+    dataset = session.get(Dataset, model.dataset_id) if model.dataset_id else None
+    if model.object_key.startswith(PRIVATE_PREFIX) or (
+            dataset is not None and dataset.visibility == "private" and not model.dp):
+        raise DpsynthError(ErrorCode.FORBIDDEN, "this model was trained on private data "
+                           "without differential privacy and cannot be downloaded")
+    if store.stat(model.object_key) is None:
+        raise NotFound("model object", model_id)
+    return tar_to_zip(store.iter_chunks(model.object_key))

@@ -1,28 +1,111 @@
 """Checking an uploaded model folder and repacking it as an uncompressed tar.
 
-Only safetensors weights are accepted: pickle-based formats (``.bin``, ``.pt``, ``.pkl``,
-``.ckpt``) can execute code when loaded, so the upload is refused outright.
+A model upload is the zip (or tar) of a diffusers ``save_pretrained`` folder plus dpsynth's
+``dpsynth_model.json``::
+
+    dpsynth_model.json                                  format version, classes, sizes, rng
+    vae/config.json + diffusion_pytorch_model.safetensors            AutoencoderKL
+    unet/config.json + diffusion_pytorch_model.safetensors           the denoiser, or
+    denoisers/<key>/unet/...  (+ denoisers/<key>/class_embedder/...)  one per class
+    scheduler/scheduler_config.json                                  DDPM/DDIM/DPM-Solver
+    class_embedder/config.json + model.safetensors     the class tokens (UNet2DConditionModel)
+    dpsynth_provenance.json                            (downloads of trained models; dropped)
+
+Checks, each refusal a 422 ``invalid_model`` problem naming the file:
+
+1. From the archive's headers, before a byte is read: no pickle-based weights (``.bin``,
+   ``.pt``, ``.pth``, ``.pkl``, ``.ckpt`` can execute code when loaded), no Python files, no
+   file outside the layout above, per-file size limits (configs 64 KiB, weights bounded by
+   the parameter limits), every component complete.
+2. From the contents: every config against the allow-list of
+   :mod:`dpsynth_shared.model_configs` (classes, keys, block types, sizes, no ``auto_map`` or
+   other remote-code hints); every safetensors header parsed and checked (length prefix,
+   JSON, dtypes, shapes, offsets contiguous and inside the file); ``dpsynth_model.json``
+   against its schema; and the parts against each other (channels, classes).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
+import re
+import struct
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.model_configs import (
+    DEFAULT_LIMITS,
+    ConfigLimits,
+    ModelConfigError,
+    check_config,
+    parse_config,
+)
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from dpsynth_api.archives import SafeArchive
 
 FORBIDDEN_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".dll", ".dylib", ".sh", ".ipynb")
 INFO_FILE = "dpsynth_model.json"
+PROVENANCE_FILE = "dpsynth_provenance.json"
+MODEL_FORMAT_VERSION = 1
 _MAX_INFO_BYTES = 1 << 20
+_MAX_HEADER_BYTES = 8 << 20
+_MAX_TENSORS = 100_000
+#: safetensors dtypes a model's weights may use, with their sizes in bytes.
+DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+#: folder -> (config file, weights file or None).
+COMPONENT_FILES: dict[str, tuple[str, str | None]] = {
+    "vae": ("config.json", "diffusion_pytorch_model.safetensors"),
+    "unet": ("config.json", "diffusion_pytorch_model.safetensors"),
+    "scheduler": ("scheduler_config.json", None),
+    "class_embedder": ("config.json", "model.safetensors"),
+}
+_PER_LABEL = ("unet", "class_embedder")
+_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
+_LAYOUT_HINT = ("a model holds dpsynth_model.json, vae/, scheduler/, unet/ (or "
+                "denoisers/<key>/unet/ per class) and class_embedder/, with safetensors weights")
+
+Kind = Literal["info", "provenance", "config", "weights"]
 
 
-def _invalid(detail: str) -> DpsynthError:
-    return DpsynthError(ErrorCode.INVALID_MODEL, detail)
+def _invalid(detail: str, **extensions: Any) -> DpsynthError:
+    return DpsynthError(ErrorCode.INVALID_MODEL, detail, **extensions)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What one archive member is in the model layout."""
+
+    kind: Kind
+    component: str | None = None
+    prefix: str = ""  # "" or "denoisers/<key>/"
+
+
+def classify(rel: str) -> Entry | None:
+    """The place of ``rel`` (a path inside the model folder) in the layout; None if none."""
+    if rel == INFO_FILE:
+        return Entry("info")
+    if rel == PROVENANCE_FILE:
+        return Entry("provenance")
+    parts = rel.split("/")
+    prefix = ""
+    if len(parts) == 4 and parts[0] == "denoisers" and _KEY.match(parts[1]):
+        if parts[2] not in _PER_LABEL:
+            return None
+        prefix, parts = f"denoisers/{parts[1]}/", parts[2:]
+    if len(parts) != 2 or parts[0] not in COMPONENT_FILES:
+        return None
+    config_file, weights_file = COMPONENT_FILES[parts[0]]
+    if parts[1] == config_file:
+        return Entry("config", parts[0], prefix)
+    if parts[1] == weights_file:
+        return Entry("weights", parts[0], prefix)
+    return None
 
 
 def _strip_root(names: list[str]) -> str:
@@ -35,8 +118,15 @@ def _strip_root(names: list[str]) -> str:
     return ""
 
 
-def check_model_archive(archive: SafeArchive) -> str:
-    """Validate the members of a model archive.
+def weights_limit(component: str, limits: ConfigLimits = DEFAULT_LIMITS) -> int:
+    """The largest weights file of ``component`` (its parameter bound in float64 + header)."""
+    params = {"unet": limits.max_unet_parameters, "vae": limits.max_vae_parameters,
+              "class_embedder": (limits.max_classes + 1) * limits.max_cross_attention_dim}
+    return params[component] * 8 + _MAX_HEADER_BYTES + 8
+
+
+def check_model_archive(archive: SafeArchive, limits: ConfigLimits = DEFAULT_LIMITS) -> str:
+    """Validate the members of a model archive from its headers (names, sizes, layout).
 
     Returns:
         The common root prefix to strip (a folder archived with its top directory).
@@ -47,48 +137,322 @@ def check_model_archive(archive: SafeArchive) -> str:
     names = [m.name for m in archive.members]
     forbidden = [n for n in names if n.lower().endswith(FORBIDDEN_SUFFIXES)]
     if forbidden:
-        raise _invalid(f"pickle-based weight files are refused (safetensors only): {forbidden[:5]}")
+        raise _invalid(f"pickle-based weight files are refused (safetensors only): {forbidden[:5]}",
+                       files=forbidden[:5])
+    code = [n for n in names if n.lower().endswith(CODE_SUFFIXES)]
+    if code:
+        raise _invalid(f"code files are refused (no custom or remote code): {code[:5]}",
+                       files=code[:5])
     root = _strip_root(names)
-    rel = {n[len(root):]: n for n in names if n.startswith(root)}
-    if not any(n.endswith(".safetensors") for n in rel):
-        raise _invalid("the model has no .safetensors weights")
-    if not any(n == "config.json" or n.endswith("/config.json") for n in rel):
-        raise _invalid("the model has no config.json (diffusers save_pretrained layout)")
-    if INFO_FILE not in rel:
+    sizes = {m.name[len(root):]: m.size for m in archive.members if m.name.startswith(root)}
+    outside = [n for n in names if not n.startswith(root)]
+    entries = {rel: classify(rel) for rel in sizes}
+    unexpected = outside + [rel for rel, e in entries.items() if e is None]
+    if unexpected:
+        raise _invalid(f"unexpected file(s) in the model folder: {unexpected[:5]}; "
+                       f"{_LAYOUT_HINT}", files=unexpected[:5])
+    if INFO_FILE not in sizes:
         raise _invalid(f"the model has no {INFO_FILE} at its root")
-    info_size = next(m.size for m in archive.members if m.name == rel[INFO_FILE])
-    if info_size > _MAX_INFO_BYTES:
-        raise _invalid(f"{INFO_FILE} is too large")
+    for rel, entry in entries.items():
+        assert entry is not None
+        _check_size(rel, entry, sizes[rel], limits)
+    _check_complete(entries)
     return root
 
 
-def repack(archive: SafeArchive, root: str, dest: Path) -> dict[str, Any]:
-    """Write the model's files (root stripped) into an uncompressed tar at ``dest``.
+def _check_size(rel: str, entry: Entry, size: int, limits: ConfigLimits) -> None:
+    if entry.kind in ("info", "provenance"):
+        bound = _MAX_INFO_BYTES
+    elif entry.kind == "config":
+        bound = limits.max_config_bytes
+    else:
+        assert entry.component is not None
+        bound = weights_limit(entry.component, limits)
+    if size > bound:
+        raise _invalid(f"{rel} is {size} bytes, over the limit of {bound} bytes", file=rel,
+                       limit=bound)
+
+
+def _check_complete(entries: dict[str, Entry | None]) -> None:
+    present = {(e.prefix, e.component, e.kind) for e in entries.values()
+               if e is not None and e.component is not None}
+    if not any(kind == "weights" for _, _, kind in present):
+        raise _invalid("the model has no .safetensors weights")
+    folders = {(prefix, comp) for prefix, comp, _ in present}
+    for prefix, comp in sorted(folders):
+        config_file, weights_file = COMPONENT_FILES[comp]
+        if (prefix, comp, "config") not in present:
+            raise _invalid(f"{prefix}{comp}/ has no {config_file} (diffusers save_pretrained "
+                           "layout)", file=f"{prefix}{comp}/{config_file}")
+        if weights_file and (prefix, comp, "weights") not in present:
+            raise _invalid(f"{prefix}{comp}/ has no {weights_file} (safetensors weights)",
+                           file=f"{prefix}{comp}/{weights_file}")
+    for comp in ("vae", "scheduler"):
+        if ("", comp) not in folders:
+            raise _invalid(f"the model has no {comp}/ folder; {_LAYOUT_HINT}")
+    denoisers = {p for p, c in folders if c == "unet"}
+    if not denoisers:
+        raise _invalid(f"the model has no unet/ (nor denoisers/<key>/unet/); {_LAYOUT_HINT}")
+    if "" in denoisers and len(denoisers) > 1:
+        raise _invalid("the model has both unet/ and per-class denoisers/<key>/unet/")
+    orphans = [p for p, c in folders if c == "class_embedder" and p not in denoisers
+               and p != ""]
+    if orphans:
+        raise _invalid(f"{orphans[0]}class_embedder/ has no unet/ beside it")
+
+
+# --- safetensors headers ---------------------------------------------------------------
+
+def check_safetensors(data: bytes, *, name: str, max_elements: int) -> int:
+    """Check a safetensors file without loading it; returns its number of elements.
+
+    The format is an 8-byte little-endian header length N, N bytes of JSON mapping tensor
+    names to ``{dtype, shape, data_offsets: [begin, end]}`` (offsets relative to the byte
+    buffer after the header), then the buffer. The tensors must tile the buffer exactly:
+    sorted by offset, contiguous, non-overlapping, inside the file, each exactly
+    ``prod(shape) * itemsize`` bytes (what the safetensors library itself requires).
+
+    Raises:
+        DpsynthError: 422 ``invalid_model`` naming the file and the defect.
+    """
+    def bad(why: str) -> DpsynthError:
+        return _invalid(f"{name} is not a valid safetensors file: {why}", file=name)
+
+    if len(data) < 8:
+        raise bad("shorter than its 8-byte header length")
+    (header_len,) = struct.unpack("<Q", data[:8])
+    if header_len > _MAX_HEADER_BYTES:
+        raise bad(f"its header declares {header_len} bytes, over the limit of "
+                  f"{_MAX_HEADER_BYTES}")
+    if 8 + header_len > len(data):
+        raise bad("its header runs past the end of the file")
+    raw = data[8:8 + header_len]
+    if not raw.lstrip().startswith(b"{"):
+        raise bad("its header is not a JSON object")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise bad("its header is not valid UTF-8 JSON") from exc
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise bad("__metadata__ must map strings to strings")
+    if len(header) > _MAX_TENSORS:
+        raise bad(f"it has more than {_MAX_TENSORS} tensors")
+    buffer = len(data) - 8 - header_len
+    spans: list[tuple[int, int, str]] = []
+    elements = 0
+    for tensor, desc in header.items():
+        if not isinstance(desc, dict) or set(desc) != {"dtype", "shape", "data_offsets"}:
+            raise bad(f"tensor {tensor!r} must have exactly dtype, shape and data_offsets")
+        dtype, shape, offsets = desc["dtype"], desc["shape"], desc["data_offsets"]
+        if dtype not in DTYPES:
+            raise bad(f"tensor {tensor!r} has dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+        if not (isinstance(shape, list) and len(shape) <= 8 and all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape)):
+            raise bad(f"tensor {tensor!r} has an invalid shape")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(
+                isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise bad(f"tensor {tensor!r} has invalid data_offsets")
+        begin, end = offsets
+        count = math.prod(shape)
+        if not 0 <= begin <= end <= buffer:
+            raise bad(f"tensor {tensor!r} has offsets [{begin}, {end}] outside the "
+                      f"{buffer}-byte buffer")
+        if end - begin != count * DTYPES[dtype]:
+            raise bad(f"tensor {tensor!r} spans {end - begin} bytes, its shape and dtype "
+                      f"need {count * DTYPES[dtype]}")
+        elements += count
+        spans.append((begin, end, tensor))
+    spans.sort()
+    position = 0
+    for begin, end, tensor in spans:
+        if begin != position:
+            what = "overlaps the previous tensor" if begin < position else "leaves a gap"
+            raise bad(f"tensor {tensor!r} {what} (offset {begin}, expected {position})")
+        position = end
+    if position != buffer:
+        raise bad(f"the tensors cover {position} of the {buffer} buffer bytes")
+    if elements > max_elements:
+        raise bad(f"it holds {elements:,} values, over the limit of {max_elements:,}")
+    return elements
+
+
+# --- dpsynth_model.json ----------------------------------------------------------------
+
+class ModelInfoFile(BaseModel):
+    """The schema of ``dpsynth_model.json`` (the ML core's ``ModelInfo``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format_version: StrictInt
+    preset: Literal["tiny", "small", "base", "custom"]
+    image_size: StrictInt = Field(ge=4, le=1024)
+    channels: StrictInt = Field(ge=1, le=4)
+    latent_channels: StrictInt = Field(ge=1, le=16)
+    vae_scaling_factor: float = Field(gt=0, le=1e3, allow_inf_nan=False)
+    num_classes: StrictInt = Field(ge=1, le=DEFAULT_LIMITS.max_classes)
+    class_names: list[StrictStr] = Field(min_length=1, max_length=DEFAULT_LIMITS.max_classes)
+    null_class: StrictInt
+    rng: Literal["os", "test"]
+    training_kind: Literal["pretrain", "finetune"]
+    steps: StrictInt = Field(ge=0)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+def parse_info(data: bytes) -> dict[str, Any]:
+    """Parse and validate ``dpsynth_model.json``.
+
+    Raises:
+        DpsynthError: 422 ``invalid_model`` naming the field.
+    """
+    try:
+        info = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _invalid(f"{INFO_FILE} is not valid JSON", file=INFO_FILE) from exc
+    if not isinstance(info, dict):
+        raise _invalid(f"{INFO_FILE} must be a JSON object", file=INFO_FILE)
+    if info.get("format_version") != MODEL_FORMAT_VERSION:
+        raise _invalid(f"{INFO_FILE} has format_version {info.get('format_version')!r}; "
+                       f"this platform reads version {MODEL_FORMAT_VERSION}", file=INFO_FILE)
+    try:
+        checked = ModelInfoFile.model_validate(info)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise _invalid(f"{INFO_FILE}: {loc}: {first['msg']}", file=INFO_FILE,
+                       errors=[{"loc": list(e["loc"]), "msg": e["msg"]}
+                               for e in exc.errors()]) from exc
+    names = checked.class_names
+    if any(not n or len(n) > 200 for n in names) or len(set(names)) != len(names):
+        raise _invalid(f"{INFO_FILE}: class_names must be distinct non-empty names of at most "
+                       "200 characters", file=INFO_FILE)
+    if checked.num_classes != len(names):
+        raise _invalid(f"{INFO_FILE}: num_classes is {checked.num_classes} but class_names "
+                       f"has {len(names)} names", file=INFO_FILE)
+    if checked.null_class != checked.num_classes:
+        raise _invalid(f"{INFO_FILE}: null_class must be num_classes ({checked.num_classes})",
+                       file=INFO_FILE)
+    return info
+
+
+# --- contents and repacking ------------------------------------------------------------
+
+@dataclass
+class CheckedModel:
+    """What the contents check found: the info and every config, by path."""
+
+    info: dict[str, Any]
+    configs: dict[str, tuple[Entry, dict[str, Any]]] = field(default_factory=dict)
+
+    def config(self, component: str, prefix: str = "") -> dict[str, Any] | None:
+        for entry, config in self.configs.values():
+            if entry.component == component and entry.prefix == prefix:
+                return config
+        return None
+
+
+def check_member(rel: str, data: bytes, checked: CheckedModel,
+                 limits: ConfigLimits = DEFAULT_LIMITS) -> bool:
+    """Check one member's contents; returns whether it is kept in the stored model.
+
+    Raises:
+        DpsynthError: 422 ``invalid_model``.
+    """
+    entry = classify(rel)
+    if entry is None:  # check_model_archive refused these already
+        raise _invalid(f"unexpected file in the model folder: {rel!r}")
+    if entry.kind == "info":
+        checked.info = parse_info(data)
+        return True
+    if entry.kind == "provenance":
+        # A downloaded trained model carries the provenance of its training; an upload's
+        # lineage is the api's record, so the file is not kept.
+        return False
+    assert entry.component is not None
+    if entry.kind == "config":
+        try:
+            config = parse_config(data, component=entry.component, limits=limits)
+            check_config(entry.component, config, limits=limits)
+        except ModelConfigError as exc:
+            raise _invalid(f"{rel}: {exc}", file=rel, key=exc.key) from exc
+        checked.configs[rel] = (entry, config)
+        return True
+    max_elements = (weights_limit(entry.component, limits) - _MAX_HEADER_BYTES - 8) // 8
+    check_safetensors(data, name=rel, max_elements=max_elements)
+    return True
+
+
+def repack(archive: SafeArchive, root: str, dest: Path,
+           limits: ConfigLimits = DEFAULT_LIMITS) -> CheckedModel:
+    """Check every member's contents and write the kept ones (root stripped) into an
+    uncompressed tar at ``dest``.
 
     Returns:
-        The parsed ``dpsynth_model.json``.
+        The parsed ``dpsynth_model.json`` and configs, cross-checked.
+
+    Raises:
+        DpsynthError: 422 ``invalid_model``.
     """
-    info: dict[str, Any] | None = None
+    checked = CheckedModel(info={})
     with tarfile.open(dest, mode="w", format=tarfile.PAX_FORMAT) as out:
         for name, data in archive.iter_files():
             if not name.startswith(root):
                 continue
             rel = name[len(root):]
-            if rel == INFO_FILE:
-                info = _parse_info(data)
+            if not check_member(rel, data, checked, limits):
+                continue
             member = tarfile.TarInfo(rel)
             member.size, member.mode = len(data), 0o644
             out.addfile(member, io.BytesIO(data))
-    if info is None:
+    if not checked.info:
         raise _invalid(f"the model has no {INFO_FILE} at its root")
-    return info
+    check_consistency(checked)
+    return checked
 
 
-def _parse_info(data: bytes) -> dict[str, Any]:
-    try:
-        info = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _invalid(f"{INFO_FILE} is not valid JSON") from exc
-    if not isinstance(info, dict):
-        raise _invalid(f"{INFO_FILE} must be a JSON object")
-    return info
+def check_consistency(checked: CheckedModel) -> None:
+    """The parts must fit together: image and latent channels, classes, class tokens.
+
+    Raises:
+        DpsynthError: 422 ``invalid_model`` naming the two sides that disagree.
+    """
+    info = checked.info
+    vae = checked.config("vae") or {}
+    if vae.get("in_channels", 3) != info["channels"]:
+        raise _invalid(f"vae/config.json has in_channels {vae.get('in_channels', 3)}, "
+                       f"{INFO_FILE} says channels {info['channels']}")
+    latent = vae.get("latent_channels", 4)
+    if latent != info["latent_channels"]:
+        raise _invalid(f"vae/config.json has latent_channels {latent}, {INFO_FILE} says "
+                       f"{info['latent_channels']}")
+    unet_class = info.get("extra", {}).get("unet_class")
+    prefixes = sorted({e.prefix for e, _ in checked.configs.values() if e.component == "unet"})
+    for prefix in prefixes:
+        unet = checked.config("unet", prefix) or {}
+        where = f"{prefix}unet/config.json"
+        if unet_class is not None and unet.get("_class_name") != unet_class:
+            raise _invalid(f"{where} holds {unet.get('_class_name')}, {INFO_FILE} says "
+                           f"{unet_class}")
+        if unet.get("out_channels", latent) != latent:
+            raise _invalid(f"{where} has out_channels {unet.get('out_channels')}, the vae "
+                           f"has {latent} latent channels")
+        if unet.get("in_channels", latent) < latent:
+            raise _invalid(f"{where} has in_channels {unet.get('in_channels')}, fewer than "
+                           f"the vae's {latent} latent channels")
+        embedder = checked.config("class_embedder", prefix) or checked.config("class_embedder")
+        if embedder is None and unet.get("_class_name") == "UNet2DConditionModel":
+            raise _invalid(f"{prefix}class_embedder/ is missing: a UNet2DConditionModel takes "
+                           "its class token from it")
+        if embedder is not None:
+            if embedder["num_embeddings"] != info["num_classes"] + 1:
+                raise _invalid(f"{prefix}class_embedder/config.json has "
+                               f"{embedder['num_embeddings']} rows, {INFO_FILE} needs "
+                               f"num_classes + 1 = {info['num_classes'] + 1}")
+            cross = unet.get("cross_attention_dim")
+            if isinstance(cross, int) and embedder["embedding_dim"] != cross:
+                raise _invalid(f"{prefix}class_embedder/config.json has embedding_dim "
+                               f"{embedder['embedding_dim']}, {where} has cross_attention_dim "
+                               f"{cross}")
