@@ -33,6 +33,9 @@ class DatasetInfo(BaseModel):
     declared_size: int | None = None
     delta: float | None = None
     has_masks: bool = False
+    declared_public_by: str | None = Field(
+        None, description="public datasets: the key that declared the data public (recorded "
+        "in the manifest of a corpus whose layouts come from it)")
     class_sizes: dict[str, int] | None = Field(
         None, description="public per-class sizes declared at upload (per-label training)")
 
