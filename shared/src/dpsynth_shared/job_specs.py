@@ -82,10 +82,12 @@ class DpPromise(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    phase1_epochs: float = Field(1, gt=0, le=1000)
+    phase1_epochs: int = Field(1, ge=1, le=1000, description="whole epochs: each re-noising "
+                               "of a record is one more Gaussian release")
     phase1_min_timestep: int = Field(900, ge=0, le=999, description="phase 1 trains only "
                                      "on timesteps t >= this (high forward-noise regime)")
-    latent_clip: float = Field(1.0, gt=0, description="L2 bound every latent is clipped to")
+    latent_clip: float = Field(gt=0, description="L2 bound R every latent is clipped to (no "
+                               "default: it must fit the autoencoder's latent norms)")
 
 
 class FinetuneTraining(BaseModel):
