@@ -23,7 +23,8 @@ def drop_labels(labels: torch.Tensor, *, probability: float, null_class: int,
 
 def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMScheduler,
                               latents: torch.Tensor, labels: torch.Tensor,
-                              generator: torch.Generator) -> torch.Tensor:
+                              generator: torch.Generator,
+                              layout: torch.Tensor | None = None) -> torch.Tensor:
     """Per-example MSE between true and predicted noise at a random timestep.
 
     Args:
@@ -32,6 +33,9 @@ def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMSche
         latents: clean (scaled) latents [B, C, h, w].
         labels: class indices [B] (after label dropout).
         generator: source of timesteps and noise.
+        layout: encoded layout masks [B, C, h, w] of the same examples, for a
+            layout-conditioned denoiser (DP-DocLDM, Eq. 8: eps_theta(z_t, t, c, E(m))); the
+            layout is never noised, only concatenated to the noisy latent.
 
     Returns:
         Loss per example, shape [B] (mean over that example's latent elements).
@@ -41,5 +45,5 @@ def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMSche
     timesteps = torch.randint(0, num_t, (batch,), generator=generator)
     noise = torch.randn(latents.shape, generator=generator)
     noisy = scheduler.add_noise(latents, noise, timesteps)
-    pred = denoiser(noisy, timesteps, labels)
+    pred = denoiser(noisy, timesteps, labels, layout=layout)
     return (pred - noise).pow(2).flatten(1).mean(dim=1)

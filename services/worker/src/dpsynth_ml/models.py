@@ -1,26 +1,62 @@
-"""Model architecture presets and the class-conditional denoiser.
+"""Model architectures (presets and custom diffusers configs) and the conditional denoiser.
 
 The latent diffusion model follows DP-LDMs (Liu et al., TMLR 2024): a VAE maps images to a
-small latent, a UNet denoises latents, and the class label enters through cross-attention as
-a single learned token (``encoder_hidden_states`` of length 1). Classifier-free guidance
-(Ho & Salimans 2022) needs an extra "null" class row, which is the last embedding row.
+small latent and a UNet denoises latents. Two UNet classes are supported:
+
+* ``UNet2DConditionModel`` (the presets): the class label enters through cross-attention as a
+  single learned token (``encoder_hidden_states`` of length 1, DP-LDMs conditioning); the
+  token table is the separate ``class_embedder``.
+* ``UNet2DModel``: the class embedding is *added to the timestep embedding* (DP-DocLDM's
+  "Class Cond."), through diffusers' ``num_class_embeds``; the table is the UNet's own
+  ``class_embedding`` and ``ModelBundle.class_embedder`` is that same module.
+
+Classifier-free guidance (Ho & Salimans 2022) needs an extra "null" class: the last row of
+either table. With layout conditioning (DP-DocLDM), the layout mask is encoded by the same
+frozen VAE and concatenated channel-wise to the noisy latent, so the UNet has
+``in_channels = 2 * latent_channels`` and ``out_channels = latent_channels``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
-from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel, UNet2DModel
 from torch import nn
 
-from dpsynth_ml.spec import Preset
+from dpsynth_ml.data import images_to_tensor
+from dpsynth_ml.spec import Architecture, InvalidSpecError, Preset, UnetClass
+
+if TYPE_CHECKING:
+    from dpsynth_ml.spec import ModelInfo, TrainingSpec
+
+#: The diffusers UNet classes a dpsynth model may use.
+UNET_CLASSES: dict[str, type[nn.Module]] = {
+    "UNet2DConditionModel": UNet2DConditionModel,
+    "UNet2DModel": UNet2DModel,
+}
+
+#: Custom-architecture keys the platform sets itself (sizes and the conditioning path).
+PLATFORM_UNET_KEYS = frozenset({
+    "sample_size", "in_channels", "out_channels", "num_class_embeds", "class_embed_type",
+    "encoder_hid_dim", "encoder_hid_dim_type", "addition_embed_type",
+    "addition_time_embed_dim", "projection_class_embeddings_input_dim",
+    "class_embeddings_concat", "time_cond_proj_dim", "addition_embed_type_num_heads",
+})
+PLATFORM_VAE_KEYS = frozenset({
+    "sample_size", "in_channels", "out_channels", "scaling_factor", "shift_factor",
+    "latents_mean", "latents_std", "force_upcast",
+})
+
+_ENCODE_CHUNK = 256
 
 
 @dataclass(frozen=True)
 class PresetConfig:
-    """Sizes of one architecture preset (chosen by measurement on a 2-core CPU)."""
+    """Sizes of one architecture preset (tiny/small chosen by measurement on a 2-core CPU)."""
 
     vae_channels: tuple[int, ...]
     vae_groups: int
@@ -33,6 +69,8 @@ class PresetConfig:
     layers_per_block: int
     vae_epochs: int
     vae_learning_rate: float
+    down_block_types: tuple[str, ...] = ("CrossAttnDownBlock2D", "DownBlock2D")
+    up_block_types: tuple[str, ...] = ("UpBlock2D", "CrossAttnUpBlock2D")
 
 
 PRESETS: dict[str, PresetConfig] = {
@@ -48,24 +86,30 @@ PRESETS: dict[str, PresetConfig] = {
                           latent_channels=4, unet_channels=(64, 128), unet_groups=16,
                           cross_attention_dim=64, attention_head_dim=16, layers_per_block=1,
                           vae_epochs=8, vae_learning_rate=1e-3),
+    # GPUs: a ~31M-parameter denoiser (LDM-style: attention at latent downsampling 2 and 4
+    # and in the middle, 8 heads) on 32x32 latents (128x128 images) or 64x64 (256x256);
+    # the VAE downsamples by 4 (LDM KL-F4, the DP-DocLDM autoencoder's best variant).
+    "base": PresetConfig(vae_channels=(64, 128, 256), vae_groups=32, vae_mid_attention=True,
+                         latent_channels=4, unet_channels=(96, 192, 256), unet_groups=32,
+                         cross_attention_dim=256, attention_head_dim=8, layers_per_block=2,
+                         vae_epochs=20, vae_learning_rate=4.5e-4,
+                         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D",
+                                           "CrossAttnDownBlock2D"),
+                         up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D",
+                                         "UpBlock2D")),
 }
 
 
 def preset_config(preset: Preset) -> PresetConfig:
-    """Return the sizes of ``preset``."""
+    """Return the sizes of ``preset`` (not ``custom``)."""
+    if preset not in PRESETS:
+        raise InvalidSpecError(f"{preset!r} is not a preset with fixed sizes")
     return PRESETS[preset]
 
 
 def build_vae(cfg: PresetConfig, *, channels: int, image_size: int) -> AutoencoderKL:
     """A small KL autoencoder that downsamples by 2 ** (len(vae_channels) - 1)."""
-    n = len(cfg.vae_channels)
-    return AutoencoderKL(
-        in_channels=channels, out_channels=channels,
-        down_block_types=("DownEncoderBlock2D",) * n, up_block_types=("UpDecoderBlock2D",) * n,
-        block_out_channels=cfg.vae_channels, layers_per_block=1,
-        latent_channels=cfg.latent_channels, norm_num_groups=cfg.vae_groups,
-        sample_size=image_size, mid_block_add_attention=cfg.vae_mid_attention,
-    )
+    return AutoencoderKL(**_preset_vae_config(cfg, channels=channels, image_size=image_size))
 
 
 def vae_downsample_factor(cfg: PresetConfig) -> int:
@@ -73,18 +117,31 @@ def vae_downsample_factor(cfg: PresetConfig) -> int:
     return int(2 ** (len(cfg.vae_channels) - 1))
 
 
-def build_unet(cfg: PresetConfig, *, latent_size: int) -> UNet2DConditionModel:
+def build_unet(cfg: PresetConfig, *, latent_size: int,
+               layout_channels: int = 0) -> UNet2DConditionModel:
     """A class-conditional UNet; the class token enters every transformer block via attn2."""
-    return UNet2DConditionModel(
-        sample_size=latent_size, in_channels=cfg.latent_channels,
-        out_channels=cfg.latent_channels, layers_per_block=cfg.layers_per_block,
-        block_out_channels=cfg.unet_channels,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        mid_block_type="UNetMidBlock2DCrossAttn",
-        cross_attention_dim=cfg.cross_attention_dim,
-        attention_head_dim=cfg.attention_head_dim, norm_num_groups=cfg.unet_groups,
-    )
+    return UNet2DConditionModel(**_preset_unet_config(cfg, latent_size=latent_size,
+                                                      layout_channels=layout_channels))
+
+
+def _preset_vae_config(cfg: PresetConfig, *, channels: int, image_size: int) -> dict[str, Any]:
+    n = len(cfg.vae_channels)
+    return dict(in_channels=channels, out_channels=channels,
+                down_block_types=("DownEncoderBlock2D",) * n,
+                up_block_types=("UpDecoderBlock2D",) * n,
+                block_out_channels=cfg.vae_channels, layers_per_block=1,
+                latent_channels=cfg.latent_channels, norm_num_groups=cfg.vae_groups,
+                sample_size=image_size, mid_block_add_attention=cfg.vae_mid_attention)
+
+
+def _preset_unet_config(cfg: PresetConfig, *, latent_size: int,
+                        layout_channels: int) -> dict[str, Any]:
+    return dict(sample_size=latent_size, in_channels=cfg.latent_channels + layout_channels,
+                out_channels=cfg.latent_channels, layers_per_block=cfg.layers_per_block,
+                block_out_channels=cfg.unet_channels, down_block_types=cfg.down_block_types,
+                up_block_types=cfg.up_block_types, mid_block_type="UNetMidBlock2DCrossAttn",
+                cross_attention_dim=cfg.cross_attention_dim,
+                attention_head_dim=cfg.attention_head_dim, norm_num_groups=cfg.unet_groups)
 
 
 def build_scheduler() -> DDPMScheduler:
@@ -95,51 +152,302 @@ def build_scheduler() -> DDPMScheduler:
 
 
 def build_class_embedder(num_classes: int, dim: int) -> nn.Embedding:
-    """Learned class tokens; row ``num_classes`` is the null class for guidance."""
+    """Learned class embeddings; row ``num_classes`` is the null class for guidance."""
     embedder = nn.Embedding(num_classes + 1, dim)
     nn.init.normal_(embedder.weight, std=0.02)
+    return embedder
+
+
+# --- architectures: presets and custom configs -----------------------------------------
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Everything needed to build a fresh model for a pretrain.
+
+    Attributes:
+        unet_class: the diffusers UNet class name.
+        vae_config: ``AutoencoderKL`` keyword arguments (platform keys filled in).
+        unet_config: UNet keyword arguments (platform keys filled in, except
+            ``num_class_embeds`` which :func:`build_bundle` sets from the class count).
+        latent_channels: channels of one VAE latent.
+        layout_channels: extra UNet input channels for the layout latent (0 = none).
+        vae_epochs: autoencoder epochs (custom architectures: the spec's epochs).
+        vae_learning_rate: autoencoder learning rate.
+    """
+
+    unet_class: UnetClass
+    vae_config: Mapping[str, Any]
+    unet_config: Mapping[str, Any]
+    latent_channels: int
+    layout_channels: int
+    vae_epochs: int
+    vae_learning_rate: float
+
+
+def plan_model(spec: TrainingSpec) -> ModelPlan:
+    """The architecture a pretrain builds: a preset's sizes or a checked custom config.
+
+    The platform owns the sizes that follow from the data (image size, channels), from the
+    VAE (latent channels and size) and from layout conditioning (UNet input channels), and
+    the conditioning path; a custom architecture naming any of them is refused.
+
+    Raises:
+        InvalidSpecError: unknown preset, platform-owned or unknown keys, values outside
+            the allow-list's limits (``dpsynth_shared.model_configs``), or an image size
+            the VAE cannot downsample evenly.
+    """
+    if spec.preset != "custom":
+        cfg = preset_config(spec.preset)
+        layout = cfg.latent_channels if spec.layout_conditioning else 0
+        factor = vae_downsample_factor(cfg)
+        _check_divisible(spec.image_size, factor)
+        return ModelPlan(
+            unet_class="UNet2DConditionModel",
+            vae_config=_preset_vae_config(cfg, channels=spec.channels,
+                                          image_size=spec.image_size),
+            unet_config=_preset_unet_config(cfg, latent_size=spec.image_size // factor,
+                                            layout_channels=layout),
+            latent_channels=cfg.latent_channels, layout_channels=layout,
+            vae_epochs=cfg.vae_epochs, vae_learning_rate=cfg.vae_learning_rate)
+    if spec.architecture is None:
+        raise InvalidSpecError("preset 'custom' needs an architecture")
+    return _plan_custom(spec, spec.architecture)
+
+
+def _plan_custom(spec: TrainingSpec, arch: Architecture) -> ModelPlan:
+    from dpsynth_shared.model_configs import ModelConfigError, check_config
+
+    if arch.unet_class not in UNET_CLASSES:
+        raise InvalidSpecError(f"unet_class must be one of {sorted(UNET_CLASSES)}")
+    for component, given, owned in (("unet", arch.unet, PLATFORM_UNET_KEYS),
+                                    ("vae", arch.vae, PLATFORM_VAE_KEYS)):
+        taken = sorted(k for k in given if k in owned)
+        if taken:
+            raise InvalidSpecError(f"the custom {component} config sets {taken}: these are set "
+                                   "by the platform (sizes from the data and VAE, conditioning)")
+    vae_config: dict[str, Any] = {**arch.vae, "in_channels": spec.channels,
+                                  "out_channels": spec.channels,
+                                  "sample_size": spec.image_size}
+    latent = int(vae_config.get("latent_channels", 4))  # type: ignore[call-overload]
+    factor = 2 ** (len(vae_config.get("block_out_channels", (64,))) - 1)
+    _check_divisible(spec.image_size, factor)
+    layout = latent if spec.layout_conditioning else 0
+    unet_config: dict[str, Any] = {**arch.unet, "sample_size": spec.image_size // factor,
+                                   "in_channels": latent + layout, "out_channels": latent}
+    if arch.unet_class == "UNet2DConditionModel" and not isinstance(
+            unet_config.get("cross_attention_dim", 1280), int):
+        raise InvalidSpecError("cross_attention_dim must be one number: the class token is "
+                               "the same in every block")
+    checked = dict(unet_config)
+    if arch.unet_class == "UNet2DModel":
+        checked["num_class_embeds"] = spec.num_classes + 1
+    try:
+        check_config("vae", vae_config, class_name="AutoencoderKL")
+        check_config("unet", checked, class_name=arch.unet_class)
+    except ModelConfigError as exc:
+        raise InvalidSpecError(str(exc)) from exc
+    return ModelPlan(unet_class=arch.unet_class, vae_config=vae_config,
+                     unet_config=unet_config, latent_channels=latent, layout_channels=layout,
+                     vae_epochs=spec.epochs, vae_learning_rate=1e-3)
+
+
+def _check_divisible(image_size: int, factor: int) -> None:
+    if image_size % factor:
+        raise InvalidSpecError(f"image_size {image_size} is not a multiple of the VAE's "
+                               f"downsampling factor {factor}")
+
+
+def build_bundle(plan: ModelPlan, *, num_classes: int) -> ModelBundle:
+    """Fresh VAE, UNet, class embedder (null class = last row) and scheduler."""
+    vae = AutoencoderKL(**plan.vae_config)
+    if plan.unet_class == "UNet2DModel":
+        unet: nn.Module = UNet2DModel(**plan.unet_config, num_class_embeds=num_classes + 1)
+        bundle = ModelBundle(vae=vae, unet=unet, class_embedder=unet.class_embedding,
+                             scheduler=build_scheduler())
+        reset_class_embedder(bundle, num_classes)
+        return bundle
+    unet = UNet2DConditionModel(**plan.unet_config)
+    dim = int(unet.config["cross_attention_dim"])
+    return ModelBundle(vae=vae, unet=unet, class_embedder=build_class_embedder(num_classes, dim),
+                       scheduler=build_scheduler())
+
+
+def unet_class_name(unet: nn.Module) -> UnetClass:
+    """``UNet2DConditionModel`` or ``UNet2DModel``.
+
+    Raises:
+        InvalidSpecError: for any other module.
+    """
+    for name, cls in UNET_CLASSES.items():
+        if type(unet) is cls:
+            return name  # type: ignore[return-value]
+    raise InvalidSpecError(f"unsupported UNet class {type(unet).__name__}")
+
+
+def class_embedding_dim(unet: nn.Module) -> int:
+    """Width of one class embedding: the cross-attention width or the time-embedding width."""
+    if isinstance(unet, UNet2DModel):
+        return int(unet.class_embedding.embedding_dim)
+    return int(unet.config["cross_attention_dim"])
+
+
+def reset_class_embedder(bundle: ModelBundle, num_classes: int) -> nn.Embedding:
+    """Replace the class table by a fresh one of ``num_classes + 1`` rows (new labels).
+
+    For a ``UNet2DModel`` the table is the UNet's ``class_embedding`` (and its config's
+    ``num_class_embeds``), so both are replaced together.
+    """
+    embedder = build_class_embedder(num_classes, class_embedding_dim(bundle.unet))
+    if isinstance(bundle.unet, UNet2DModel):
+        bundle.unet.class_embedding = embedder
+        bundle.unet.register_to_config(num_class_embeds=num_classes + 1)
+    bundle.class_embedder = embedder
     return embedder
 
 
 class ConditionalDenoiser(nn.Module):
     """UNet + class embedder as one module, so opacus can hook both in one forward.
 
-    The label embedding is the cross-attention context of length 1 (DP-LDMs conditioning).
+    One signature for both UNet classes: ``forward(latents, timesteps, labels, layout=None)``.
+    With ``UNet2DConditionModel`` the label embedding is the cross-attention context of
+    length 1 (DP-LDMs); with ``UNet2DModel`` the label goes through the UNet's own class
+    embedding, added to the timestep embedding (DP-DocLDM). For a ``UNet2DModel`` the
+    embedder is not registered twice: its parameter is ``unet.class_embedding.weight``.
+
+    Args:
+        unet: the denoiser.
+        class_embedder: the class table; for ``UNet2DModel`` it must be
+            ``unet.class_embedding`` itself.
     """
 
-    def __init__(self, unet: UNet2DConditionModel, class_embedder: nn.Embedding) -> None:
+    def __init__(self, unet: nn.Module, class_embedder: nn.Embedding) -> None:
         super().__init__()
         self.unet = unet
-        self.class_embedder = class_embedder
+        self.unet_class = unet_class_name(unet)
+        if isinstance(unet, UNet2DModel):
+            if unet.class_embedding is not class_embedder:
+                raise InvalidSpecError("a UNet2DModel's class embedder is its class_embedding")
+        else:
+            self.class_embedder = class_embedder
+        config = unet.config
+        self.latent_channels = int(config["out_channels"])
+        self.layout_channels = int(config["in_channels"]) - self.latent_channels
 
-    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor,
-                labels: torch.Tensor) -> torch.Tensor:
-        """Predict the noise in ``latents`` at ``timesteps`` for class ``labels``."""
-        context = self.class_embedder(labels).unsqueeze(1)
-        out: Any = self.unet(latents, timesteps, encoder_hidden_states=context, return_dict=False)
+    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, labels: torch.Tensor,
+                layout: torch.Tensor | None = None) -> torch.Tensor:
+        """Predict the noise in ``latents`` at ``timesteps`` for class ``labels``.
+
+        Args:
+            latents: noisy latents [B, C, h, w].
+            timesteps: integer timesteps [B].
+            labels: class indices [B] (the null class for unconditional predictions).
+            layout: encoded layout masks [B, C_layout, h, w], required exactly when the
+                model is layout-conditioned; concatenated after the latent channels.
+
+        Returns:
+            The predicted noise [B, C, h, w].
+        """
+        if (layout is not None) != (self.layout_channels > 0):
+            raise InvalidSpecError(
+                "this model is layout-conditioned: a layout is required" if self.layout_channels
+                else "this model has no layout conditioning: a layout is refused")
+        x = latents if layout is None else torch.cat([latents, layout.to(latents.dtype)], dim=1)
+        if self.unet_class == "UNet2DModel":
+            out: Any = self.unet(x, timesteps, class_labels=labels, return_dict=False)
+        else:
+            context = self.class_embedder(labels).unsqueeze(1)
+            out = self.unet(x, timesteps, encoder_hidden_states=context, return_dict=False)
         return out[0]  # type: ignore[no-any-return]
 
 
 @dataclass
 class ModelBundle:
-    """All parts of a dpsynth model held in memory."""
+    """All parts of a dpsynth model held in memory.
+
+    ``unet`` is a ``UNet2DConditionModel`` or a ``UNet2DModel``; for the latter,
+    ``class_embedder`` is the UNet's own ``class_embedding`` module.
+    """
 
     vae: AutoencoderKL
-    unet: UNet2DConditionModel
+    unet: Any
     class_embedder: nn.Embedding
     scheduler: DDPMScheduler
 
+    @property
+    def unet_class(self) -> UnetClass:
+        """The UNet's diffusers class name."""
+        return unet_class_name(self.unet)
+
+    @property
+    def layout_channels(self) -> int:
+        """UNet input channels taken by the layout latent (0 without layout conditioning)."""
+        return int(self.unet.config["in_channels"]) - int(self.unet.config["out_channels"])
+
     def parameter_count(self) -> int:
-        """Scalars in VAE + UNet + class embedder."""
+        """Scalars in VAE + UNet + class embedder (a shared embedder counted once)."""
         modules: list[nn.Module] = [self.vae, self.unet, self.class_embedder]
-        return sum(p.numel() for m in modules for p in m.parameters())
+        seen = {id(p): p.numel() for m in modules for p in m.parameters()}
+        return sum(seen.values())
 
 
 def is_attention_parameter(name: str) -> bool:
-    """True for parameters of the UNet's transformer attention (``attn1``/``attn2``).
+    """True for parameters of a cross-attention UNet's transformer attention (attn1/attn2).
 
-    These are what DP-LDMs fine-tunes ("attention modules"): to_q, to_k, to_v, to_out and
-    any norms inside the Attention module.
+    Kept for callers that only have names; :mod:`dpsynth_ml.trainable` selects by module
+    type and also covers ``UNet2DModel``'s self-attention.
     """
     parts = name.split(".")
     return "attn1" in parts or "attn2" in parts
+
+
+# --- encoding images and layout masks with the frozen VAE ------------------------------
+
+@torch.no_grad()
+def encode_images(vae: AutoencoderKL, images: np.ndarray, *, image_size: int, channels: int,
+                  scaling_factor: float) -> torch.Tensor:
+    """Scaled VAE latents (posterior means x scaling factor) of uint8 [N, H, W, C] images.
+
+    The VAE is put in eval mode and frozen; encoding runs in chunks of 256.
+
+    Raises:
+        InvalidSpecError: if there is nothing to encode.
+    """
+    vae.requires_grad_(False).eval()
+    device = next(vae.parameters()).device
+    chunks = []
+    for start in range(0, len(images), _ENCODE_CHUNK):
+        x = images_to_tensor(images[start:start + _ENCODE_CHUNK], image_size=image_size,
+                             channels=channels).to(device)
+        chunks.append(vae.encode(x).latent_dist.mean * scaling_factor)
+    if not chunks:
+        raise InvalidSpecError("nothing to encode (no images)")
+    return torch.cat(chunks)
+
+
+def encode_layouts(bundle: ModelBundle, info: ModelInfo, masks: np.ndarray) -> torch.Tensor:
+    """Layout masks encoded as the denoiser expects them (DP-DocLDM's E(m)).
+
+    Masks (uint8 [N, H, W, 1], 255 = text line) are preprocessed like images (resized to the
+    model's image size, repeated to its channels, mapped to [-1, 1]) and encoded by the
+    model's own frozen VAE: posterior mean x the model's latent scaling factor.
+
+    Args:
+        bundle: the model (its VAE encodes).
+        info: the model's info (image size, channels, scaling factor).
+        masks: uint8 [N, H, W, 1].
+
+    Returns:
+        float [N, latent_channels, h, w], to pass as ``layout=`` to the denoiser.
+
+    Raises:
+        InvalidSpecError: on a wrong mask array or a model without layout conditioning.
+    """
+    if masks.dtype != np.uint8 or masks.ndim != 4 or masks.shape[-1] != 1:
+        raise InvalidSpecError("layout masks must be uint8 [N, H, W, 1]")
+    if bundle.layout_channels <= 0:
+        raise InvalidSpecError("this model has no layout conditioning")
+    latents = encode_images(bundle.vae, masks, image_size=info.image_size,
+                            channels=info.channels, scaling_factor=info.vae_scaling_factor)
+    if latents.shape[1] != bundle.layout_channels:
+        raise InvalidSpecError("the VAE's latent channels do not match the UNet's layout input")
+    return latents

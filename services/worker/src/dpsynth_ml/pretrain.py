@@ -4,6 +4,11 @@ This follows the latent diffusion recipe (Rombach et al. 2022) that DP-LDMs star
 the autoencoder is trained for reconstruction with a small KL term, latents are rescaled to
 unit variance (scaling factor = 1 / std), then a class-conditional UNet is trained with
 label dropout so that classifier-free guidance has a null class.
+
+The architecture is a preset (tiny, small, base) or a custom diffusers config checked
+against the platform's allow-list (:func:`dpsynth_ml.models.plan_model`). With
+``layout_conditioning`` (DP-DocLDM), the dataset's masks are encoded by the trained, frozen
+VAE and concatenated to every noisy latent the UNet sees.
 """
 
 from __future__ import annotations
@@ -21,12 +26,9 @@ from dpsynth_ml.model_io import save_model
 from dpsynth_ml.models import (
     ConditionalDenoiser,
     ModelBundle,
-    build_class_embedder,
-    build_scheduler,
-    build_unet,
-    build_vae,
-    preset_config,
-    vae_downsample_factor,
+    build_bundle,
+    encode_images,
+    plan_model,
 )
 from dpsynth_ml.spec import (
     MODEL_FORMAT_VERSION,
@@ -66,30 +68,35 @@ def run_pretrain(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     dataset = load_dataset(dataset_path)
     if len(dataset.class_names) != spec.num_classes:
         raise InvalidSpecError("num_classes must equal the dataset's number of classes")
+    if spec.layout_conditioning and dataset.masks is None:
+        raise InvalidSpecError("layout_conditioning needs a dataset with layout masks")
+    plan = plan_model(spec)
     g = torch.Generator().manual_seed(spec.seed)
     torch.manual_seed(spec.seed)  # module initialisation draws from the global generator
-    cfg = preset_config(spec.preset)
-    latent_size = spec.image_size // vae_downsample_factor(cfg)
-    bundle = ModelBundle(
-        vae=build_vae(cfg, channels=spec.channels, image_size=spec.image_size),
-        unet=build_unet(cfg, latent_size=latent_size),
-        class_embedder=build_class_embedder(spec.num_classes, cfg.cross_attention_dim),
-        scheduler=build_scheduler())
+    bundle = build_bundle(plan, num_classes=spec.num_classes)
     x = images_to_tensor(dataset.images, image_size=spec.image_size, channels=spec.channels)
     labels = torch.from_numpy(dataset.labels)
     per_epoch = -(-len(dataset) // spec.batch_size)
-    progress = _Progress(hooks, per_epoch * (cfg.vae_epochs + spec.epochs))
-    stopped = _train_vae(bundle, x, spec, cfg.vae_epochs, cfg.vae_learning_rate, g, progress)
+    progress = _Progress(hooks, per_epoch * (plan.vae_epochs + spec.epochs))
+    stopped = _train_vae(bundle, x, spec, plan.vae_epochs, plan.vae_learning_rate, g, progress)
     scale = _latent_scaling(bundle, x)
+    layouts = None
+    if spec.layout_conditioning and not stopped:
+        # DP-DocLDM: the masks are encoded by the same (now frozen) autoencoder.
+        layouts = encode_images(bundle.vae, dataset.masks, image_size=spec.image_size,
+                                channels=spec.channels, scaling_factor=scale)
     if not stopped:
-        stopped = _train_unet(bundle, x, labels, scale, spec, g, progress)
+        stopped = _train_unet(bundle, x, labels, scale, spec, g, progress, layouts)
     info = ModelInfo(format_version=MODEL_FORMAT_VERSION, preset=spec.preset,
                      image_size=spec.image_size, channels=spec.channels,
-                     latent_channels=cfg.latent_channels, vae_scaling_factor=scale,
+                     latent_channels=plan.latent_channels, vae_scaling_factor=scale,
                      num_classes=spec.num_classes, class_names=dataset.class_names,
                      null_class=spec.num_classes, rng=rng, training_kind="pretrain",
                      steps=progress.done,
-                     extra={"class_conditional": spec.class_conditional, "seed": spec.seed})
+                     extra={"class_conditional": spec.class_conditional, "seed": spec.seed,
+                            "unet_class": plan.unet_class,
+                            "layout_channels": plan.layout_channels,
+                            "trainable_parameters": bundle.parameter_count()})
     model_dir = save_model(bundle, info, Path(out_dir) / "model")
     return TrainingResult(steps_completed=progress.done, stopped_early=stopped,
                           model_dir=model_dir, trainable_parameters=bundle.parameter_count(),
@@ -122,8 +129,12 @@ def _latent_scaling(bundle: ModelBundle, x: torch.Tensor) -> float:
 
 
 def _train_unet(bundle: ModelBundle, x: torch.Tensor, labels: torch.Tensor, scale: float,
-                spec: TrainingSpec, g: torch.Generator, progress: _Progress) -> bool:
-    """Class-conditional epsilon-prediction training; returns True if stopped early."""
+                spec: TrainingSpec, g: torch.Generator, progress: _Progress,
+                layouts: torch.Tensor | None = None) -> bool:
+    """Class-conditional epsilon-prediction training; returns True if stopped early.
+
+    ``layouts`` (encoded masks, one per image) condition every prediction when given.
+    """
     bundle.vae.eval().requires_grad_(False)
     with torch.no_grad():
         latents = torch.cat([bundle.vae.encode(c).latent_dist.mean for c in torch.split(x, 256)])
@@ -135,8 +146,9 @@ def _train_unet(bundle: ModelBundle, x: torch.Tensor, labels: torch.Tensor, scal
     for idx in _batches(len(latents), spec.batch_size, spec.epochs, g):
         batch_labels = drop_labels(labels[idx], probability=spec.label_dropout,
                                    null_class=spec.num_classes, generator=g)
-        loss = per_sample_diffusion_loss(denoiser, bundle.scheduler, latents[idx],
-                                         batch_labels, g).mean()
+        loss = per_sample_diffusion_loss(
+            denoiser, bundle.scheduler, latents[idx], batch_labels, g,
+            layout=None if layouts is None else layouts[idx]).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
