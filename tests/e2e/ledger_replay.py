@@ -22,6 +22,31 @@ def conversion(rdp: float, order: int, delta: float) -> float:
     return max(0.0, rdp + math.log1p(-1 / a) - (math.log(delta) + math.log(a)) / (a - 1))
 
 
+def replay_accumulators(entries: list[dict]) -> dict[str, float]:
+    """Committed RDP per partition, rebuilt from a dataset's entries with opacus alone.
+
+    The partitions and the order come from the ``budget_created`` entry. Every
+    ``lease_granted`` entry records the DP event its steps ran (σ, q, steps): a
+    whole-dataset lease adds its RDP to every partition (``"*"`` and each label); a lease of
+    a per-label job (``per_label`` with its class in ``label``) adds only to its class's
+    partition (parallel composition over the declared labels). The dataset's figure is then
+    the conversion of the max over partitions.
+    """
+    entries = sorted(entries, key=lambda e: e["seq"])
+    created = next(e["payload"] for e in entries if e["kind"] == "budget_created")
+    order = int(created["admission_order"])
+    committed = {p: 0.0 for p in created["partitions"]}
+    for e in entries:
+        if e["kind"] != "lease_granted":
+            continue
+        payload, ev = e["payload"], e["payload"]["event"]
+        rdp = independent_rdp(ev["noise_multiplier"], ev["sample_rate"], ev["steps"], order)
+        targets = [payload["label"]] if payload.get("per_label") else list(committed)
+        for p in targets:
+            committed[p] += rdp
+    return committed
+
+
 def ledger_entries(ledger_url: str, token: str, dataset_id: str) -> list[dict]:
     r = httpx.get(f"{ledger_url}/v1/entries", params={"dataset_id": dataset_id, "limit": 10000},
                   headers={"Authorization": f"Bearer {token}"}, timeout=30)

@@ -15,9 +15,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring
+from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
 
 TIGHT_LABEL = (
     "tight PLD epsilon of the realised sequence, as if it had been fixed in advance; "
@@ -37,6 +37,9 @@ class CreateBudget(_Body):
     declared_size: int = Field(ge=1)
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
     partitions: list[str] = Field(default_factory=list, description="declared label domain")
+    class_sizes: dict[str, int] | None = Field(
+        None, description="public per-class sizes N̂_c declared by the owner (per-label "
+        "training): one per declared label, each in [1, declared_size]")
 
 
 class Charge(BaseModel):
@@ -73,27 +76,68 @@ class BudgetView(BaseModel):
     dataset_tight_epsilon_label: str = TIGHT_LABEL
     partitions: dict[str, float] = Field(default_factory=dict,
                                          description="committed RDP per partition")
+    class_sizes: dict[str, int] | None = Field(
+        None, description="public per-class sizes N̂_c (None: not declared)")
     history: list[Charge] = Field(default_factory=list)
 
 
-class PlanRequest(_Body):
+class LabelShape(_Body):
+    """One class's DP-SGD run in a per-label job: q_c = expected_batch_size / N̂_c."""
+
+    expected_batch_size: int = Field(ge=1, description="mean Poisson batch of the class")
+    steps: int = Field(ge=1, description="logical steps of the class's model, from 0")
+
+
+class _Shape(_Body):
+    """A job's shape: one whole-dataset run, or one run per class (``per_label``)."""
+
+    expected_batch_size: int | None = Field(None, ge=1, description="whole-dataset job")
+    steps: int | None = Field(None, ge=1, description="whole-dataset job")
+    per_label: dict[str, LabelShape] | None = Field(
+        None, min_length=1, description="per-label job (parallel composition over the "
+        "declared labels): class name -> its run; each class's noise is calibrated so that "
+        "its model alone meets target_epsilon")
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> _Shape:
+        whole = self.expected_batch_size is not None and self.steps is not None
+        partial = (self.expected_batch_size is None) != (self.steps is None)
+        if partial or whole == (self.per_label is not None):
+            raise ValueError("give either expected_batch_size and steps (whole-dataset job) "
+                             "or per_label (one run per class), not both")
+        return self
+
+
+class PlanRequest(_Shape):
     dataset_id: str
     target_epsilon: float = Field(gt=0, le=100)
-    expected_batch_size: int = Field(ge=1)
-    steps: int = Field(ge=1)
+
+
+class LabelPlan(BaseModel):
+    """The calibrated run of one class of a per-label job."""
+
+    event: DpSgdEvent
+    expected_batch_size: int
+    class_size: int = Field(description="the public N̂_c that sets q_c")
+    job_epsilon: float = Field(description="standalone epsilon of this class's model")
+    rdp_per_step: float
+    rdp_total: float
 
 
 class Plan(BaseModel):
     """A calibrated DP-SGD job: what it would be and what it would cost."""
 
     dataset_id: str
-    event: DpSgdEvent
-    expected_batch_size: int
-    job_epsilon: float
+    event: DpSgdEvent | ParallelEvent = Field(
+        discriminator="kind", description="DP-SGD (whole dataset) or, per label, a parallel "
+        "event of the classes' DP-SGD runs")
+    expected_batch_size: int | None = Field(description="None for a per-label job")
+    job_epsilon: float = Field(description="standalone epsilon; per label: max over classes")
     delta: float
     admission_order: int
-    rdp_per_step: float
-    rdp_total: float
+    rdp_per_step: float | None = Field(description="None for a per-label job")
+    rdp_total: float = Field(description="RDP the job adds at the order to each partition it "
+                             "touches; per label: the max over classes")
     dataset_epsilon_spent_before: float
     dataset_epsilon_spent_after: float
     dataset_tight_epsilon_after: float
@@ -103,14 +147,14 @@ class Plan(BaseModel):
         description="largest target_epsilon of this shape (q, steps) the filter would admit now; "
         "None when even a tiny one would not fit")
     accountant: str
+    per_label: dict[str, LabelPlan] | None = Field(None, description="per-label job: each "
+                                                   "class's calibrated run")
 
 
-class ReserveRequest(_Body):
+class ReserveRequest(_Shape):
     job_id: str
     dataset_id: str
     target_epsilon: float = Field(gt=0, le=100)
-    expected_batch_size: int = Field(ge=1)
-    steps: int = Field(ge=1)
     dry_run: bool = False
 
 
@@ -120,18 +164,36 @@ class ReservationState(StrEnum):
     CLOSED = "closed"      # committed / released
 
 
+class LabelReservation(BaseModel):
+    """One class's part of a per-label reservation (steps counted per class, from 0)."""
+
+    event: DpSgdEvent = Field(description="the class's mechanism (steps = steps reserved)")
+    expected_batch_size: int
+    class_size: int
+    steps_planned: int = Field(description="steps admitted with the job (before extensions)")
+    steps_reserved: int
+    steps_granted: int
+    job_epsilon: float
+    job_epsilon_granted: float
+
+
 class Reservation(BaseModel):
     reservation_id: str
     job_id: str
     dataset_id: str
     state: ReservationState
-    event: DpSgdEvent = Field(description="the reserved mechanism (steps = steps reserved)")
-    expected_batch_size: int
-    steps_reserved: int
-    steps_granted: int
+    event: DpSgdEvent | ParallelEvent = Field(
+        discriminator="kind", description="the reserved mechanism (steps = steps reserved); "
+        "a parallel event over the classes for a per-label job")
+    expected_batch_size: int | None = Field(description="None for a per-label job")
+    steps_reserved: int = Field(description="per label: summed over classes")
+    steps_granted: int = Field(description="per label: summed over classes")
     current_attempt: int
-    job_epsilon: float = Field(description="standalone epsilon of the reserved steps")
-    job_epsilon_granted: float = Field(description="standalone epsilon of the granted steps")
+    job_epsilon: float = Field(description="standalone epsilon of the reserved steps "
+                               "(per label: max over classes)")
+    job_epsilon_granted: float = Field(description="standalone epsilon of the granted steps "
+                                       "(per label: max over classes)")
+    per_label: dict[str, LabelReservation] | None = None
     plan: Plan | None = None
 
 
@@ -154,6 +216,8 @@ class LeaseRequest(_Body):
     attempt: int = Field(ge=1)
     start_step: int = Field(ge=0)
     steps: int = Field(ge=1)
+    partition: str | None = Field(None, description="per-label job: the class whose steps "
+                                  "are leased (its steps count from 0); None otherwise")
 
 
 class Lease(BaseModel):
@@ -164,13 +228,17 @@ class Lease(BaseModel):
     steps: int
     expires_at: datetime
     grant: ReadGrant = Field(description="read grant renewed to the lease's expiry")
-    steps_granted_total: int
-    job_epsilon_granted: float
+    partition: str | None = None
+    steps_granted_total: int = Field(description="steps granted so far (per label: in the "
+                                     "lease's class)")
+    job_epsilon_granted: float = Field(description="standalone epsilon of the job's granted "
+                                       "steps (per label: max over classes)")
 
 
 class ExtendRequest(_Body):
     attempt: int = Field(ge=1)
     additional_steps: int = Field(ge=1)
+    partition: str | None = Field(None, description="per-label job: the class to extend")
 
 
 class CloseRequest(_Body):
@@ -189,10 +257,13 @@ class JobEpsilon(BaseModel):
 
     dataset_id: str
     reservation_ids: list[str]
-    job_epsilon: float
+    job_epsilon: float = Field(description="per label: max over classes")
     delta: float
     steps_granted: int
     accountant: str
+    per_label: dict[str, float] | None = Field(
+        None, description="per-label reservations among them: each class model's epsilon "
+        "(its class's granted steps composed with the other reservations)")
 
 
 class LedgerEntry(BaseModel):

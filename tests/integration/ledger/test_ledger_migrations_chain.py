@@ -28,7 +28,8 @@ def _tables(url: str) -> set[str]:
 def test_migrations_up_down_up_and_autogenerate_is_empty(database_url: str) -> None:
     settings = make_settings(database_url)
     upgrade(settings)
-    expected = {"budgets", "accumulators", "reservations", "leases", "entries", "chain_head",
+    expected = {"budgets", "accumulators", "reservations", "reservation_parts", "leases",
+                "entries", "chain_head",
                 "alembic_version"}
     assert _tables(database_url) == expected
     downgrade(settings, "base")

@@ -8,12 +8,63 @@ holds, so it returns to exactly 0 when every reservation is closed.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
+from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.ledger_contract import ReservationState
 
 from dpsynth_ledger.accounting import WHOLE_DATASET, RdpFilter, add_up, sum_up
 from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
+
+
+class Run(Protocol):
+    """One DP-SGD run of a reservation: a whole-dataset row, or one class of a per-label one.
+
+    :class:`ReservationRow` (whole dataset, partition ``"*"``) and :class:`ReservationPart`
+    (one class) both have these columns, so every charge and hold goes through one code path.
+    """
+
+    partition: str
+    noise_multiplier: float
+    sample_rate: float
+    expected_batch_size: int
+    steps_reserved: int
+    steps_granted: int
+    rdp_per_step: float
+    rdp_outstanding: float
+
+
+def runs(res: ReservationRow) -> list[Run]:
+    """The reservation's runs: its classes for a per-label job, else the row itself."""
+    return list(res.parts) if res.per_label else [res]  # type: ignore[list-item]
+
+
+def run_of(res: ReservationRow, partition: str | None) -> Run:
+    """The run a lease or an extension names (``None`` or ``"*"`` for a whole-dataset job).
+
+    Raises:
+        DpsynthError: ``invalid_request`` when the partition does not match the job.
+    """
+    if not res.per_label:
+        if partition not in (None, WHOLE_DATASET):
+            raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                               "a whole-dataset reservation takes no partition")
+        return res  # type: ignore[return-value]
+    for part in res.parts:
+        if part.partition == partition:
+            return part
+    raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                       "a per-label reservation needs the partition (class) of its run",
+                       partitions=[p.partition for p in res.parts])
+
+
+def sync_totals(res: ReservationRow) -> None:
+    """A per-label row's step counts are the sums over its classes and its outstanding RDP
+    the max over them (the most the job may still add to one partition); views only."""
+    if res.per_label:
+        res.steps_reserved = sum(p.steps_reserved for p in res.parts)
+        res.steps_granted = sum(p.steps_granted for p in res.parts)
+        res.rdp_outstanding = max((p.rdp_outstanding for p in res.parts), default=0.0)
 
 
 def flt(budget: Budget) -> RdpFilter:
@@ -35,8 +86,9 @@ def refresh_reserved(accs: Mapping[str, Accumulator],
     for res in reservations:
         if res.state == ReservationState.CLOSED:
             continue
-        for p in touched(res.partition, accs):
-            holds[p].append(res.rdp_outstanding)
+        for run in runs(res):
+            for p in touched(run.partition, accs):
+                holds[p].append(run.rdp_outstanding)
     for p, acc in accs.items():
         acc.reserved = sum_up(holds[p])
 

@@ -16,7 +16,7 @@ from dpsynth_shared.ledger_contract import VerifyReport
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
-from dpsynth_ledger.accounting import add_up, mul_up, rdp_step, sum_up
+from dpsynth_ledger.accounting import WHOLE_DATASET, add_up, mul_up, rdp_step, sum_up
 from dpsynth_ledger.book import touched
 from dpsynth_ledger.models import Entry
 
@@ -44,35 +44,54 @@ def append_entry(session: Session, *, dataset_id: str, kind: str,
 
 
 class _Replay:
-    """Accumulators of one dataset rebuilt from its entries alone."""
+    """Accumulators of one dataset rebuilt from its entries alone.
+
+    Holds are kept per (reservation, run): a whole-dataset reservation has one run on
+    ``"*"`` (it holds on every partition); a per-label one has one run per class, each
+    holding only on its class (``label_rdp_outstanding`` in its entries).
+    """
 
     def __init__(self, payload: dict[str, Any]) -> None:
         self.order = int(payload["admission_order"])
         self.committed = {p: 0.0 for p in payload["partitions"]}
-        self.holds: dict[str, tuple[str, float]] = {}
+        self.holds: dict[tuple[str, str], float] = {}
 
     def reserved(self) -> dict[str, float]:
         out: dict[str, list[float]] = {p: [] for p in self.committed}
-        for partition, amount in self.holds.values():
+        for (_, partition), amount in self.holds.items():
             for p in touched(partition, self.committed):
                 out[p].append(amount)
         return {p: sum_up(v) for p, v in out.items()}
 
+    def _hold(self, rid: str, payload: dict[str, Any]) -> None:
+        if payload.get("per_label"):
+            for label, amount in payload["label_rdp_outstanding"].items():
+                self.holds[(rid, label)] = float(amount)
+        else:
+            self.holds[(rid, payload["partition"])] = float(
+                payload["reservation_rdp_outstanding"])
+
     def apply(self, kind: str, payload: dict[str, Any], problems: list[str], seq: int) -> None:
         rid = payload.get("reservation_id")
         if kind in ("reservation_accepted", "extension_accepted"):
-            self.holds[rid] = (payload["partition"], float(payload["reservation_rdp_outstanding"]))
+            self._hold(rid, payload)
         elif kind == "lease_granted":
             ev = payload["event"]
             amount = mul_up(int(ev["steps"]), rdp_step(float(ev["noise_multiplier"]),
                                                        float(ev["sample_rate"]), self.order))
+            run = payload.get("label") if payload.get("per_label") else WHOLE_DATASET
+            expected = set(touched(run, self.committed)) if run is not None else set()
+            if set(payload["rdp_delta"]) != expected:
+                problems.append(f"entry {seq}: charged partitions {sorted(payload['rdp_delta'])}"
+                                f" != those its run touches {sorted(expected)}")
             for p, recorded in payload["rdp_delta"].items():
                 if recorded != amount:
                     problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
-                self.committed[p] = add_up(self.committed[p], float(recorded))
-            self.holds[rid] = (payload["partition"], float(payload["reservation_rdp_outstanding"]))
+                self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
+            self._hold(rid, payload)
         elif kind == "reservation_closed":
-            self.holds.pop(rid, None)
+            for key in [k for k in self.holds if k[0] == rid]:
+                del self.holds[key]
 
     def check(self, accs: dict[str, dict[str, float]], where: str, problems: list[str]) -> None:
         reserved = self.reserved()

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Double,
     ForeignKey,
@@ -15,9 +16,10 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 SCHEMA = "ledger"
 
@@ -40,6 +42,8 @@ class Budget(Base):
     admission_order: Mapped[int] = mapped_column(Integer)
     rdp_budget: Mapped[float] = mapped_column(Double)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Public per-class sizes N̂_c declared by the owner (per-label jobs); None: not declared.
+    class_sizes: Mapped[dict[str, int] | None] = mapped_column(JSONB, nullable=True)
 
 
 class Accumulator(Base):
@@ -55,7 +59,13 @@ class Accumulator(Base):
 
 
 class ReservationRow(Base):
-    """An admitted DP-SGD job: the steps it may run, how many were granted, its attempt fence."""
+    """An admitted DP-SGD job: the steps it may run, how many were granted, its attempt fence.
+
+    A whole-dataset job (``per_label`` false) is one DP-SGD run on partition ``"*"``, described
+    by the row's own columns. A per-label job is one row (one admission, one id, one attempt
+    fence) whose runs are its :class:`ReservationPart` rows, one per class; its own DP columns
+    are NULL, its step counts are the sums over the parts and its ``partition`` is ``""``.
+    """
 
     __tablename__ = "reservations"
     __table_args__ = (UniqueConstraint("job_id", name="uq_reservations_job_id"),)
@@ -66,18 +76,39 @@ class ReservationRow(Base):
         String(64), ForeignKey("ledger.budgets.dataset_id"), index=True)
     partition: Mapped[str] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(16))
-    noise_multiplier: Mapped[float] = mapped_column(Double)
-    sample_rate: Mapped[float] = mapped_column(Double)
-    expected_batch_size: Mapped[int] = mapped_column(Integer)
+    noise_multiplier: Mapped[float | None] = mapped_column(Double, nullable=True)
+    sample_rate: Mapped[float | None] = mapped_column(Double, nullable=True)
+    expected_batch_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
     target_epsilon: Mapped[float] = mapped_column(Double)
     steps_reserved: Mapped[int] = mapped_column(BigInteger)
     steps_granted: Mapped[int] = mapped_column(BigInteger, default=0)
     current_attempt: Mapped[int] = mapped_column(Integer, default=0)
-    rdp_per_step: Mapped[float] = mapped_column(Double)
+    rdp_per_step: Mapped[float | None] = mapped_column(Double, nullable=True)
     rdp_outstanding: Mapped[float] = mapped_column(Double)
     outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    per_label: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    parts: Mapped[list[ReservationPart]] = relationship(
+        lazy="selectin", order_by="ReservationPart.partition", cascade="all, delete-orphan")
+
+
+class ReservationPart(Base):
+    """One class's DP-SGD run inside a per-label reservation (steps counted from 0)."""
+
+    __tablename__ = "reservation_parts"
+
+    reservation_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("ledger.reservations.reservation_id"), primary_key=True)
+    partition: Mapped[str] = mapped_column(String(200), primary_key=True)
+    noise_multiplier: Mapped[float] = mapped_column(Double)
+    sample_rate: Mapped[float] = mapped_column(Double)
+    expected_batch_size: Mapped[int] = mapped_column(Integer)
+    steps_planned: Mapped[int] = mapped_column(BigInteger)
+    steps_reserved: Mapped[int] = mapped_column(BigInteger)
+    steps_granted: Mapped[int] = mapped_column(BigInteger, default=0)
+    rdp_per_step: Mapped[float] = mapped_column(Double)
+    rdp_outstanding: Mapped[float] = mapped_column(Double)
 
 
 class LeaseRow(Base):
@@ -91,6 +122,7 @@ class LeaseRow(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     start_step: Mapped[int] = mapped_column(BigInteger)
     steps: Mapped[int] = mapped_column(BigInteger)
+    partition: Mapped[str | None] = mapped_column(String(200), nullable=True)
     granted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -2,56 +2,96 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring
-from dpsynth_shared.ledger_contract import BudgetView, Charge, Reservation, ReservationState
+from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    Charge,
+    LabelReservation,
+    Reservation,
+    ReservationState,
+)
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, pld_epsilon
-from dpsynth_ledger.book import figures
+from dpsynth_ledger.book import Run, figures, runs
 from dpsynth_ledger.models import Budget, Entry, ReservationRow
 
 
-def event_of(res: ReservationRow, steps: int) -> DpSgdEvent:
-    """The reservation's mechanism with ``steps`` steps."""
-    return DpSgdEvent(noise_multiplier=res.noise_multiplier, sample_rate=res.sample_rate,
+def event_of(run: Run, steps: int) -> DpSgdEvent:
+    """One run's mechanism (a whole-dataset reservation, or one class) with ``steps`` steps."""
+    return DpSgdEvent(noise_multiplier=run.noise_multiplier, sample_rate=run.sample_rate,
                       steps=steps)
 
 
-def reservation_view(res: ReservationRow, delta: float, discretization: float) -> Reservation:
-    """The public view of a reservation."""
+def job_event(res: ReservationRow, steps_of: Callable[[Run], int]) -> DpSgdEvent | ParallelEvent:
+    """The job's mechanism: its DP-SGD run, or per label the parallel event of its classes."""
+    if not res.per_label:
+        return event_of(res, steps_of(res))  # type: ignore[arg-type]
+    return ParallelEvent(partitions={p.partition: event_of(p, steps_of(p)) for p in runs(res)})
+
+
+def _epsilon(run: Run, steps: int, delta: float, discretization: float) -> float:
+    return dp_sgd_epsilon(run.noise_multiplier, run.sample_rate, steps, delta, discretization)
+
+
+def reservation_view(res: ReservationRow, budget: Budget, discretization: float) -> Reservation:
+    """The public view of a reservation (per label: each class's run, epsilon = max)."""
+    delta = budget.delta
+    per_label = None
+    if res.per_label:
+        sizes = budget.class_sizes or {}
+        per_label = {p.partition: LabelReservation(
+            event=event_of(p, p.steps_reserved), expected_batch_size=p.expected_batch_size,
+            class_size=int(sizes.get(p.partition, 0)), steps_planned=p.steps_planned,
+            steps_reserved=p.steps_reserved, steps_granted=p.steps_granted,
+            job_epsilon=_epsilon(p, p.steps_reserved, delta, discretization),
+            job_epsilon_granted=_epsilon(p, p.steps_granted, delta, discretization),
+        ) for p in res.parts}
+    reserved = [_epsilon(r, r.steps_reserved, delta, discretization) for r in runs(res)]
+    granted = [_epsilon(r, r.steps_granted, delta, discretization) for r in runs(res)]
     return Reservation(
         reservation_id=res.reservation_id, job_id=res.job_id, dataset_id=res.dataset_id,
-        state=ReservationState(res.state), event=event_of(res, res.steps_reserved),
-        expected_batch_size=res.expected_batch_size, steps_reserved=res.steps_reserved,
-        steps_granted=res.steps_granted, current_attempt=res.current_attempt,
-        job_epsilon=dp_sgd_epsilon(res.noise_multiplier, res.sample_rate, res.steps_reserved,
-                                   delta, discretization),
-        job_epsilon_granted=dp_sgd_epsilon(res.noise_multiplier, res.sample_rate,
-                                           res.steps_granted, delta, discretization),
+        state=ReservationState(res.state),
+        event=job_event(res, lambda r: r.steps_reserved),
+        expected_batch_size=None if res.per_label else res.expected_batch_size,
+        steps_reserved=res.steps_reserved, steps_granted=res.steps_granted,
+        current_attempt=res.current_attempt,
+        job_epsilon=max(reserved, default=0.0),
+        job_epsilon_granted=max(granted, default=0.0),
+        per_label=per_label,
     )
 
 
-def granted_events(reservations: list[ReservationRow]) -> list[DpSgdEvent]:
+def granted_events(reservations: list[ReservationRow]) -> list[DpSgdEvent | ParallelEvent]:
     """The DP events actually granted (what ran or may have run)."""
-    return [event_of(r, r.steps_granted) for r in reservations if r.steps_granted]
+    return [job_event(r, lambda u: u.steps_granted) for r in reservations if r.steps_granted]
+
+
+def _granted_event(key: tuple[str | None, float, float],
+                   steps: int) -> DpSgdEvent | ParallelEvent:
+    label, sigma, q = key
+    event = DpSgdEvent(noise_multiplier=sigma, sample_rate=q, steps=steps)
+    return event if label is None else ParallelEvent(partitions={label: event})
 
 
 def _history(entries: list[Entry], delta: float, discretization: float) -> list[Charge]:
     """Charges with the filter figure and the tight figure after each entry."""
-    granted: dict[tuple[float, float], int] = {}
+    granted: dict[tuple[str | None, float, float], int] = {}
     tight = 0.0
     out: list[Charge] = []
     for e in entries:
         p: dict[str, Any] = e.payload
         if e.kind == "lease_granted":
             ev = p["event"]
-            key = (float(ev["noise_multiplier"]), float(ev["sample_rate"]))
+            # a per-label lease names its class: it composes only with that class's record
+            key = (p.get("label"), float(ev["noise_multiplier"]), float(ev["sample_rate"]))
             granted[key] = granted.get(key, 0) + int(ev["steps"])
-            tight = pld_epsilon([DpSgdEvent(noise_multiplier=s, sample_rate=q, steps=n)
-                                 for (s, q), n in granted.items()], delta, discretization)
+            tight = pld_epsilon([_granted_event(k, n) for k, n in granted.items()], delta,
+                                discretization)
         rdp_delta = max((float(v) for v in p.get("rdp_delta", {}).values()), default=0.0)
         out.append(Charge(
             seq=e.seq, at=e.at, kind=e.kind, job_id=p.get("job_id"),
@@ -83,5 +123,6 @@ def budget_view(session: Session, budget: Budget, discretization: float,
         dataset_epsilon_remaining=fig["dataset_epsilon_remaining"],
         dataset_tight_epsilon=tight,
         partitions={p: a.committed for p, a in sorted(accs.items())},
+        class_sizes=dict(budget.class_sizes) if budget.class_sizes is not None else None,
         history=history,
     )

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dpsynth_shared.dp_events import DpSgdEvent
+from dpsynth_shared.dp_events import DpSgdEvent, ParallelEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
-from dpsynth_shared.ledger_contract import BudgetView, CreateBudget, Plan, PlanRequest
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    CreateBudget,
+    LabelPlan,
+    Plan,
+    PlanRequest,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -29,8 +37,8 @@ from dpsynth_ledger.accounting import (
 from dpsynth_ledger.book import figures, flt, snapshot, touched
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
-from dpsynth_ledger.models import Budget, ReservationRow
-from dpsynth_ledger.views import budget_view, event_of
+from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
+from dpsynth_ledger.views import budget_view, job_event
 
 
 def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext) -> BudgetView:
@@ -45,6 +53,7 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
     if WHOLE_DATASET in request.partitions or len(set(request.partitions)) != len(
             request.partitions):
         raise DpsynthError(ErrorCode.INVALID_REQUEST, "labels must be distinct and not '*'")
+    check_class_sizes(request)
     order = admission_order(request.epsilon_limit, request.delta)
     budget = Budget(
         dataset_id=request.dataset_id, tenant_id=request.tenant_id,
@@ -52,7 +61,7 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
         declared_size=request.declared_size, neighbouring=str(request.neighbouring),
         admission_order=order,
         rdp_budget=epsilon_to_rdp_budget(request.epsilon_limit, order, request.delta),
-        created_at=datetime.now(UTC),
+        created_at=datetime.now(UTC), class_sizes=request.class_sizes,
     )
     partitions = [WHOLE_DATASET, *request.partitions]
     try:
@@ -66,11 +75,34 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
         "neighbouring": budget.neighbouring, "partitions": partitions,
         "admission_order": order, "rdp_budget": budget.rdp_budget,
         "conversion": CONVERSION_NAME,
+        **({"class_sizes": request.class_sizes} if request.class_sizes is not None else {}),
     })
     session.commit()
     view = budget_view(session, budget, ctx.discretization)
     ctx.metrics.budget(budget.dataset_id, view.model_dump())
     return view
+
+
+def check_class_sizes(request: CreateBudget) -> None:
+    """Declared class sizes: one per declared label, each in [1, declared_size].
+
+    Each N̂_c sets the class's sample rate q_c = expected_batch_size_c / N̂_c of a per-label
+    job. The owner declares them public (the api checks each against the true class count
+    at upload); N̂_c ≤ N̂ keeps the dataset's δ < 1/N̂ ≤ 1/N̂_c for every class's model.
+
+    Raises:
+        DpsynthError: ``invalid_request``.
+    """
+    sizes = request.class_sizes
+    if sizes is None:
+        return
+    if set(sizes) != set(request.partitions):
+        raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                           "class_sizes must name exactly the declared labels")
+    bad = sorted(c for c, n in sizes.items() if not 1 <= n <= request.declared_size)
+    if bad:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, "every class size must be at least 1 "
+                           "and at most the declared dataset size", classes=bad)
 
 
 def get_budget(session: Session, *, dataset_id: str, ctx: LedgerContext,
@@ -82,78 +114,174 @@ def get_budget(session: Session, *, dataset_id: str, ctx: LedgerContext,
     return budget_view(session, budget, ctx.discretization, with_history)
 
 
-def sample_rate(budget: Budget, expected_batch_size: int) -> float:
-    """q = expected_batch_size / N̂ (DESIGN §3), refused when above 1."""
-    if expected_batch_size > budget.declared_size:
-        raise DpsynthError(ErrorCode.INVALID_REQUEST,
-                           "expected_batch_size exceeds the declared dataset size")
-    return expected_batch_size / budget.declared_size
+@dataclass(frozen=True)
+class RunPlan:
+    """One calibrated DP-SGD run of a candidate job (``"*"``, or one class per label)."""
+
+    partition: str
+    sigma: float
+    q: float
+    steps: int
+    batch: int
+    size: int
+    rdp_per_step: float
+    rdp_total: float
+    job_epsilon: float
+
+    @property
+    def event(self) -> DpSgdEvent:
+        return DpSgdEvent(noise_multiplier=self.sigma, sample_rate=self.q, steps=self.steps)
+
+
+def _run(budget: Budget, *, partition: str, target: float, batch: int, steps: int,
+         size: int, ctx: LedgerContext) -> RunPlan:
+    """Calibrate one run: q = batch / size (DESIGN §3, refused above 1), σ for the
+    standalone target (PLD), and its RDP at the filter's order."""
+    if batch > size:
+        where = "the declared dataset size" if partition == WHOLE_DATASET else \
+            f"the declared size of class {partition!r}"
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, f"expected_batch_size exceeds {where}")
+    q = batch / size
+    check_neighbouring(DpSgdEvent(noise_multiplier=1.0, sample_rate=q, steps=0),
+                       budget.neighbouring)  # type: ignore[arg-type]
+    try:
+        sigma = calibrate_noise_multiplier(target, q, steps, budget.delta, ctx.discretization)
+    except ValueError as exc:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+    per_step = rdp_step(sigma, q, budget.admission_order)
+    return RunPlan(partition=partition, sigma=sigma, q=q, steps=steps, batch=batch, size=size,
+                   rdp_per_step=per_step, rdp_total=mul_up(steps, per_step),
+                   job_epsilon=dp_sgd_epsilon(sigma, q, steps, budget.delta,
+                                              ctx.discretization))
+
+
+def plan_runs(budget: Budget, request: PlanRequest, ctx: LedgerContext) -> list[RunPlan]:
+    """The candidate's runs: one on ``"*"``, or one per class for a per-label job.
+
+    Raises:
+        DpsynthError: ``invalid_spec`` for a per-label job on a dataset without declared
+            class sizes; ``invalid_request`` for a class outside the declared labels.
+    """
+    if request.per_label is None:
+        assert request.expected_batch_size is not None and request.steps is not None
+        return [_run(budget, partition=WHOLE_DATASET, target=request.target_epsilon,
+                     batch=request.expected_batch_size, steps=request.steps,
+                     size=budget.declared_size, ctx=ctx)]
+    sizes = budget.class_sizes
+    if not sizes:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label job needs public class sizes: "
+                           "the dataset's owner declares class_sizes at upload")
+    unknown = sorted(set(request.per_label) - set(sizes))
+    if unknown:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, "per_label names classes that are not "
+                           "declared labels of the dataset", classes=unknown)
+    return [_run(budget, partition=c, target=request.target_epsilon,
+                 batch=shape.expected_batch_size, steps=shape.steps, size=int(sizes[c]), ctx=ctx)
+            for c, shape in sorted(request.per_label.items())]
+
+
+def new_charges(runs: list[RunPlan], accs: Mapping[str, Accumulator]) -> dict[str, float]:
+    """The RDP the candidate adds per partition it touches (a class run touches its class)."""
+    return {p: run.rdp_total for run in runs for p in touched(run.partition, accs)}
+
+
+def max_target(budget: Budget, runs: list[RunPlan], *, committed: Mapping[str, float],
+               reserved: Mapping[str, float], ctx: LedgerContext) -> float | None:
+    """The largest target of the candidate's shape that the filter admits now.
+
+    Per label every class is calibrated to the same target, so it is the min over classes
+    of each class's largest admissible target against its own partition's room.
+    """
+    f = flt(budget)
+    best: float | None = None
+    for run in runs:
+        parts = touched(run.partition, committed)
+        room = f.room(committed=committed, reserved=reserved, partitions=parts)
+        value = max_admissible_target(room, run.q, run.steps, budget.admission_order,
+                                      budget.delta, ctx.discretization)
+        if value is None:
+            return None
+        best = value if best is None else min(best, value)
+    return best
 
 
 def make_plan(session: Session, *, request: PlanRequest, ctx: LedgerContext) -> Plan:
     """Calibrate σ for the standalone target and show the job's cost (no lock, no write)."""
+    return plan_with_runs(session, request=request, ctx=ctx)[0]
+
+
+def plan_with_runs(session: Session, *, request: PlanRequest,
+                   ctx: LedgerContext) -> tuple[Plan, list[RunPlan]]:
+    """:func:`make_plan` and the calibrated runs behind it (for the reservation rows)."""
     budget = repo.get_budget(session, request.dataset_id)
     if budget is None:
         raise NotFound("budget", request.dataset_id)
-    q = sample_rate(budget, request.expected_batch_size)
-    check_neighbouring(DpSgdEvent(noise_multiplier=1.0, sample_rate=q, steps=0),
-                       budget.neighbouring)  # type: ignore[arg-type]
-    try:
-        sigma = calibrate_noise_multiplier(request.target_epsilon, q, request.steps,
-                                           budget.delta, ctx.discretization)
-    except ValueError as exc:
-        raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
-    per_step = rdp_step(sigma, q, budget.admission_order)
-    total = mul_up(request.steps, per_step)
+    runs = plan_runs(budget, request, ctx)
     accs = repo.accumulators(session, budget.dataset_id)
     reservations = repo.reservations_of(session, budget.dataset_id)
-    return plan_from(budget, accs=accs, reservations=reservations, sigma=sigma, q=q,
-                     steps=request.steps, batch=request.expected_batch_size, rdp_total=total,
-                     rdp_per_step=per_step, ctx=ctx)
+    plan = plan_from(budget, accs=accs, reservations=reservations, runs=runs,
+                     per_label=request.per_label is not None, ctx=ctx)
+    return plan, runs
 
 
 def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],  # type: ignore[type-arg]
-              sigma: float, q: float, steps: int, batch: int, rdp_total: float,
-              rdp_per_step: float, ctx: LedgerContext) -> Plan:
+              runs: list[RunPlan], per_label: bool, ctx: LedgerContext) -> Plan:
     """The plan of a calibrated job against a snapshot of the dataset's accounts."""
     f = flt(budget)
-    parts = touched(WHOLE_DATASET, accs)
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
-    new = {p: rdp_total for p in parts}
-    after = max(f.total_after(committed[p], reserved[p], rdp_total) for p in parts)
-    fixed = [event_of(r, r.steps_reserved if r.state != "closed" else r.steps_granted)
-             for r in reservations]
-    event = DpSgdEvent(noise_multiplier=sigma, sample_rate=q, steps=steps)
-    room = f.room(committed=committed, reserved=reserved, partitions=parts)
+    new = new_charges(runs, accs)
+    after = max(f.total_after(committed[p], reserved[p], new[p]) if p in new
+                else add_up(committed[p], reserved[p]) for p in accs)
+    fixed = [job_event(r, (lambda u: u.steps_reserved) if r.state != "closed"
+                       else (lambda u: u.steps_granted)) for r in reservations]
+    event: DpSgdEvent | ParallelEvent = runs[0].event
+    labels = None
+    if per_label:
+        event = ParallelEvent(partitions={r.partition: r.event for r in runs})
+        labels = {r.partition: LabelPlan(
+            event=r.event, expected_batch_size=r.batch, class_size=r.size,
+            job_epsilon=r.job_epsilon, rdp_per_step=r.rdp_per_step, rdp_total=r.rdp_total)
+            for r in runs}
     return Plan(
-        dataset_id=budget.dataset_id, event=event, expected_batch_size=batch,
-        job_epsilon=dp_sgd_epsilon(sigma, q, steps, budget.delta, ctx.discretization),
+        dataset_id=budget.dataset_id, event=event,
+        expected_batch_size=None if per_label else runs[0].batch,
+        job_epsilon=max(r.job_epsilon for r in runs),
         delta=budget.delta, admission_order=budget.admission_order,
-        rdp_per_step=rdp_per_step, rdp_total=rdp_total,
+        rdp_per_step=None if per_label else runs[0].rdp_per_step,
+        rdp_total=max(r.rdp_total for r in runs),
         dataset_epsilon_spent_before=figures(budget, accs)["dataset_epsilon_spent"],
         dataset_epsilon_spent_after=f.epsilon(after),
         dataset_tight_epsilon_after=pld_epsilon([*fixed, event], budget.delta,
                                                 ctx.discretization),
         admissible=f.admits(committed=committed, reserved=reserved, new=new),
-        max_admissible_target_epsilon=max_admissible_target(
-            room, q, steps, budget.admission_order, budget.delta, ctx.discretization),
-        accountant=ACCOUNTANT_NAME,
+        max_admissible_target_epsilon=max_target(budget, runs, committed=committed,
+                                                  reserved=reserved, ctx=ctx),
+        accountant=ACCOUNTANT_NAME, per_label=labels,
     )
 
 
 def refusal_numbers(budget: Budget, accs: dict, *, target: float,  # type: ignore[type-arg]
-                    job_epsilon: float, new: float) -> dict[str, float | int]:
-    """The numbers a refusal carries (observed under the lock)."""
+                    job_epsilon: float, new: Mapping[str, float]) -> dict[str, object]:
+    """The numbers a refusal carries (observed under the lock); ``new`` per partition."""
     fig = figures(budget, accs)
-    return {
+    after = max((add_up(add_up(accs[p].committed, accs[p].reserved), amount)
+                 for p, amount in new.items()), default=fig["rdp_committed_plus_reserved"])
+    numbers: dict[str, object] = {
         "epsilon_limit": budget.epsilon_limit,
         "dataset_epsilon_spent": fig["dataset_epsilon_spent"],
         "dataset_epsilon_reserved": fig["dataset_epsilon_reserved"],
         "target_epsilon": target, "job_epsilon": job_epsilon,
         "admission_order": budget.admission_order, "rdp_budget": budget.rdp_budget,
         "rdp_committed": fig["rdp_committed"], "rdp_reserved": fig["rdp_reserved"],
-        "rdp_requested": new,
-        "rdp_after": add_up(fig["rdp_committed_plus_reserved"], new),
-        "accumulators": snapshot(accs),  # type: ignore[dict-item]
+        "rdp_requested": max(new.values(), default=0.0),
+        "rdp_after": after,
+        "accumulators": snapshot(accs),
     }
+    if set(new) != set(touched(WHOLE_DATASET, accs)):  # a per-label job: say where it overflows
+        numbers["rdp_requested_by_partition"] = dict(sorted(new.items()))
+        numbers["partitions_over_budget"] = sorted(
+            p for p, amount in new.items()
+            if flt(budget).total_after(accs[p].committed, accs[p].reserved, amount)
+            > budget.rdp_budget)
+    return numbers

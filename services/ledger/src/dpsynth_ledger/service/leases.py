@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from dpsynth_shared.dp_events import DpSgdEvent, ParallelEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.grants import GrantClaims, sign_grant
 from dpsynth_shared.ids import new_id, new_lease_id
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, mul_up, pld_epsilon
-from dpsynth_ledger.book import charge, figures, refresh_reserved
+from dpsynth_ledger.book import charge, figures, refresh_reserved, run_of, runs, sync_totals
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import LeaseRow, ReservationRow
 from dpsynth_ledger.service.reservations import check_live, locked, write_entry
@@ -79,28 +80,33 @@ def grant_lease(session: Session, *, reservation_id: str, request: LeaseRequest,
     if res.state == ReservationState.OPEN:
         raise DpsynthError(ErrorCode.GRANT_REQUIRED, "take a read grant before a step lease")
     check_live(res, request.attempt)
-    if res.steps_granted + request.steps > res.steps_reserved:
+    run = run_of(res, request.partition)
+    if run.steps_granted + request.steps > run.steps_reserved:
+        where = {"partition": run.partition} if res.per_label else {}
         raise DpsynthError(
             ErrorCode.RESERVATION_EXHAUSTED,
             "the lease would exceed the reservation; extend it through the filter first",
-            steps_reserved=res.steps_reserved, steps_granted=res.steps_granted,
+            steps_reserved=run.steps_reserved, steps_granted=run.steps_granted,
             steps_requested=request.steps,
-            steps_remaining=res.steps_reserved - res.steps_granted)
+            steps_remaining=run.steps_reserved - run.steps_granted, **where)
     accs = repo.accumulators(session, budget.dataset_id)
-    amount = mul_up(request.steps, res.rdp_per_step)
-    delta = charge(accs, res.partition, amount)
-    res.steps_granted += request.steps
-    res.rdp_outstanding = mul_up(res.steps_reserved - res.steps_granted, res.rdp_per_step)
+    amount = mul_up(request.steps, run.rdp_per_step)
+    delta = charge(accs, run.partition, amount)  # a class's run charges its class only
+    run.steps_granted += request.steps
+    run.rdp_outstanding = mul_up(run.steps_reserved - run.steps_granted, run.rdp_per_step)
+    sync_totals(res)
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
     now = datetime.now(UTC)
+    label = run.partition if res.per_label else None
     lease = LeaseRow(lease_id=new_lease_id(), reservation_id=res.reservation_id,
                      attempt=request.attempt, start_step=request.start_step,
-                     steps=request.steps, granted_at=now,
+                     steps=request.steps, partition=label, granted_at=now,
                      expires_at=now + timedelta(seconds=ctx.lease_ttl_s))
     repo.add(session, lease)
     write_entry(session, budget, res, "lease_granted", attempt=request.attempt,
                 lease_id=lease.lease_id, start_step=request.start_step, steps=request.steps,
-                event=event_of(res, request.steps).model_dump(mode="json"), rdp_delta=delta)
+                event=event_of(run, request.steps).model_dump(mode="json"), rdp_delta=delta,
+                **({"label": label} if label is not None else {}))
     fig = figures(budget, accs)
     session.commit()
     ctx.metrics.leases.inc()
@@ -110,13 +116,14 @@ def grant_lease(session: Session, *, reservation_id: str, request: LeaseRequest,
 
 def _lease_view(res: ReservationRow, lease: LeaseRow, delta: float, grant_expiry: datetime,
                 ctx: LedgerContext) -> Lease:
+    run = run_of(res, lease.partition)
+    granted = max(dp_sgd_epsilon(r.noise_multiplier, r.sample_rate, r.steps_granted, delta,
+                                 ctx.discretization) for r in runs(res))
     return Lease(
         lease_id=lease.lease_id, reservation_id=res.reservation_id, attempt=lease.attempt,
         start_step=lease.start_step, steps=lease.steps, expires_at=lease.expires_at,
-        grant=_grant(res, lease.attempt, grant_expiry, ctx),
-        steps_granted_total=res.steps_granted,
-        job_epsilon_granted=dp_sgd_epsilon(res.noise_multiplier, res.sample_rate,
-                                           res.steps_granted, delta, ctx.discretization))
+        grant=_grant(res, lease.attempt, grant_expiry, ctx), partition=lease.partition,
+        steps_granted_total=run.steps_granted, job_epsilon_granted=granted)
 
 
 def end_lease(session: Session, *, reservation_id: str, lease_id: str,
@@ -144,11 +151,27 @@ def job_epsilon(session: Session, *, request: JobEpsilonRequest,
     missing = set(request.reservation_ids) - {r.reservation_id for r in rows}
     if missing:
         raise NotFound("reservation", sorted(missing)[0])
+    events = granted_events(rows)
+    labels = sorted({p.partition for r in rows if r.per_label for p in r.parts})
+    per_label = {c: pld_epsilon(_restricted(events, c), budget.delta, ctx.discretization)
+                 for c in labels} or None
     return JobEpsilon(
         dataset_id=budget.dataset_id, reservation_ids=request.reservation_ids,
-        job_epsilon=pld_epsilon(granted_events(rows), budget.delta, ctx.discretization),
+        job_epsilon=pld_epsilon(events, budget.delta, ctx.discretization),
         delta=budget.delta, steps_granted=sum(r.steps_granted for r in rows),
-        accountant=ACCOUNTANT_NAME)
+        accountant=ACCOUNTANT_NAME, per_label=per_label)
+
+
+def _restricted(events: list[DpSgdEvent | ParallelEvent], label: str
+                ) -> list[DpSgdEvent | ParallelEvent]:
+    """What a record of class ``label`` went through: whole-dataset runs and its class's."""
+    out: list[DpSgdEvent | ParallelEvent] = []
+    for ev in events:
+        if not isinstance(ev, ParallelEvent):
+            out.append(ev)
+        elif label in ev.partitions:
+            out.append(ParallelEvent(partitions={label: ev.partitions[label]}))
+    return out
 
 
 def get_reservation(session: Session, *, reservation_id: str, ctx: LedgerContext):  # type: ignore[no-untyped-def]
@@ -160,4 +183,4 @@ def get_reservation(session: Session, *, reservation_id: str, ctx: LedgerContext
         raise NotFound("reservation", reservation_id)
     budget = repo.get_budget(session, res.dataset_id)
     assert budget is not None
-    return reservation_view(res, budget.delta, ctx.discretization)
+    return reservation_view(res, budget, ctx.discretization)

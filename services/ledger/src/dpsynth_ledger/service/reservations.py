@@ -24,12 +24,27 @@ from dpsynth_shared.ledger_contract import (
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
-from dpsynth_ledger.accounting import WHOLE_DATASET, max_admissible_target, mul_up
-from dpsynth_ledger.book import figures, flt, refresh_reserved, snapshot, touched
+from dpsynth_ledger.accounting import WHOLE_DATASET, mul_up
+from dpsynth_ledger.book import (
+    figures,
+    flt,
+    refresh_reserved,
+    run_of,
+    runs,
+    snapshot,
+    sync_totals,
+    touched,
+)
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
-from dpsynth_ledger.models import Budget, ReservationRow
-from dpsynth_ledger.service.budgets import make_plan, refusal_numbers
+from dpsynth_ledger.models import Budget, ReservationPart, ReservationRow
+from dpsynth_ledger.service.budgets import (
+    RunPlan,
+    max_target,
+    new_charges,
+    plan_with_runs,
+    refusal_numbers,
+)
 from dpsynth_ledger.views import event_of, reservation_view
 
 
@@ -49,6 +64,9 @@ def write_entry(session: Session, budget: Budget, res: ReservationRow, kind: str
                 **extra: Any) -> None:
     """Chain entry about one reservation, with the accumulators and figures after it."""
     accs = repo.accumulators(session, budget.dataset_id)
+    if res.per_label:  # one hold per class: the replay needs each (chain.py, _Replay)
+        extra = {"per_label": True, "label_rdp_outstanding": {
+            p.partition: p.rdp_outstanding for p in res.parts}, **extra}
     append_entry(session, dataset_id=budget.dataset_id, kind=kind, payload={
         "job_id": res.job_id, "reservation_id": res.reservation_id,
         "partition": res.partition, "admission_order": budget.admission_order,
@@ -57,9 +75,37 @@ def write_entry(session: Session, budget: Budget, res: ReservationRow, kind: str
     })
 
 
+def _row(request: ReserveRequest, budget: Budget, runs_: list[RunPlan]) -> ReservationRow:
+    """The reservation row of an admitted candidate (per label: one part per class)."""
+    now = datetime.now(UTC)
+    common = {"reservation_id": new_reservation_id(), "job_id": request.job_id,
+              "dataset_id": budget.dataset_id, "state": ReservationState.OPEN,
+              "target_epsilon": request.target_epsilon, "steps_granted": 0,
+              "current_attempt": 0, "created_at": now}
+    if request.per_label is None:
+        (run,) = runs_
+        return ReservationRow(
+            **common, partition=WHOLE_DATASET, per_label=False, noise_multiplier=run.sigma,
+            sample_rate=run.q, expected_batch_size=run.batch, steps_reserved=run.steps,
+            rdp_per_step=run.rdp_per_step, rdp_outstanding=run.rdp_total)
+    res = ReservationRow(**common, partition="", per_label=True, noise_multiplier=None,
+                         sample_rate=None, expected_batch_size=None, rdp_per_step=None,
+                         steps_reserved=0, rdp_outstanding=0.0)
+    res.parts = [ReservationPart(
+        partition=run.partition, noise_multiplier=run.sigma, sample_rate=run.q,
+        expected_batch_size=run.batch, steps_planned=run.steps, steps_reserved=run.steps,
+        steps_granted=0, rdp_per_step=run.rdp_per_step, rdp_outstanding=run.rdp_total)
+        for run in runs_]
+    sync_totals(res)
+    return res
+
+
 def reserve(session: Session, *, request: ReserveRequest,
             ctx: LedgerContext) -> Reservation | Plan:
     """Admit a DP-SGD job through the filter, idempotently on ``job_id``.
+
+    A per-label job is ONE admission: every class's run must fit its own partition, or
+    nothing is reserved (all-or-nothing under the budget-row lock).
 
     Returns:
         The reservation (with its plan), or only the plan when ``dry_run``.
@@ -72,10 +118,11 @@ def reserve(session: Session, *, request: ReserveRequest,
     if existing is not None and not request.dry_run:
         budget = repo.get_budget(session, existing.dataset_id)
         assert budget is not None
-        return reservation_view(existing, budget.delta, ctx.discretization)
-    plan = make_plan(session, request=PlanRequest(
+        return reservation_view(existing, budget, ctx.discretization)
+    plan, runs_ = plan_with_runs(session, request=PlanRequest(
         dataset_id=request.dataset_id, target_epsilon=request.target_epsilon,
-        expected_batch_size=request.expected_batch_size, steps=request.steps), ctx=ctx)
+        expected_batch_size=request.expected_batch_size, steps=request.steps,
+        per_label=request.per_label), ctx=ctx)
     if request.dry_run:
         return plan
     session.commit()  # end the read transaction: the decision is taken under the lock only
@@ -84,41 +131,34 @@ def reserve(session: Session, *, request: ReserveRequest,
     existing = repo.get_reservation_by_job(session, request.job_id)
     if existing is not None:
         session.commit()
-        return reservation_view(existing, budget.delta, ctx.discretization)
+        return reservation_view(existing, budget, ctx.discretization)
     accs = repo.accumulators(session, budget.dataset_id)
-    new = {p: plan.rdp_total for p in touched(WHOLE_DATASET, accs)}
-    ev = plan.event
-    admitted = flt(budget).admits(committed={p: a.committed for p, a in accs.items()},
-                                  reserved={p: a.reserved for p, a in accs.items()}, new=new)
-    res = ReservationRow(
-        reservation_id=new_reservation_id(), job_id=request.job_id,
-        dataset_id=budget.dataset_id, partition=WHOLE_DATASET,
-        state=ReservationState.OPEN, noise_multiplier=ev.noise_multiplier,
-        sample_rate=ev.sample_rate, expected_batch_size=request.expected_batch_size,
-        target_epsilon=request.target_epsilon, steps_reserved=request.steps, steps_granted=0,
-        current_attempt=0, rdp_per_step=plan.rdp_per_step, rdp_outstanding=plan.rdp_total,
-        created_at=datetime.now(UTC))
-    details = {"attempt": 0, "steps": request.steps, "event": ev.model_dump(mode="json"),
+    new = new_charges(runs_, accs)
+    committed = {p: a.committed for p, a in accs.items()}
+    reserved = {p: a.reserved for p, a in accs.items()}
+    admitted = flt(budget).admits(committed=committed, reserved=reserved, new=new)
+    res = _row(request, budget, runs_)
+    details = {"attempt": 0, "steps": res.steps_reserved,
+               "event": plan.event.model_dump(mode="json"),
                "target_epsilon": request.target_epsilon, "job_epsilon": plan.job_epsilon,
                "rdp_requested": plan.rdp_total}
     if not admitted:
         numbers = refusal_numbers(budget, accs, target=request.target_epsilon,
-                                  job_epsilon=plan.job_epsilon, new=plan.rdp_total)
+                                  job_epsilon=plan.job_epsilon, new=new)
         res.rdp_outstanding = 0.0
+        for part in res.parts:
+            part.rdp_outstanding = 0.0
         write_entry(session, budget, res, "reservation_refused", decision="refused",
                     numbers=numbers, **details)
         session.commit()
         ctx.metrics.admissions.labels(decision="refused").inc()
-        room = flt(budget).room(committed={p: a.committed for p, a in accs.items()},
-                                reserved={p: a.reserved for p, a in accs.items()},
-                                partitions=list(new))
         raise BudgetExhausted(
             "the dataset's privacy filter refuses this job: committed + reserved + new RDP at "
-            f"order {budget.admission_order} would exceed the budget",
+            f"order {budget.admission_order} would exceed the budget"
+            + (" of a class it trains" if request.per_label is not None else ""),
             **{k: v for k, v in numbers.items() if k != "accumulators"},
-            max_admissible_target_epsilon=max_admissible_target(
-                room, ev.sample_rate, request.steps, budget.admission_order, budget.delta,
-                ctx.discretization))
+            max_admissible_target_epsilon=max_target(budget, runs_, committed=committed,
+                                                     reserved=reserved, ctx=ctx))
     repo.add(session, res)
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
     write_entry(session, budget, res, "reservation_accepted", decision="accepted", **details)
@@ -126,7 +166,7 @@ def reserve(session: Session, *, request: ReserveRequest,
     session.commit()
     ctx.metrics.admissions.labels(decision="accepted").inc()
     ctx.metrics.budget(budget.dataset_id, fig)
-    view = reservation_view(res, budget.delta, ctx.discretization)
+    view = reservation_view(res, budget, ctx.discretization)
     return view.model_copy(update={"plan": plan})
 
 
@@ -142,24 +182,28 @@ def check_live(res: ReservationRow, attempt: int) -> None:
 
 def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
            ctx: LedgerContext) -> Reservation:
-    """A NEW admission through the filter for ``additional_steps`` at the same σ and q.
+    """A NEW admission through the filter for ``additional_steps`` at the same σ and q
+    (per label: of the class ``request.partition``, against that class's partition).
 
     Raises:
         BudgetExhausted: 409 when the filter refuses (recorded in the chain first).
     """
     budget, res = locked(session, reservation_id)
     check_live(res, request.attempt)
+    run = run_of(res, request.partition)
     accs = repo.accumulators(session, budget.dataset_id)
-    added = mul_up(request.additional_steps, res.rdp_per_step)
-    new = {p: added for p in touched(res.partition, accs)}
+    added = mul_up(request.additional_steps, run.rdp_per_step)
+    new = {p: added for p in touched(run.partition, accs)}
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
     details = {"attempt": request.attempt, "steps": request.additional_steps,
-               "event": event_of(res, request.additional_steps).model_dump(mode="json"),
+               "event": event_of(run, request.additional_steps).model_dump(mode="json"),
                "rdp_requested": added}
+    if res.per_label:
+        details["label"] = run.partition
     if not flt(budget).admits(committed=committed, reserved=reserved, new=new):
         numbers = refusal_numbers(budget, accs, target=res.target_epsilon,
-                                  job_epsilon=0.0, new=added)
+                                  job_epsilon=0.0, new=new)
         write_entry(session, budget, res, "extension_refused", decision="refused",
                     numbers=numbers, **details)
         session.commit()
@@ -168,14 +212,15 @@ def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
         raise BudgetExhausted(
             "the dataset's privacy filter refuses the extension",
             **{k: v for k, v in numbers.items() if k != "accumulators"},
-            max_additional_steps=int(room // res.rdp_per_step) if res.rdp_per_step else None)
-    res.steps_reserved += request.additional_steps
-    res.rdp_outstanding = mul_up(res.steps_reserved - res.steps_granted, res.rdp_per_step)
+            max_additional_steps=int(room // run.rdp_per_step) if run.rdp_per_step else None)
+    run.steps_reserved += request.additional_steps
+    run.rdp_outstanding = mul_up(run.steps_reserved - run.steps_granted, run.rdp_per_step)
+    sync_totals(res)
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
     write_entry(session, budget, res, "extension_accepted", decision="accepted", **details)
     session.commit()
     ctx.metrics.admissions.labels(decision="accepted").inc()
-    return reservation_view(res, budget.delta, ctx.discretization)
+    return reservation_view(res, budget, ctx.discretization)
 
 
 def close(session: Session, *, reservation_id: str, request: CloseRequest,
@@ -184,17 +229,21 @@ def close(session: Session, *, reservation_id: str, request: CloseRequest,
     budget, res = locked(session, reservation_id)
     if res.state == ReservationState.CLOSED:
         session.commit()
-        return reservation_view(res, budget.delta, ctx.discretization)
+        return reservation_view(res, budget, ctx.discretization)
     released = res.rdp_outstanding
+    released_by_label = {p.partition: p.rdp_outstanding for p in res.parts}
     res.state, res.outcome, res.closed_at = ReservationState.CLOSED, request.outcome, \
         datetime.now(UTC)
-    res.rdp_outstanding = 0.0
+    for run in runs(res):  # every class of a per-label job closes with it
+        run.rdp_outstanding = 0.0
+    sync_totals(res)
     accs = repo.accumulators(session, budget.dataset_id)
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    extra = {"rdp_released_by_label": released_by_label} if res.per_label else {}
     write_entry(session, budget, res, "reservation_closed", outcome=request.outcome,
                 steps=res.steps_granted, rdp_released=released,
-                steps_released=res.steps_reserved - res.steps_granted)
+                steps_released=res.steps_reserved - res.steps_granted, **extra)
     fig = figures(budget, accs)
     session.commit()
     ctx.metrics.budget(budget.dataset_id, fig)
-    return reservation_view(res, budget.delta, ctx.discretization)
+    return reservation_view(res, budget, ctx.discretization)
