@@ -7,13 +7,14 @@ model's ``job_epsilon`` covers its DP ancestors on the same dataset).
 
 from __future__ import annotations
 
-from dpsynth_shared.errors import NotFound
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import is_valid_id, new_model_id
 from dpsynth_shared.worker_contract import Claim, DatasetInfo, ModelRef, RegisterArtifact
 from sqlalchemy.orm import Session
 
 from dpsynth_api.jobs import repository as jobs_repo
 from dpsynth_api.models import repository as models_repo
+from dpsynth_api.models.conditioning import layout_channels
 from dpsynth_api.settings import ApiSettings
 from dpsynth_api.tables import Dataset, Job, Model
 
@@ -31,6 +32,24 @@ def _dataset(session: Session, job: Job) -> Dataset | None:
     return session.get(Dataset, job.dataset_id) if job.dataset_id else None
 
 
+def _layout_dataset(session: Session, job: Job) -> DatasetInfo | None:
+    """generate: the PUBLIC dataset whose masks condition sampling (checked at submission,
+    checked again here: a private dataset's masks never reach a generate job)."""
+    source = (job.spec or {}).get("layout_source") if job.type == "generate" else None
+    if not source:
+        return None
+    dataset = session.get(Dataset, source["dataset_id"])
+    if dataset is None or dataset.tenant_id != job.tenant_id:
+        raise NotFound("dataset", source["dataset_id"])
+    if dataset.visibility != "public" or not dataset.has_masks:
+        raise DpsynthError(ErrorCode.PRIVATE_CONDITIONING_REFUSED,
+                           f"dataset {dataset.id} is not a public dataset with layout masks")
+    return DatasetInfo(dataset_id=dataset.id, visibility="public",
+                       object_key=dataset.object_key, class_names=list(dataset.class_names),
+                       declared_size=dataset.declared_size, has_masks=True,
+                       declared_public_by=dataset.declared_public_by)
+
+
 def model_ref(model: Model) -> ModelRef:
     """How a worker finds a model and its lineage."""
     return ModelRef(model_id=model.id, object_key=model.object_key, dataset_id=model.dataset_id,
@@ -45,7 +64,7 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
     info = None
     if dataset is not None:
         info = DatasetInfo(dataset_id=dataset.id,
-                           visibility=dataset.visibility,
+                           visibility=dataset.visibility, has_masks=bool(dataset.has_masks),
                            object_key=dataset.object_key, class_names=list(dataset.class_names),
                            declared_size=dataset.declared_size, delta=dataset.delta)
     return Claim(
@@ -55,6 +74,7 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
         reservation_id=job.reservation_id,
         resume_checkpoint_key=checkpoint.object_key if checkpoint else None,
         resume_step=(checkpoint.checkpoint_step or 0) if checkpoint else 0,
+        layout_dataset=_layout_dataset(session, job),
         lease_ttl_s=settings.lease_ttl_s, heartbeat_s=settings.heartbeat_s)
 
 
@@ -82,8 +102,12 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
     rng = meta.get("rng")
     if base is not None and base.rng == "test":
         rng = "test"  # a descendant of a test-rng model is never publishable either
-    info = {k: meta[k] for k in ("class_names", "image_size", "channels", "preset",
-                                 "training_kind", "steps") if k in meta}
+    kept = ("class_names", "image_size", "channels", "preset", "training_kind", "steps")
+    info: dict[str, object] = {k: meta[k] for k in kept if k in meta}
+    # layout conditioning: stated by the worker, else kept from the base model
+    channels = layout_channels(meta) or (layout_channels(base.info or {}) if base else 0)
+    if channels:
+        info["layout_channels"] = channels
     model = Model(id=_model_id_for(session, body), tenant_id=job.tenant_id,
                   name=str(meta.get("name") or f"{job.type} {job.id}"),
                   object_key=body.object_key, source="job", dataset_id=job.dataset_id,

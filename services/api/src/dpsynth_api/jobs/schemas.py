@@ -15,6 +15,8 @@ from dpsynth_api.tables import Artifact, Job
 # Keys of a worker's result that may enter the job record (data-independent only).
 RESULT_KEYS = frozenset({"job_epsilon", "job_epsilon_granted", "steps", "steps_done",
                          "samples", "model_id", "checkpoint_step", "seed"})
+# Keys the api itself writes into a job's result at submission; a worker never sets them.
+API_RESULT_KEYS = frozenset({"layout_source"})
 
 
 class Progress(BaseModel):
@@ -109,7 +111,7 @@ def job_out(job: Job, artifacts: list[Artifact], *, owner: bool) -> JobOut:
                           epsilon_so_far=job.epsilon_so_far, eta_s=job.eta_s,
                           message=job.progress_message),
         privacy=job.privacy, result={k: v for k, v in (job.result or {}).items()
-                                     if k in RESULT_KEYS},
+                                     if k in RESULT_KEYS or k in API_RESULT_KEYS},
         artifacts=[ArtifactRef(artifact_id=a.id, kind=a.kind, owner_only=a.owner_only,
                                non_dp=a.non_dp) for a in artifacts if owner or not a.owner_only],
         error=error, heartbeat_at=job.heartbeat_at, created_at=job.created_at,

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.service import get_dataset
 from dpsynth_api.jobs import repository as repo
+from dpsynth_api.jobs.layouts import layout_record, resolve_layout_source
 from dpsynth_api.jobs.options import check_finetune_options
 from dpsynth_api.jobs.schemas import DryRun, privacy_block
 from dpsynth_api.jobs.service import transition
@@ -34,6 +35,7 @@ class _Resolved:
     model_id: str | None = None
     steps: int | None = None
     reserve: ReserveRequest | None = None
+    layout: Dataset | None = None  # generate: the public dataset of the layout masks
 
 
 def _require_visibility(dataset: Dataset, wanted: str, job_type: str) -> None:
@@ -61,7 +63,8 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
             raise DpsynthError(ErrorCode.NOT_PUBLISHABLE,
                                f"model {model.id} was trained with a test random generator "
                                "(rng: test); its samples can never be published")
-        return _Resolved(model_id=model.id)
+        layout = resolve_layout_source(session, principal=principal, spec=spec, model=model)
+        return _Resolved(model_id=model.id, layout=layout)
     dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
     _require_visibility(dataset, "private", "finetune")
     check_finetune_options(dataset, spec)
@@ -120,7 +123,8 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
               spec=spec.model_dump(mode="json"), state=str(JobState.QUEUED), attempt=1,
               dataset_id=resolved.dataset.id if resolved.dataset else None,
               model_id=resolved.model_id, progress_total=resolved.steps or 0,
-              reservation_id=reservation_id, privacy=privacy, result={})
+              reservation_id=reservation_id, privacy=privacy,
+              result=_initial_result(spec, resolved))
     try:
         repo.add(session, job)
         session.commit()
@@ -131,6 +135,15 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
         raise
     _send(session, ledger=ledger, sender=sender, job=job)
     return job
+
+
+def _initial_result(spec: AnySpec, resolved: _Resolved) -> dict[str, Any]:
+    """What the api records in a new job's result: a generate job's layout source (the
+    public dataset and who declared it public), which a worker's result never replaces."""
+    if isinstance(spec, GenerateSpec) and spec.layout_source and resolved.layout:
+        return {"layout_source": layout_record(resolved.layout,
+                                               per_class=spec.layout_source.per_class)}
+    return {}
 
 
 def _send(session: Session, *, ledger: LedgerPort, sender: TaskSender, job: Job) -> None:
