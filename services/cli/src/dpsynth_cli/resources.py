@@ -11,7 +11,9 @@ from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 from dpsynth_cli.common import cli_errors, console, print_json, print_table, state_of
 from dpsynth_cli.views import budget_lines
 
-datasets = typer.Typer(help="Upload and inspect datasets.", no_args_is_help=True)
+datasets = typer.Typer(help="Upload and inspect datasets; make-documents writes public "
+                       "synthetic documents with layout masks (public pretraining data).",
+                       no_args_is_help=True)
 models = typer.Typer(help="Upload and inspect models.", no_args_is_help=True)
 
 
@@ -40,6 +42,37 @@ def upload_dataset(
         path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
         label_domain=_split(label_domain), declared_size=declared_size)
     print_json(result)
+
+
+@datasets.command("make-documents")
+def make_documents(
+    out: Annotated[Path, typer.Argument(dir_okay=False, help="the .npz file to write")],
+    per_class: Annotated[int, typer.Option(min=1, help="pages per class")] = 100,
+    size: Annotated[int, typer.Option(min=16, max=256, help="square side in pixels")] = 64,
+    seed: Annotated[int, typer.Option(min=0, help="generator seed")] = 0,
+    classes: Annotated[str | None, typer.Option(help="a subset of the classes, comma "
+                                                "separated (default: all)")] = None,
+) -> None:
+    """Write PUBLIC synthetic document images with their layout masks (no api call).
+
+    Every page comes from a seeded generator, not from anyone's data: public data.
+
+    Suitable for public pretraining (layout_conditioning) and as a layout_source.
+
+    Classes: letter, form, invoice, memo, email, resume, report, table, news, presentation.
+
+    Upload it with: dpsynth datasets upload OUT --name documents --visibility public
+    """
+    from dpsynth_shared.documents import CLASS_NAMES, write_npz
+
+    try:
+        path = write_npz(out, per_class, size=size, seed=seed, classes=_split(classes))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--classes") from None
+    names = _split(classes) or list(CLASS_NAMES)
+    console.print(f"wrote {path}: {per_class * len(names)} public synthetic documents "
+                  f"({len(names)} classes x {per_class}, {size}x{size} grayscale, with "
+                  f"layout masks), seed {seed}", highlight=False, soft_wrap=True)
 
 
 @datasets.command("list")
