@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -124,6 +125,31 @@ def show_model(ctx: typer.Context, model_id: str) -> None:
     print_json(state_of(ctx).client().get_model(model_id))
 
 
+@models.command("download")
+@cli_errors
+def download_model(ctx: typer.Context, model_id: str,
+                   output: Annotated[Path | None, typer.Option(
+                       "-o", "--output", help="default: MODEL_ID.zip")] = None) -> None:
+    """Download a model as the zip of its diffusers folder (re-uploadable as is)."""
+    client = state_of(ctx).client()
+    path = _with_progress(model_id, lambda on_chunk: client.download_model(
+        model_id, output or Path(f"{model_id}.zip"), on_chunk=on_chunk))
+    console.print(f"saved {path} ({path.stat().st_size} bytes)", highlight=False)
+
+
+def _with_progress(label: str,
+                   fetch: Callable[[Callable[[int, int | None], None]], Path]) -> Path:
+    """Run a streamed download under a progress bar (total unknown until a length comes)."""
+    with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
+                  console=console) as progress:
+        task = progress.add_task(label, total=None)
+
+        def on_chunk(done: int, total: int | None) -> None:
+            progress.update(task, completed=done, total=total)
+
+        return fetch(on_chunk)
+
+
 @cli_errors
 def download(ctx: typer.Context, artifact_id: str,
              output: Annotated[Path | None, typer.Option("-o", "--output")] = None) -> None:
@@ -133,12 +159,7 @@ def download(ctx: typer.Context, artifact_id: str,
         meta = client.get_artifact(artifact_id)
         name = meta.get("filename") or Path(str(meta.get("key") or artifact_id)).name
         output = Path(name)
-    with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
-                  console=console) as progress:
-        task = progress.add_task(f"{artifact_id}", total=None)
-
-        def on_chunk(done: int, total: int | None) -> None:
-            progress.update(task, completed=done, total=total)
-
-        path = client.download_artifact(artifact_id, output, on_chunk=on_chunk)
+    target = output
+    path = _with_progress(artifact_id, lambda on_chunk: client.download_artifact(
+        artifact_id, target, on_chunk=on_chunk))
     console.print(f"saved {path} ({path.stat().st_size} bytes)", highlight=False)

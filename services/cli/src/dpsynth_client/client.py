@@ -129,7 +129,8 @@ class Client:
     # -- models --------------------------------------------------------------------------
     def upload_model(self, path: Path | str, *, name: str,
                      metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Upload a diffusers model: a ``save_pretrained`` folder (tarred here) or a ``.tar``."""
+        """Upload a diffusers model: a ``save_pretrained`` folder (tarred here), or its
+        ``.tar`` or ``.zip`` (e.g. one :meth:`download_model` wrote)."""
         path = Path(path)
         meta = {"name": name, **(metadata or {})}
         with tempfile.TemporaryDirectory() as tmp:
@@ -146,6 +147,20 @@ class Client:
     def get_model(self, model_id: str) -> dict[str, Any]:
         """One model."""
         return self._request("GET", f"/v1/models/{model_id}")  # type: ignore[no-any-return]
+
+    def download_model(self, model_id: str, dest: Path | str, *,
+                       on_chunk: Callable[[int, int | None], None] | None = None) -> Path:
+        """Stream a model to ``dest`` as the zip of its diffusers folder + dpsynth_model.json
+        (the format :meth:`upload_model` accepts); temp file + rename.
+
+        Args:
+            on_chunk: called with (bytes so far, total or None) after each chunk.
+
+        Raises:
+            DpsynthError: ``not_found``, or ``not_publishable`` for a model trained with an
+                injected test generator.
+        """
+        return self._download(f"/v1/models/{model_id}/download", dest, on_chunk)
 
     # -- jobs ----------------------------------------------------------------------------
     def submit_job(self, spec: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
@@ -220,12 +235,15 @@ class Client:
         Args:
             on_chunk: called with (bytes so far, total or None) after each chunk.
         """
+        return self._download(f"/v1/artifacts/{artifact_id}/download", dest, on_chunk)
+
+    def _download(self, url: str, dest: Path | str,
+                  on_chunk: Callable[[int, int | None], None] | None) -> Path:
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".download-", dir=dest.parent)
         try:
-            with os.fdopen(fd, "wb") as out, self._http.stream(
-                "GET", f"/v1/artifacts/{artifact_id}/download") as response:
+            with os.fdopen(fd, "wb") as out, self._http.stream("GET", url) as response:
                 raise_for_problem(response)
                 total = response.headers.get("content-length")
                 done = 0

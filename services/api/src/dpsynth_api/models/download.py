@@ -49,6 +49,9 @@ class _Sink:
     def flush(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
     def drain(self) -> bytes:
         out, self._parts = b"".join(self._parts), []
         return out
@@ -62,7 +65,7 @@ def tar_to_zip(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """
     sink = _Sink()
     with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as tar, \
-            zipfile.ZipFile(sink, mode="w", allowZip64=True) as out:  # type: ignore[arg-type]
+            zipfile.ZipFile(sink, mode="w", allowZip64=True) as out:
         for member in tar:
             if not member.isfile():
                 continue
