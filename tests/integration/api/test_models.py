@@ -196,6 +196,9 @@ REFUSALS: dict[str, tuple[dict[str, bytes], str]] = {
         "unet/diffusion_pytorch_model.safetensors": _raw_safetensors({
             "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
             "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, 12)}), "overlaps"),
+    "weights larger than the config": (b.model_folder(extra={
+        "class_embedder/model.safetensors": b.safetensors_bytes({"weight": [3, 33]})}),
+        "weights hold 99 values, more than the 96 parameters"),
     "no scheduler": ({k: v for k, v in b.model_folder().items() if "scheduler" not in k},
                      "no scheduler/"),
     "a weightless vae": ({k: v for k, v in b.model_folder().items()

@@ -42,6 +42,8 @@ from dpsynth_shared.model_configs import (
     ConfigLimits,
     ModelConfigError,
     check_config,
+    config_class,
+    estimate_parameters,
     parse_config,
 )
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
@@ -193,8 +195,6 @@ def _check_complete(entries: dict[str, Entry | None]) -> None:
     denoisers = {p for p, c in folders if c == "unet"}
     if not denoisers:
         raise _invalid(f"the model has no unet/ (nor denoisers/<key>/unet/); {_LAYOUT_HINT}")
-    if "" in denoisers and len(denoisers) > 1:
-        raise _invalid("the model has both unet/ and per-class denoisers/<key>/unet/")
     orphans = [p for p, c in folders if c == "class_embedder" and p not in denoisers
                and p != ""]
     if orphans:
@@ -346,6 +346,8 @@ class CheckedModel:
 
     info: dict[str, Any]
     configs: dict[str, tuple[Entry, dict[str, Any]]] = field(default_factory=dict)
+    #: (prefix, component) -> number of values in its safetensors weights.
+    values: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def config(self, component: str, prefix: str = "") -> dict[str, Any] | None:
         for entry, config in self.configs.values():
@@ -381,7 +383,8 @@ def check_member(rel: str, data: bytes, checked: CheckedModel,
         checked.configs[rel] = (entry, config)
         return True
     max_elements = (weights_limit(entry.component, limits) - _MAX_HEADER_BYTES - 8) // 8
-    check_safetensors(data, name=rel, max_elements=max_elements)
+    checked.values[(entry.prefix, entry.component)] = check_safetensors(
+        data, name=rel, max_elements=max_elements)
     return True
 
 
@@ -420,6 +423,14 @@ def check_consistency(checked: CheckedModel) -> None:
         DpsynthError: 422 ``invalid_model`` naming the two sides that disagree.
     """
     info = checked.info
+    for entry, config in checked.configs.values():
+        values = checked.values.get((entry.prefix, entry.component or ""))
+        if values is None:
+            continue
+        described = estimate_parameters(config_class(entry.component or "", config), config)
+        if values > described:
+            raise _invalid(f"{entry.prefix}{entry.component}/ weights hold {values:,} values, "
+                           f"more than the {described:,} parameters its config describes")
     vae = checked.config("vae") or {}
     if vae.get("in_channels", 3) != info["channels"]:
         raise _invalid(f"vae/config.json has in_channels {vae.get('in_channels', 3)}, "
