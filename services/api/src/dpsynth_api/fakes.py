@@ -11,12 +11,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dpsynth_shared.dp_events import DpSgdEvent
+from dpsynth_shared.dp_events import DpSgdEvent, ParallelEvent
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_reservation_id
 from dpsynth_shared.ledger_contract import (
     BudgetView,
     CreateBudget,
+    LabelPlan,
+    LabelReservation,
     Plan,
     Reservation,
     ReservationState,
@@ -71,6 +73,7 @@ class FakeLedger:
             dataset_epsilon_reserved=0.0,
             dataset_epsilon_remaining=max(0.0, budget.epsilon_limit - spent),
             dataset_tight_epsilon=spent, partitions={p: spent for p in budget.partitions},
+            class_sizes=budget.class_sizes,
         )
 
     def plan(self, request: ReserveRequest) -> Plan:
@@ -80,15 +83,20 @@ class FakeLedger:
             raise NotFound("budget", request.dataset_id)
         spent = self._spent(request.dataset_id)
         remaining = budget.epsilon_limit - spent
-        q = min(1.0, request.expected_batch_size / budget.declared_size)
+        if request.per_label is not None:
+            event, labels = self._per_label(budget, request)
+            batch, per_step = None, None
+        else:
+            assert request.expected_batch_size is not None and request.steps is not None
+            q = min(1.0, request.expected_batch_size / budget.declared_size)
+            event = DpSgdEvent(noise_multiplier=1.0, sample_rate=q, steps=request.steps,
+                               neighbouring=budget.neighbouring)
+            batch, labels = request.expected_batch_size, None
+            per_step = request.target_epsilon / request.steps
         return Plan(
-            dataset_id=request.dataset_id,
-            event=DpSgdEvent(noise_multiplier=1.0, sample_rate=q, steps=request.steps,
-                             neighbouring=budget.neighbouring),
-            expected_batch_size=request.expected_batch_size,
+            dataset_id=request.dataset_id, event=event, expected_batch_size=batch,
             job_epsilon=request.target_epsilon, delta=budget.delta, admission_order=8,
-            rdp_per_step=request.target_epsilon / request.steps,
-            rdp_total=request.target_epsilon,
+            rdp_per_step=per_step, rdp_total=request.target_epsilon, per_label=labels,
             dataset_epsilon_spent_before=spent,
             dataset_epsilon_spent_after=spent + request.target_epsilon,
             dataset_tight_epsilon_after=spent + request.target_epsilon,
@@ -96,6 +104,24 @@ class FakeLedger:
             max_admissible_target_epsilon=remaining if remaining > 0 else None,
             accountant="fake-additive",
         )
+
+    @staticmethod
+    def _per_label(budget: CreateBudget, request: ReserveRequest
+                   ) -> tuple[ParallelEvent, dict[str, LabelPlan]]:
+        """Each class's run: sigma 1, q_c = batch_c / N̂_c, epsilon = the target."""
+        assert request.per_label is not None
+        if not budget.class_sizes:
+            raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label job needs class sizes")
+        labels = {}
+        for name, shape in request.per_label.items():
+            size = budget.class_sizes[name]
+            event = DpSgdEvent(noise_multiplier=1.0, sample_rate=shape.expected_batch_size / size,
+                               steps=shape.steps, neighbouring=budget.neighbouring)
+            labels[name] = LabelPlan(event=event, expected_batch_size=shape.expected_batch_size,
+                                     class_size=size, job_epsilon=request.target_epsilon,
+                                     rdp_per_step=request.target_epsilon / shape.steps,
+                                     rdp_total=request.target_epsilon)
+        return ParallelEvent(partitions={n: lp.event for n, lp in labels.items()}), labels
 
     def reserve(self, request: ReserveRequest) -> Reservation:
         """Admit and reserve, or raise 409 ``privacy_budget_exhausted`` with the numbers."""
@@ -107,12 +133,21 @@ class FakeLedger:
                     dataset_epsilon_spent=plan.dataset_epsilon_spent_before,
                     epsilon_limit=self.budgets[request.dataset_id].epsilon_limit,
                     max_admissible_target_epsilon=plan.max_admissible_target_epsilon)
+            labels = None if plan.per_label is None else {
+                name: LabelReservation(
+                    event=lp.event, expected_batch_size=lp.expected_batch_size,
+                    class_size=lp.class_size, steps_planned=lp.event.steps,
+                    steps_reserved=lp.event.steps, steps_granted=0,
+                    job_epsilon=lp.job_epsilon, job_epsilon_granted=0.0)
+                for name, lp in plan.per_label.items()}
+            steps = request.steps if labels is None else sum(
+                lr.steps_reserved for lr in labels.values())
             reservation = Reservation(
                 reservation_id=new_reservation_id(), job_id=request.job_id,
                 dataset_id=request.dataset_id, state=ReservationState.OPEN, event=plan.event,
-                expected_batch_size=request.expected_batch_size, steps_reserved=request.steps,
+                expected_batch_size=request.expected_batch_size, steps_reserved=steps or 0,
                 steps_granted=0, current_attempt=1, job_epsilon=plan.job_epsilon,
-                job_epsilon_granted=0.0, plan=plan)
+                job_epsilon_granted=0.0, per_label=labels, plan=plan)
             self.reservations[reservation.reservation_id] = _FakeReservation(
                 reservation, request.target_epsilon)
         return reservation

@@ -72,6 +72,8 @@ class Dataset(Base):
     created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
     # One layout mask per image in the canonical npz (private with a private dataset).
     has_masks: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Public per-class sizes N̂_c declared by the owner (per-label training); None: none.
+    class_sizes: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
 
 
 class Model(Base):

@@ -21,6 +21,24 @@ class DatasetMetadata(BaseModel):
     label_domain: list[str] | None = Field(None, min_length=1, max_length=100_000)
     declared_size: int | None = Field(None, ge=1)
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
+    class_sizes: dict[str, int] | None = Field(
+        None, description="private datasets, for per-label training: the public size N̂_c of "
+        "every class of label_domain, each at least 1, at least the true number of records "
+        "of the class and at most the dataset's declared size N̂; they set each class's "
+        "sample rate and are shown to everyone who can see the dataset")
+
+    @model_validator(mode="after")
+    def _class_sizes(self) -> DatasetMetadata:
+        if self.class_sizes is None:
+            return self
+        if self.visibility != "private":
+            raise ValueError("class_sizes are declared for private datasets only")
+        if self.label_domain is not None and set(self.class_sizes) != set(self.label_domain):
+            raise ValueError("class_sizes must give a size for every class of label_domain, "
+                             "and only for those")
+        if any(n < 1 for n in self.class_sizes.values()):
+            raise ValueError("every class size must be at least 1")
+        return self
 
     @model_validator(mode="after")
     def _private_needs_budget(self) -> DatasetMetadata:
@@ -52,6 +70,8 @@ class DatasetOut(BaseModel):
     delta: float | None = None
     epsilon_limit: float | None = None
     neighbouring: Neighbouring | None = None
+    class_sizes: dict[str, int] | None = Field(None, description="public per-class sizes "
+                                               "declared at upload (per-label training)")
     declared_public_by: str | None = Field(None, description="audit: the key that declared "
                                            "the data public")
     source_format: str
@@ -80,5 +100,6 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
         has_masks=bool(dataset.has_masks), delta=dataset.delta,
         epsilon_limit=dataset.epsilon_limit,
         neighbouring=Neighbouring(dataset.neighbouring) if dataset.neighbouring else None,
+        class_sizes=dataset.class_sizes,
         declared_public_by=dataset.declared_public_by, source_format=dataset.source_format,
         sha256=dataset.sha256, size_bytes=dataset.size_bytes, created_at=dataset.created_at)

@@ -59,6 +59,40 @@ def _privacy_terms(meta: DatasetMetadata, true_size: int) -> tuple[int, float | 
     return declared, delta
 
 
+def check_class_sizes(meta: DatasetMetadata, data: Ingested, declared: int) -> None:
+    """Declared class sizes bound the true class counts and the declared dataset size.
+
+    Each N̂_c sets the sample rate q_c = expected_batch_size_c / N̂_c and the length
+    steps_c = epochs·N̂_c / expected_batch_size_c of a per-label job. Like N̂ (DESIGN §3)
+    it is a public upper bound the owner agrees to release, so it must be at least the
+    class's true count; N̂_c ≤ N̂ keeps δ < 1/N̂ ≤ 1/N̂_c for every class's model. The sum
+    is not bounded: each N̂_c is only an upper bound, and the classes' models compose in
+    parallel whatever their sizes. The refusal names the classes, never their true counts
+    (the owner sees those in the dataset's owner view).
+
+    Raises:
+        DpsynthError: 422 ``invalid_dataset``.
+    """
+    if meta.class_sizes is None:
+        return
+    counts = data.class_counts()
+    if set(meta.class_sizes) != set(counts):
+        raise DpsynthError(ErrorCode.INVALID_DATASET, "class_sizes must give a size for "
+                           "every class of the dataset's label domain, and only for those")
+    small = sorted(c for c, n in meta.class_sizes.items() if n < counts[c])
+    if small:
+        raise DpsynthError(ErrorCode.INVALID_DATASET,
+                           "class_sizes are smaller than the number of records uploaded for "
+                           f"{', '.join(map(repr, small))}; each public class size N̂_c must "
+                           "be at least the class's true count", classes=small)
+    large = sorted(c for c, n in meta.class_sizes.items() if n > declared)
+    if large:
+        raise DpsynthError(ErrorCode.INVALID_DATASET,
+                           f"class_sizes exceed the declared dataset size N̂ = {declared} for "
+                           f"{', '.join(map(repr, large))}; a class cannot be larger than "
+                           "the dataset", classes=large)
+
+
 def _limits(settings: ApiSettings) -> IngestLimits:
     return IngestLimits(ArchiveLimits(settings.max_uncompressed_bytes,
                                       settings.max_archive_members), settings.max_image_pixels)
@@ -80,6 +114,7 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
         data = ingest_upload(raw, name, private=meta.visibility == "private",
                              label_domain=meta.label_domain, limits=_limits(settings))
         declared, delta = _privacy_terms(meta, data.size)
+        check_class_sizes(meta, data, declared)
         dataset_id = new_dataset_id()
         key = f"{meta.visibility}/datasets/{dataset_id}/data.npz"
         info = store.put_file(key, write_canonical(data, Path(tmp) / "data.npz"))
@@ -107,6 +142,7 @@ def _row(dataset_id: str, key: str, meta: DatasetMetadata, data: Ingested, princ
         image_shape=data.image_shape, has_masks=data.masks is not None, delta=delta,
         epsilon_limit=meta.epsilon_limit,
         neighbouring=str(meta.neighbouring) if private else None,
+        class_sizes=dict(meta.class_sizes) if meta.class_sizes is not None else None,
         declared_public_by=None if private else principal.key_id,
         uploaded_by=principal.key_id, sha256=sha256, size_bytes=size)
 
@@ -116,7 +152,7 @@ def _budget_request(dataset: Dataset, meta: DatasetMetadata) -> CreateBudget:
     return CreateBudget(dataset_id=dataset.id, tenant_id=dataset.tenant_id,
                         epsilon_limit=dataset.epsilon_limit, delta=dataset.delta,
                         declared_size=dataset.declared_size, neighbouring=meta.neighbouring,
-                        partitions=list(dataset.class_names))
+                        partitions=list(dataset.class_names), class_sizes=dataset.class_sizes)
 
 
 def get_dataset(session: Session, *, principal: Principal, dataset_id: str) -> Dataset:

@@ -66,7 +66,8 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
         info = DatasetInfo(dataset_id=dataset.id,
                            visibility=dataset.visibility, has_masks=bool(dataset.has_masks),
                            object_key=dataset.object_key, class_names=list(dataset.class_names),
-                           declared_size=dataset.declared_size, delta=dataset.delta)
+                           declared_size=dataset.declared_size, delta=dataset.delta,
+                           class_sizes=dataset.class_sizes)
     return Claim(
         job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
         type=job.type,

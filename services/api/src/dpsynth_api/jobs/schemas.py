@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.ledger_contract import TIGHT_LABEL, Plan
 from pydantic import BaseModel, ConfigDict, Field
@@ -81,12 +82,20 @@ class DryRun(BaseModel):
 
 
 def privacy_block(plan: Plan, *, reservation_id: str | None, steps: int) -> dict[str, Any]:
-    """The labelled privacy figures stored on a job (and shown by ``dry_run``)."""
+    """The labelled privacy figures stored on a job (and shown by ``dry_run``).
+
+    A per-label job has no single noise multiplier or sample rate: ``per_label`` gives each
+    class's run (σ_c, q_c, steps_c, expected batch size, declared class size and the class
+    model's standalone epsilon); ``job_epsilon`` is the max over classes and ``steps`` the
+    sum of the classes' steps.
+    """
+    event = plan.event
+    whole = isinstance(event, DpSgdEvent)
     return {
         "reservation_id": reservation_id,
         "job_epsilon": plan.job_epsilon,
-        "noise_multiplier": plan.event.noise_multiplier,
-        "sample_rate": plan.event.sample_rate,
+        "noise_multiplier": event.noise_multiplier if whole else None,
+        "sample_rate": event.sample_rate if whole else None,
         "steps": steps,
         "expected_batch_size": plan.expected_batch_size,
         "delta": plan.delta,
@@ -98,6 +107,13 @@ def privacy_block(plan: Plan, *, reservation_id: str | None, steps: int) -> dict
         "dataset_tight_epsilon_label": plan.dataset_tight_epsilon_label or TIGHT_LABEL,
         "admissible": plan.admissible,
         "max_admissible_target_epsilon": plan.max_admissible_target_epsilon,
+        **({} if plan.per_label is None else {"per_label": {
+            name: {"noise_multiplier": part.event.noise_multiplier,
+                   "sample_rate": part.event.sample_rate, "steps": part.event.steps,
+                   "expected_batch_size": part.expected_batch_size,
+                   "class_size": part.class_size, "job_epsilon": part.job_epsilon,
+                   "rdp_total": part.rdp_total}
+            for name, part in plan.per_label.items()}}),
     }
 
 

@@ -7,11 +7,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.ids import new_job_id
 from dpsynth_shared.job_specs import FinetuneSpec, GenerateSpec, PretrainSpec, steps_for
 from dpsynth_shared.job_states import Actor, JobState
-from dpsynth_shared.ledger_contract import ReserveRequest
+from dpsynth_shared.ledger_contract import LabelShape, Reservation, ReserveRequest
 from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.service import get_dataset
@@ -70,6 +71,12 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
     check_finetune_options(dataset, spec)
     base = get_model(session, principal=principal, model_id=spec.base_model_id)
     batch = spec.training.expected_batch_size
+    if spec.training.per_label:
+        shapes = per_label_shapes(dataset, spec)
+        reserve = ReserveRequest(job_id=job_id, dataset_id=dataset.id,
+                                 target_epsilon=spec.privacy.target_epsilon, per_label=shapes)
+        return _Resolved(dataset=dataset, model_id=base.id, reserve=reserve,
+                         steps=sum(shape.steps for shape in shapes.values()))
     if batch > dataset.declared_size:
         raise DpsynthError(ErrorCode.INVALID_SPEC,
                            f"expected_batch_size {batch} exceeds the dataset's declared size "
@@ -81,6 +88,35 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
                              target_epsilon=spec.privacy.target_epsilon,
                              expected_batch_size=batch, steps=steps)
     return _Resolved(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve)
+
+
+def per_label_shapes(dataset: Dataset, spec: FinetuneSpec) -> dict[str, LabelShape]:
+    """Each class's run of a per-label finetune, from the dataset's public class sizes.
+
+    Class c trains on its N̂_c declared records with expected batch size
+    ``min(expected_batch_size, N̂_c)`` for ``steps_for(epochs, batch_c, N̂_c)`` logical steps;
+    the ledger sets q_c = batch_c / N̂_c from the same declared sizes.
+
+    Raises:
+        DpsynthError: 422 ``invalid_spec`` when the dataset declares no class sizes (they
+            are never read from the data).
+    """
+    sizes = dataset.class_sizes
+    if not sizes:
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"training.per_label needs public class sizes, and dataset "
+                           f"{dataset.id} declares none: each class's sample rate is set by "
+                           "its declared size, never read from the data. Upload the dataset "
+                           "with class_sizes in its metadata (every class, each at least its "
+                           "true count)", dataset_id=dataset.id)
+    t = spec.training
+    shapes: dict[str, LabelShape] = {}
+    for name in dataset.class_names:
+        size = int(sizes[name])
+        batch = min(t.expected_batch_size, size)
+        shapes[name] = LabelShape(expected_batch_size=batch, steps=steps_for(
+            epochs=t.epochs, expected_batch_size=batch, declared_size=size))
+    return shapes
 
 
 def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
@@ -116,9 +152,7 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
             privacy = privacy_block(reservation.plan, reservation_id=reservation_id,
                                     steps=resolved.steps)
         else:
-            privacy = {"reservation_id": reservation_id, "job_epsilon": reservation.job_epsilon,
-                       "noise_multiplier": reservation.event.noise_multiplier,
-                       "sample_rate": reservation.event.sample_rate, "steps": resolved.steps}
+            privacy = _reservation_block(reservation, resolved.steps)
     job = Job(id=job_id, tenant_id=principal.tenant_id, type=spec.type,
               spec=spec.model_dump(mode="json"), state=str(JobState.QUEUED), attempt=1,
               dataset_id=resolved.dataset.id if resolved.dataset else None,
@@ -135,6 +169,23 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
         raise
     _send(session, ledger=ledger, sender=sender, job=job)
     return job
+
+
+def _reservation_block(reservation: Reservation, steps: int) -> dict[str, Any]:
+    """The privacy figures of a reservation returned without its plan (a resent request)."""
+    block: dict[str, Any] = {"reservation_id": reservation.reservation_id,
+                             "job_epsilon": reservation.job_epsilon, "steps": steps}
+    if reservation.per_label is None:
+        event = reservation.event
+        assert isinstance(event, DpSgdEvent)
+        return {**block, "noise_multiplier": event.noise_multiplier,
+                "sample_rate": event.sample_rate}
+    return {**block, "noise_multiplier": None, "sample_rate": None, "per_label": {
+        name: {"noise_multiplier": part.event.noise_multiplier,
+               "sample_rate": part.event.sample_rate, "steps": part.steps_reserved,
+               "expected_batch_size": part.expected_batch_size,
+               "class_size": part.class_size, "job_epsilon": part.job_epsilon}
+        for name, part in reservation.per_label.items()}}
 
 
 def _initial_result(spec: AnySpec, resolved: _Resolved) -> dict[str, Any]:
