@@ -127,3 +127,14 @@ def test_tar_to_zip_keeps_every_file_byte_for_byte() -> None:
         assert weights.compress_type == zipfile.ZIP_STORED
     again = b"".join(tar_to_zip([raw]))
     assert again == b"".join(chunks)  # the same model always streams the same bytes
+
+
+def test_the_info_schema_follows_the_ml_core() -> None:
+    """The api cannot import the ML core: its copy of ModelInfo's fields must not drift."""
+    import dataclasses
+
+    from dpsynth_api.models.validation import MODEL_FORMAT_VERSION, ModelInfoFile
+
+    spec = pytest.importorskip("dpsynth_ml.spec")
+    assert set(ModelInfoFile.model_fields) == {f.name for f in dataclasses.fields(spec.ModelInfo)}
+    assert spec.MODEL_FORMAT_VERSION == MODEL_FORMAT_VERSION
