@@ -218,7 +218,8 @@ def _plan_custom(spec: TrainingSpec, arch: Architecture) -> ModelPlan:
     from dpsynth_shared.model_configs import ModelConfigError, check_config
 
     if arch.unet_class not in UNET_CLASSES:
-        raise InvalidSpecError(f"unet_class must be one of {sorted(UNET_CLASSES)}")
+        raise InvalidSpecError(f"unet_class {arch.unet_class!r} is not allowed (allowed: "
+                               f"{', '.join(UNET_CLASSES)})")
     for component, given, owned in (("unet", arch.unet, PLATFORM_UNET_KEYS),
                                     ("vae", arch.vae, PLATFORM_VAE_KEYS)):
         taken = sorted(k for k in given if k in owned)

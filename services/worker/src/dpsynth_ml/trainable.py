@@ -120,8 +120,11 @@ def trainable_parameter_names(unet: nn.Module, *, trainable: Trainable,
     selected = {_UNET + n for n in chosen} - {embedder}
     if train_embedder:
         selected.add(embedder)
-    # named_parameters order; a separate class_embedder comes after the UNet.
-    names = [_UNET + n for n in local if _UNET + n in selected]
+    # Module order (lora names may not exist yet); a separate class_embedder comes last.
+    order = [_UNET + n for n in (chosen if trainable == "lora" else local)]
+    if embedder.startswith(_UNET) and embedder not in order:
+        order.append(embedder)
+    names = [n for n in order if n in selected]
     names += [n for n in sorted(selected) if not n.startswith(_UNET)]
     if not names:
         raise InvalidSpecError("the selection has no parameter to train")
