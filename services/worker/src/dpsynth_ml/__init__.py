@@ -6,10 +6,30 @@ nothing of Celery, HTTP, SQL or object stores. opacus is imported only in ``dpsy
 Public API::
 
     DpSpec(noise_multiplier, sample_rate, expected_batch_size, max_grad_norm, steps)
-    TrainingSpec(kind, preset="tiny", image_size=32, channels=1, class_conditional=True,
-                 num_classes=10, trainable="attention", learning_rate=3e-4, epochs=1,
-                 batch_size=64, label_dropout=0.1, max_physical_batch_size=64,
-                 class_map=None, checkpoint_every=10, seed=0, dp=None)
+    TrainingSpec(kind, preset="tiny", architecture=None, image_size=32, channels=1,
+                 class_conditional=True, layout_conditioning=False, num_classes=10,
+                 trainable="attention", blocks=None, lora_rank=4, lora_alpha=None,
+                 train_embedder=None, noise_multiplicity=1, ema_decay=None, warmup_steps=0,
+                 learning_rate=3e-4, epochs=1, batch_size=64, label_dropout=0.1,
+                 max_physical_batch_size=64, class_map=None, checkpoint_every=10, seed=0,
+                 dp=None, per_label_dp=None)
+        preset: tiny | small (CPU) | base (GPU, ~31M-parameter UNet2DConditionModel on
+                32x32 or 64x64 latents) | custom (architecture=Architecture(unet_class=
+                "UNet2DConditionModel" | "UNet2DModel", unet={...}, vae={...}), kwargs
+                checked against dpsynth_shared.model_configs; sizes set by the platform)
+        trainable: full | attention (every diffusers Attention: self + cross) |
+                output_attention (Attention under up_blocks) | blocks (UNet module-name
+                prefixes in `blocks`) | lora (peft adapters on to_q/to_k/to_v/to_out.0,
+                rank lora_rank, alpha lora_alpha or rank; merged into the released UNet)
+        train_embedder: None = train the class table iff class_map is None
+        layout_conditioning: masks encoded by the frozen VAE, concatenated to the latent
+    dpsynth_ml.trainable.trainable_parameter_names(unet, *, trainable, blocks=None,
+          train_embedder=False) -> list[str]   # pure: what a mode trains
+    dpsynth_ml.models.encode_layouts(bundle, info, masks) -> Tensor  # layout= of the denoiser
+    dpsynth_ml.models.ConditionalDenoiser(unet, class_embedder)(latents, timesteps, labels,
+          layout=None)   # one signature for UNet2DConditionModel and UNet2DModel
+    ModelInfo.extra: unet_class, layout_channels (0 = none), trainable_parameters, and for
+          finetunes trainable, train_embedder, blocks / lora {rank, alpha, merged}
     TrainingHooks (Protocol): acquire_steps, should_stop, on_progress, on_checkpoint,
                               on_private_stats;  NullHooks grants everything
     train(spec, *, dataset_path, out_dir, hooks=NullHooks(), base_model_dir=None,
