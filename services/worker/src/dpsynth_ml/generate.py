@@ -1,72 +1,239 @@
-"""Sampling from a model directory with classifier-free guidance (Ho & Salimans 2022).
+"""Sampling from a model directory: DDPM, DDIM or DPM-Solver++ with classifier-free guidance.
 
 Generation is post-processing of the DP model, so its seed may be recorded and reused.
+
+Reproducibility: every image has its own random generator, seeded from (seed, class index,
+image index) through :class:`numpy.random.SeedSequence`, which draws its initial latent and
+(for DDPM) its per-step noise. An image therefore depends on the seed, its class and its
+index, never on ``batch_size`` or on which other classes are generated (up to the float
+round-off of batched kernels).
+
+Samplers (``diffusers`` schedulers built from the model's own scheduler config):
+
+* ``ddpm``: ancestral sampling (Ho et al. 2020), ``set_timesteps(steps)``.
+* ``ddim``: deterministic DDIM (Song et al. 2021, eta = 0).
+* ``dpm_solver++``: multistep DPM-Solver++ (Lu et al. 2022, second order, lower order at
+  the final steps), good at 10-25 steps; its timesteps start at t = T ("linspace").
+
+Per-label bundles (DP-DocLDM's best setting): each declared class has its own denoiser,
+DP-trained on that class only. Each class is drawn from its own denoiser through the
+conditional path with its class token; classifier-free guidance does not apply (the null and
+the class token of a one-class model describe the same distribution), so ``guidance_scale``
+is ignored for such models.
+
+Layouts (DP-DocLDM layout conditioning): a layout-conditioned model needs one mask per
+image. Masks come from a :class:`LayoutSet` (a PUBLIC source: the caller is responsible for
+that), are drawn with the generation seed, encoded by the model's own VAE and passed to the
+denoiser as ``layout=``. The indices used are returned in :attr:`SampleResult.layouts`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler
+from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler
 from PIL import Image
 
+from dpsynth_ml.data import load_dataset
 from dpsynth_ml.model_io import load_model
-from dpsynth_ml.models import ConditionalDenoiser, ModelBundle
+from dpsynth_ml.models import ConditionalDenoiser, ModelBundle, encode_layouts
 from dpsynth_ml.spec import InvalidSpecError, ModelInfo, SampleResult, SamplerKind
 
-_BATCH = 64
+#: Default number of images denoised together.
+DEFAULT_BATCH_SIZE = 64
+
+_SEED_MASK = (1 << 64) - 1
+_IMAGE_STREAM, _LAYOUT_STREAM = 0, 1
+
+
+@dataclass(frozen=True)
+class LayoutSet:
+    """Public layout masks to condition a layout-conditioned model on.
+
+    Attributes:
+        masks: uint8 [M, H, W, 1] (0 background, 255 text line).
+        labels: optional int [M], indices into ``class_names``.
+        class_names: the label domain of ``labels`` (matched to the model's by name).
+        per_class: draw each class's masks from the masks of the class of the same name
+            when there are any; otherwise (or when False) from all masks.
+    """
+
+    masks: np.ndarray
+    labels: np.ndarray | None = None
+    class_names: tuple[str, ...] | None = None
+    per_class: bool = True
+
+    def __post_init__(self) -> None:
+        masks = self.masks
+        if masks.dtype != np.uint8 or masks.ndim != 4 or masks.shape[-1] != 1:
+            raise InvalidSpecError("layout masks must be uint8 [M, H, W, 1]")
+        if masks.shape[0] < 1:
+            raise InvalidSpecError("a layout set needs at least one mask")
+        if (self.labels is None) != (self.class_names is None):
+            raise InvalidSpecError("layout labels and class_names are given together")
+        if self.labels is not None:
+            labels = self.labels
+            if labels.shape != (masks.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
+                raise InvalidSpecError("layout labels must be integers [M], one per mask")
+            if labels.min() < 0 or labels.max() >= len(self.class_names or ()):
+                raise InvalidSpecError("layout labels must index class_names")
+
+    def __len__(self) -> int:
+        return int(self.masks.shape[0])
+
+    def pool(self, class_name: str) -> np.ndarray:
+        """Indices of the masks a class draws from (its own, or all of them)."""
+        if self.per_class and self.labels is not None and self.class_names is not None \
+                and class_name in self.class_names:
+            own = np.flatnonzero(self.labels == self.class_names.index(class_name))
+            if own.size:
+                return own
+        return np.arange(len(self), dtype=np.int64)
+
+
+def load_layouts(path: Path, *, per_class: bool = True) -> LayoutSet:
+    """The layout masks of a canonical dataset file (its images are not kept).
+
+    Raises:
+        InvalidSpecError: if the dataset carries no masks.
+    """
+    dataset = load_dataset(path)
+    if dataset.masks is None:
+        raise InvalidSpecError("the layout dataset carries no layout masks")
+    return LayoutSet(masks=dataset.masks, labels=dataset.labels,
+                     class_names=dataset.class_names, per_class=per_class)
 
 
 def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, steps: int,
            guidance_scale: float, seed: int, out_dir: Path,
-           classes: Sequence[int] | None = None,
+           classes: Sequence[int] | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+           layouts: LayoutSet | None = None,
            progress: Callable[[int, int], None] | None = None) -> SampleResult:
     """Generate images per class and write ``out_dir/<class_name>/<i>.png``.
 
     Args:
-        model_dir: a dpsynth model directory.
+        model_dir: a dpsynth model directory (a single model or a per-label bundle).
         samples_per_class: images per class.
-        sampler: "ddpm" (ancestral) or "ddim" (deterministic, eta=0).
+        sampler: "ddpm" (ancestral), "ddim" (deterministic, eta=0) or "dpm_solver++".
         steps: number of denoising steps (``set_timesteps(steps)``).
-        guidance_scale: w in eps = eps_uncond + w (eps_cond - eps_uncond); 1 = conditional only.
-        seed: seed of the generation noise.
+        guidance_scale: w in eps = eps_uncond + w (eps_cond - eps_uncond); 1 = conditional
+            only. Ignored for per-label bundles (see the module docstring).
+        seed: seed of the generation noise and of the layout draws.
         out_dir: output root.
         classes: model class indices to generate (default: all).
-        progress: called with (images done, images total).
+        batch_size: images denoised together (changes speed and memory, not the images).
+        layouts: public layout masks; required by a layout-conditioned model and refused
+            by any other.
+        progress: called with (images done, images total) after each batch.
 
     Returns:
-        Counts per class name.
+        Counts per class name, images per second of sampling (denoising and decoding, not
+        model loading or PNG writing) and, with layouts, the mask indices used per class.
+
+    Raises:
+        InvalidSpecError: on bad counts, classes or sampler, or layouts missing for a
+            layout-conditioned model or given to a model without layout conditioning.
     """
-    if samples_per_class < 0 or steps < 1:
-        raise InvalidSpecError("samples_per_class must be >= 0 and steps >= 1")
-    bundle, info = load_model(model_dir)
+    if samples_per_class < 0 or steps < 1 or batch_size < 1:
+        raise InvalidSpecError("samples_per_class must be >= 0, steps and batch_size >= 1")
+    _check_sampler(sampler)
+    bundle, info, denoisers = _load(model_dir)
     wanted = list(range(info.num_classes)) if classes is None else list(classes)
     if any(not 0 <= c < info.num_classes for c in wanted):
         raise InvalidSpecError("classes must be model class indices")
+    conditioned = _layout_channels(info) > 0
+    if conditioned and layouts is None:
+        raise InvalidSpecError("this model is layout-conditioned: sampling needs layouts")
+    if not conditioned and layouts is not None:
+        raise InvalidSpecError("this model has no layout conditioning: layouts are refused")
+    per_label = _is_per_label(info)
     dirs = _class_dirs(info)
-    denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
-    g = torch.Generator().manual_seed(seed)
     counts: dict[str, int] = {}
-    total, done = samples_per_class * len(wanted), 0
+    used: dict[str, tuple[int, ...]] = {}
+    total, done, elapsed = samples_per_class * len(wanted), 0, 0.0
     for cls in wanted:
+        name = info.class_names[cls]
         target = Path(out_dir) / dirs[cls]
         target.mkdir(parents=True, exist_ok=True)
-        for start in range(0, samples_per_class, _BATCH):
-            n = min(_BATCH, samples_per_class - start)
-            images = _generate(bundle, info, denoiser, cls, n, sampler=sampler, steps=steps,
-                               guidance_scale=guidance_scale, generator=g)
+        picks = (None if layouts is None
+                 else _draw_layouts(layouts, name, cls, samples_per_class, seed))
+        for start in range(0, samples_per_class, batch_size):
+            n = min(batch_size, samples_per_class - start)
+            generators = [_image_generator(seed, cls, start + i) for i in range(n)]
+            began = time.perf_counter()
+            # Masks are encoded by the model's own VAE, as the denoiser was trained on them.
+            layout = (None if layouts is None or picks is None
+                      else encode_layouts(bundle, info, layouts.masks[picks[start:start + n]]))
+            images = _generate(bundle, info, denoisers[cls], cls, n, sampler=sampler,
+                               steps=steps, guidance_scale=1.0 if per_label else guidance_scale,
+                               generators=generators, layout=layout)
+            elapsed += time.perf_counter() - began
             for i, image in enumerate(images):
                 _save_png(image, target / f"{start + i}.png")
             done += n
             if progress is not None:
                 progress(done, total)
-        counts[info.class_names[cls]] = samples_per_class
-    return SampleResult(out_dir=Path(out_dir), counts=counts, seed=seed)
+        counts[name] = samples_per_class
+        if picks is not None:
+            used[name] = tuple(int(i) for i in picks)
+    rate = done / elapsed if done and elapsed > 0 else 0.0
+    return SampleResult(out_dir=Path(out_dir), counts=counts, seed=seed,
+                        images_per_second=rate, layouts=used)
+
+
+def _check_sampler(kind: str) -> None:
+    if kind not in ("ddpm", "ddim", "dpm_solver++"):
+        raise InvalidSpecError(f"unknown sampler {kind!r}")
+
+
+def _is_per_label(info: ModelInfo) -> bool:
+    return bool(info.extra.get("per_label", False))
+
+
+def _layout_channels(info: ModelInfo) -> int:
+    value = info.extra.get("layout_channels", 0)
+    return value if isinstance(value, int) else 0
+
+
+def _load(model_dir: Path) -> tuple[ModelBundle, ModelInfo, Mapping[int, ConditionalDenoiser]]:
+    """The model, its info and the denoiser that draws each class index."""
+    bundle, info = load_model(model_dir)
+    if not _is_per_label(info):
+        shared = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
+        return bundle, info, dict.fromkeys(range(info.num_classes), shared)
+    from dpsynth_ml.model_io import load_per_label_denoisers
+
+    by_name = load_per_label_denoisers(model_dir, bundle, info)
+    missing = [n for n in info.class_names if n not in by_name]
+    if missing:
+        raise InvalidSpecError(f"the per-label bundle has no denoiser for {missing}")
+    return bundle, info, {i: by_name[n].eval() for i, n in enumerate(info.class_names)}
+
+
+def _image_generator(seed: int, cls: int, index: int) -> torch.Generator:
+    """The generator of one image: a function of (seed, class index, image index) only."""
+    sequence = np.random.SeedSequence(seed & _SEED_MASK, spawn_key=(_IMAGE_STREAM, cls, index))
+    return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
+
+
+def _draw_layouts(layouts: LayoutSet, class_name: str, cls: int, n: int,
+                  seed: int) -> np.ndarray:
+    """Indices of ``n`` masks for a class, drawn with the generation seed.
+
+    Without replacement while the class's pool lasts (so masks are spread), with
+    replacement beyond it.
+    """
+    pool = layouts.pool(class_name)
+    sequence = np.random.SeedSequence(seed & _SEED_MASK, spawn_key=(_LAYOUT_STREAM, cls))
+    rng = np.random.default_rng(sequence)
+    return rng.choice(pool, size=n, replace=n > pool.size).astype(np.int64)
 
 
 def _class_dirs(info: ModelInfo) -> list[str]:
@@ -78,12 +245,19 @@ def _class_dirs(info: ModelInfo) -> list[str]:
     return names
 
 
-def _make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int) -> Any:
+def make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int) -> Any:
+    """A fresh sampler (schedulers keep per-run state) from the model's scheduler config."""
     config = bundle.scheduler.config
     if kind == "ddpm":
         scheduler: Any = DDPMScheduler.from_config(config)
     elif kind == "ddim":
         scheduler = DDIMScheduler.from_config(config)
+    elif kind == "dpm_solver++":
+        # The solver's own spacing (from t = T; "leading" would start at T - T/steps, which
+        # costs most at the few steps DPM-Solver++ is for); no learned variance here.
+        scheduler = DPMSolverMultistepScheduler.from_config(
+            config, algorithm_type="dpmsolver++", timestep_spacing="linspace",
+            variance_type=None)
     else:
         raise InvalidSpecError(f"unknown sampler {kind!r}")
     scheduler.set_timesteps(steps)
@@ -93,25 +267,31 @@ def _make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int) -> Any:
 @torch.no_grad()
 def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoiser, cls: int,
               n: int, *, sampler: SamplerKind, steps: int, guidance_scale: float,
-              generator: torch.Generator) -> np.ndarray:
+              generators: list[torch.Generator],
+              layout: torch.Tensor | None) -> np.ndarray:
     """Denoise ``n`` latents of class ``cls`` and decode them to uint8 [n, H, W, C]."""
-    scheduler = _make_scheduler(bundle, sampler, steps)
+    scheduler = make_scheduler(bundle, sampler, steps)
     size = int(bundle.unet.config["sample_size"])
-    latents = torch.randn((n, info.latent_channels, size, size), generator=generator)
+    shape = (1, info.latent_channels, size, size)
+    latents = torch.cat([torch.randn(shape, generator=g) for g in generators])
     latents = latents * scheduler.init_noise_sigma
     cond = torch.full((n,), cls, dtype=torch.long)
     uncond = torch.full((n,), info.null_class, dtype=torch.long)
+    guided = guidance_scale != 1.0
+    both_layout = None if layout is None or not guided else torch.cat([layout, layout])
     for t in scheduler.timesteps:
         model_in = scheduler.scale_model_input(latents, t)
         ts = torch.full((n,), int(t), dtype=torch.long)
-        if guidance_scale == 1.0:
-            eps = denoiser(model_in, ts, cond)
+        if not guided:
+            eps = denoiser(model_in, ts, cond, layout=layout)
         else:
+            # Guidance is over the class only: both branches see the image's layout.
             both = denoiser(torch.cat([model_in, model_in]), torch.cat([ts, ts]),
-                            torch.cat([cond, uncond]))
+                            torch.cat([cond, uncond]), layout=both_layout)
             eps_cond, eps_uncond = both.chunk(2)
             eps = eps_uncond + guidance_scale * (eps_cond - eps_uncond)
-        latents = scheduler.step(eps, t, latents, generator=generator).prev_sample
+        # One generator per image: DDPM's noise for an image is independent of its batch.
+        latents = scheduler.step(eps, t, latents, generator=generators).prev_sample
     images = bundle.vae.decode(latents / info.vae_scaling_factor).sample.clamp(-1.0, 1.0)
     pixels = ((images + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
     return pixels.numpy()
