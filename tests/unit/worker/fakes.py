@@ -105,7 +105,9 @@ class FakeLedger:
         self.calls.append(("read_grant", {"attempt": attempt, "worker_id": worker_id}))
         return self._grant(self.reservations[reservation_id], attempt)
 
-    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int) -> Lease:
+    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,
+              partition: str | None = None) -> Lease:
+        assert partition is None, "a whole-dataset reservation takes no partition"
         self.calls.append(("lease", {"attempt": attempt, "start_step": start_step,
                                      "steps": steps}))
         if self.refuse_leases_with is not None:
@@ -125,7 +127,9 @@ class FakeLedger:
     def end_lease(self, reservation_id: str, lease_id: str) -> None:
         self.calls.append(("end_lease", {"lease_id": lease_id}))
 
-    def extend(self, reservation_id: str, *, attempt: int, additional_steps: int) -> Reservation:
+    def extend(self, reservation_id: str, *, attempt: int, additional_steps: int,
+               partition: str | None = None) -> Reservation:
+        assert partition is None, "a whole-dataset reservation takes no partition"
         self.calls.append(("extend", {"attempt": attempt, "additional_steps": additional_steps}))
         if not self.extend_admits:
             raise BudgetExhausted("the filter refuses the extension",

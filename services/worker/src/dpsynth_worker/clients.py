@@ -157,9 +157,14 @@ class LedgerClient:
         data = self._http.request("POST", f"/v1/reservations/{reservation_id}/read-grants", body)
         return _parse(ReadGrant, data)
 
-    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int) -> Lease:
-        """Lease steps ``[start_step, start_step + steps)``; they are charged when granted."""
-        body = LeaseRequest(attempt=attempt, start_step=start_step, steps=steps)
+    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,
+              partition: str | None = None) -> Lease:
+        """Lease steps ``[start_step, start_step + steps)``; they are charged when granted.
+
+        ``partition`` names the class of a per-label job (its steps count from 0).
+        """
+        body = LeaseRequest(attempt=attempt, start_step=start_step, steps=steps,
+                            partition=partition).model_dump(mode="json", exclude_none=True)
         data = self._http.request("POST", f"/v1/reservations/{reservation_id}/leases", body)
         return _parse(Lease, data)
 
@@ -167,9 +172,12 @@ class LedgerClient:
         """End a lease early (never refunds its steps)."""
         self._http.request("POST", f"/v1/reservations/{reservation_id}/leases/{lease_id}/end")
 
-    def extend(self, reservation_id: str, *, attempt: int, additional_steps: int) -> Reservation:
-        """Ask for steps beyond the reservation (a new admission through the filter)."""
-        body = ExtendRequest(attempt=attempt, additional_steps=additional_steps)
+    def extend(self, reservation_id: str, *, attempt: int, additional_steps: int,
+               partition: str | None = None) -> Reservation:
+        """Ask for steps beyond the reservation (a new admission through the filter; per
+        label, for the class ``partition`` against that class's accumulator)."""
+        body = ExtendRequest(attempt=attempt, additional_steps=additional_steps,
+                             partition=partition).model_dump(mode="json", exclude_none=True)
         data = self._http.request("POST", f"/v1/reservations/{reservation_id}/extend", body)
         return _parse(Reservation, data)
 

@@ -28,6 +28,7 @@ class JobEpsilon(BaseModel):
 
     job_epsilon: float
     delta: float
+    per_label: dict[str, float] | None = None
 
 
 class ApiPort(Protocol):
@@ -49,12 +50,15 @@ class LedgerPort(Protocol):
 
     def read_grant(self, reservation_id: str, *, attempt: int, worker_id: str) -> ReadGrant: ...
 
-    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int) -> Lease: ...
+    def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,
+              partition: str | None = None) -> Lease:
+        """``partition``: the class of a per-label job's steps (None otherwise)."""
+        ...
 
     def end_lease(self, reservation_id: str, lease_id: str) -> None: ...
 
-    def extend(self, reservation_id: str, *, attempt: int,
-               additional_steps: int) -> Reservation: ...
+    def extend(self, reservation_id: str, *, attempt: int, additional_steps: int,
+               partition: str | None = None) -> Reservation: ...
 
     def close_reservation(self, reservation_id: str, *, outcome: CloseOutcome) -> None: ...
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import FinetuneSpec
 from dpsynth_shared.job_states import JobState
@@ -111,7 +112,39 @@ def _dp_ancestors(base: ModelRef, dataset_id: str, base_dir: Path) -> list[str]:
 
 def planned_steps(reservation: Reservation) -> int:
     """The job's training length as planned at admission (stable across extensions)."""
-    return reservation.plan.event.steps if reservation.plan else reservation.event.steps
+    event = reservation.plan.event if reservation.plan else reservation.event
+    if not isinstance(event, DpSgdEvent):
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label reservation has no single "
+                           "training length; see its per-class runs")
+    return event.steps
+
+
+def per_label_dp(inputs: _Inputs) -> dict[str, Any]:
+    """Each class's DpSpec, verbatim from the reservation's per-class runs.
+
+    σ_c, q_c = batch_c / N̂_c and the expected batch size are the ledger's (never recomputed
+    here); the length is the class's steps as planned at admission (stable across
+    extensions, like :func:`planned_steps`).
+
+    Raises:
+        DpsynthError: ``invalid_spec`` when the reservation is not per-label or does not run
+            exactly the dataset's classes.
+    """
+    from dpsynth_ml import DpSpec
+
+    parts = inputs.reservation.per_label
+    if parts is None:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label finetune needs a per-label "
+                           "reservation")
+    if set(parts) != set(inputs.dataset.class_names):
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "the per-label reservation does not run "
+                           "exactly the dataset's classes")
+    return {name: DpSpec(noise_multiplier=part.event.noise_multiplier,
+                         sample_rate=part.event.sample_rate,
+                         expected_batch_size=part.expected_batch_size,
+                         max_grad_norm=inputs.spec.privacy.max_grad_norm,
+                         steps=part.steps_planned)
+            for name, part in sorted(parts.items())}
 
 
 def map_classes(private_names: list[str], base_names: list[str],
@@ -139,10 +172,17 @@ def training_spec(ctx: JobContext, inputs: _Inputs) -> Any:
     if t.class_map is not None:
         class_map = map_classes(inputs.dataset.class_names, list(base.class_names), t.class_map)
         num_classes = base.num_classes
-    dp = DpSpec(noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate,
-                expected_batch_size=inputs.reservation.expected_batch_size,
-                max_grad_norm=inputs.spec.privacy.max_grad_norm,
-                steps=planned_steps(inputs.reservation))
+    dp, by_label = None, None
+    if t.per_label:
+        by_label = per_label_dp(inputs)
+    elif not isinstance(event, DpSgdEvent) or inputs.reservation.expected_batch_size is None:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label reservation needs "
+                           "training.per_label")
+    else:
+        dp = DpSpec(noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate,
+                    expected_batch_size=inputs.reservation.expected_batch_size,
+                    max_grad_norm=inputs.spec.privacy.max_grad_norm,
+                    steps=planned_steps(inputs.reservation))
     return TrainingSpec(kind="finetune", preset=base.preset, image_size=base.image_size,
                         channels=base.channels, class_conditional=t.class_conditional,
                         num_classes=num_classes, trainable=t.trainable,
@@ -153,7 +193,8 @@ def training_spec(ctx: JobContext, inputs: _Inputs) -> Any:
                         warmup_steps=t.warmup_steps,
                         learning_rate=t.learning_rate, label_dropout=t.label_dropout,
                         max_physical_batch_size=t.max_physical_batch_size,
-                        class_map=class_map, checkpoint_every=t.checkpoint_every, dp=dp)
+                        class_map=class_map, checkpoint_every=t.checkpoint_every, dp=dp,
+                        per_label_dp=by_label)
 
 
 def _upload_private_stats(ctx: JobContext, hooks: LeasedHooks) -> None:
@@ -173,6 +214,23 @@ def _upload_private_stats(ctx: JobContext, hooks: LeasedHooks) -> None:
         log.warning("owner-only statistics upload failed", extra={"code": str(exc.code)})
 
 
+def per_label_record(inputs: _Inputs, result: Any, eps: Any) -> dict[str, dict[str, Any]]:
+    """Each class model's run for the manifest: σ_c, q_c, batch, steps, its epsilon.
+
+    ``job_epsilon`` of the bundle (the record's top level) is the max over classes; each
+    class's own figure composes its class's granted steps with the DP ancestors.
+    """
+    assert inputs.reservation.per_label is not None
+    done = dict(getattr(result, "steps_by_partition", {}) or {})
+    by_class = eps.per_label or {}
+    return {name: {"noise_multiplier": part.event.noise_multiplier,
+                   "sample_rate": part.event.sample_rate,
+                   "expected_batch_size": part.expected_batch_size,
+                   "class_size": part.class_size, "steps_planned": part.steps_planned,
+                   "steps": done.get(name), "job_epsilon": by_class.get(name)}
+            for name, part in sorted(inputs.reservation.per_label.items())}
+
+
 def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
     """Job epsilon from the ledger, publish the model, close the reservation, propose."""
     rid, dataset_id = inputs.reservation.reservation_id, inputs.dataset.dataset_id
@@ -185,12 +243,15 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
         "job_ids": job_ids, "job_epsilon": eps.job_epsilon, "delta": eps.delta,
         "accountant": plan.accountant if plan else None,
         "admission_order": plan.admission_order if plan else None,
-        "noise_multiplier": event.noise_multiplier, "sample_rate": event.sample_rate,
+        "noise_multiplier": getattr(event, "noise_multiplier", None),
+        "sample_rate": getattr(event, "sample_rate", None),
         "steps": result.steps_completed, "neighbouring": str(event.neighbouring),
         "expected_batch_size": inputs.reservation.expected_batch_size,
         "max_grad_norm": inputs.spec.privacy.max_grad_norm,
         "base_model_id": inputs.base.model_id,
         "training": inputs.spec.training.model_dump(mode="json")}
+    if inputs.reservation.per_label is not None:
+        record["per_label"] = per_label_record(inputs, result, eps)
     published = publish_model(ctx, result.model_dir, provenance=record, metadata={
         **record, "trainable_parameters": result.trainable_parameters,
         "total_parameters": result.total_parameters})

@@ -80,36 +80,49 @@ class LeasedHooks(PlainHooks):
         answer ``reservation_exhausted``: the missing steps are then asked for through
         ``extend`` (a new admission) and the lease retried once. A refusal ends the job
         ``failed`` with its last checkpoint.
+
+        A per-label job leases each class's steps under its ``partition`` (steps counted
+        per class from 0); the ledger charges them to that class's accumulator only, and an
+        extension is asked for that class alone.
         """
         ctx = self._ctx
         self._step = start
         try:
-            lease = self._lease(start, count)
+            lease = self._lease(start, count, partition)
         except DpsynthError as exc:
             if exc.code != ErrorCode.RESERVATION_EXHAUSTED:
                 return self._refused(exc)
             try:
-                self._extend(count)
-                lease = self._lease(start, count)
+                self._extend(count, partition)
+                lease = self._lease(start, count, partition)
             except DpsynthError as again:
                 return self._refused(again)
         self.lease = lease
         self.leases.append(lease)
         ctx.heartbeat.set_epsilon(lease.job_epsilon_granted)
         log.info("steps leased", extra={"start_step": start, "steps": lease.steps,
+                                        "partition": partition,
                                         "steps_granted_total": lease.steps_granted_total})
         return min(lease.steps, count)
 
-    def _lease(self, start: int, count: int) -> Lease:
+    def _lease(self, start: int, count: int, partition: str | None) -> Lease:
         return self._ctx.ledger.lease(self._rid, attempt=self._ctx.attempt, start_step=start,
-                                      steps=count)
+                                      steps=count, partition=partition)
 
-    def _extend(self, count: int) -> None:
+    def _extend(self, count: int, partition: str | None) -> None:
         reservation = self._ctx.ledger.get_reservation(self._rid)
-        left = max(0, reservation.steps_reserved - reservation.steps_granted)
+        run: Any = reservation
+        if partition is not None:
+            if not reservation.per_label or partition not in reservation.per_label:
+                raise DpsynthError(ErrorCode.INVALID_SPEC,
+                                   "the reservation has no run for this class")
+            run = reservation.per_label[partition]
+        left = max(0, run.steps_reserved - run.steps_granted)
         missing = max(1, count - left)
-        log.info("asking the ledger to extend the reservation", extra={"steps": missing})
-        self._ctx.ledger.extend(self._rid, attempt=self._ctx.attempt, additional_steps=missing)
+        log.info("asking the ledger to extend the reservation",
+                 extra={"steps": missing, "partition": partition})
+        self._ctx.ledger.extend(self._rid, attempt=self._ctx.attempt, additional_steps=missing,
+                                partition=partition)
 
     def _refused(self, exc: DpsynthError) -> int:
         if exc.code in FENCED_CODES:
