@@ -7,7 +7,10 @@ import shutil
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import pytest
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.worker_contract import Claim, DatasetInfo, HeartbeatReply, ModelRef
 from dpsynth_worker.runners import Outcome
@@ -21,12 +24,13 @@ from dpsynth_worker.runners.artifacts import (
 from tests.unit.worker.conftest import CLASS_NAMES, World
 
 
-def _generate_claim(world: World, ref: ModelRef, samples_per_class: int = 2) -> Claim:
+def _generate_claim(world: World, ref: ModelRef, samples_per_class: int = 2,
+                    layout_dataset: DatasetInfo | None = None, **spec_extra: Any) -> Claim:
     spec = {"type": "generate", "model_id": ref.model_id,
             "samples_per_class": samples_per_class, "sampler": "ddim", "steps": 2,
-            "guidance_scale": 2.0, "seed": 7}
+            "guidance_scale": 2.0, "seed": 7, **spec_extra}
     return Claim(job_id=world.job_id, tenant_id="ten_x", attempt=1, type="generate", spec=spec,
-                 base_model=ref, lease_ttl_s=60, heartbeat_s=10)
+                 base_model=ref, layout_dataset=layout_dataset, lease_ttl_s=60, heartbeat_s=10)
 
 
 def test_pretrain_publishes_a_non_dp_model(world: World) -> None:
@@ -71,9 +75,35 @@ def test_generate_from_a_non_dp_model_has_null_epsilons(world: World) -> None:
     assert manifest["counts"] == {name: 2 for name in CLASS_NAMES}
     assert manifest["job_ids"] == ["job_pre", world.job_id]
     assert manifest["seed"] == 7 and manifest["sampler"] == "ddim"
+    assert manifest["steps"] == 2 and manifest["guidance_scale"] == 2.0
+    assert manifest["batch_size"] == 64 and manifest["images_per_second"] > 0
+    assert manifest["guidance_applied"] is True and manifest["per_label"] is False
+    assert manifest["layout_source"] is None
     assert manifest["non_dp_evaluations"] == []
     assert world.ledger.calls == []
-    assert world.api.final.result["images"] == 20
+    result = world.api.final.result
+    assert result["images"] == 20 and result["images_per_second"] == manifest[
+        "images_per_second"]
+    assert {k: result[k] for k in ("sampler", "steps", "guidance_scale", "batch_size",
+                                   "seed")} == {"sampler": "ddim", "steps": 2,
+                                                "guidance_scale": 2.0, "batch_size": 64,
+                                                "seed": 7}
+
+
+def test_generate_passes_sampler_and_batch_size_to_the_sampler(world: World) -> None:
+    model_id = world.upload_model()
+    ref = ModelRef(model_id=model_id, object_key=model_key(model_id))
+    claim = _generate_claim(world, ref, samples_per_class=3, sampler="dpm_solver++",
+                            batch_size=2, steps=1, guidance_scale=1.0)
+    assert world.run(claim) == Outcome.SUCCEEDED
+    with zipfile.ZipFile(world.store.root / corpus_key(world.job_id)) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+        assert len([n for n in zf.namelist() if n.endswith(".png")]) == 30
+    assert manifest["sampler"] == "dpm_solver++" and manifest["batch_size"] == 2
+    # batch_size 2 over 3 images per class: batches of 2 then 1 in each class.
+    steps = {b.step for b in world.api.heartbeats if b.message == "sampling" and b.total == 30}
+    assert steps - {0} == {3 * k + d for k in range(10) for d in (2, 3)}
+    assert world.api.final.result["sampler"] == "dpm_solver++"
 
 
 def test_generate_from_a_dp_model_reads_the_budget_view(world: World, tmp_path: Path) -> None:
@@ -117,3 +147,89 @@ def test_pretrain_refuses_a_private_dataset(world: World) -> None:
     assert world.run(claim) == Outcome.FAILED
     assert world.api.final.error_code == "visibility_mismatch"
     assert world.api.artifacts == []
+
+
+# --- layout-conditioned generation: masks from a PUBLIC dataset only ---------------------
+
+@pytest.fixture(scope="module")
+def layout_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained tiny layout-conditioned model over the digit classes (sampling only)."""
+    from dpsynth_ml import ModelInfo, TrainingSpec
+    from dpsynth_ml.model_io import save_model
+    from dpsynth_ml.models import build_bundle, plan_model
+    from dpsynth_ml.spec import MODEL_FORMAT_VERSION
+
+    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=16, layout_conditioning=True,
+                        num_classes=len(CLASS_NAMES))
+    plan = plan_model(spec)
+    bundle = build_bundle(plan, num_classes=len(CLASS_NAMES))
+    info = ModelInfo(format_version=MODEL_FORMAT_VERSION, preset="tiny", image_size=16,
+                     channels=1, latent_channels=plan.latent_channels, vae_scaling_factor=1.0,
+                     num_classes=len(CLASS_NAMES), class_names=tuple(CLASS_NAMES),
+                     null_class=len(CLASS_NAMES), rng="os", training_kind="pretrain", steps=0)
+    return save_model(bundle, info, tmp_path_factory.mktemp("layout") / "model")
+
+
+def _layout_dataset(world: World, *, visibility: str = "public",
+                    key: str = "public/datasets/ds_lay/data.npz") -> DatasetInfo:
+    """Digits with one stripe mask per image (class 9 has no images: drawn from all)."""
+    with np.load(world.digits_npz) as npz:
+        images, labels = npz["images"], npz["labels"]
+    keep = labels != 9
+    masks = np.zeros_like(images[keep])
+    for i in range(len(masks)):
+        masks[i, i % 8, :] = 255
+    path = world.tmp_path / "layouts.npz"
+    np.savez(path, images=images[keep], labels=labels[keep], masks=masks,
+             class_names=np.array(CLASS_NAMES))
+    if not key.startswith("private/"):
+        world.store.put_file(key, path)
+    return DatasetInfo(dataset_id="ds_lay", visibility=visibility,  # type: ignore[arg-type]
+                       object_key=key, class_names=CLASS_NAMES, has_masks=True,
+                       declared_public_by="key_owner")
+
+
+def _layout_claim(world: World, model_dir: Path, dataset: DatasetInfo | None,
+                  **spec_extra: Any) -> Claim:
+    model_id = world.upload_model(model_dir)
+    ref = ModelRef(model_id=model_id, object_key=model_key(model_id))
+    source = {"layout_source": {"dataset_id": "ds_lay", "per_class": True}} if dataset else {}
+    return _generate_claim(world, ref, samples_per_class=2, layout_dataset=dataset,
+                           **source, **spec_extra)
+
+
+def test_generate_conditions_on_public_layouts_and_records_them(
+        world: World, layout_model_dir: Path) -> None:
+    claim = _layout_claim(world, layout_model_dir, _layout_dataset(world))
+    assert world.run(claim) == Outcome.SUCCEEDED
+    with zipfile.ZipFile(world.store.root / corpus_key(world.job_id)) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+        assert len([n for n in zf.namelist() if n.endswith(".png")]) == 20
+    layout = manifest["layout_source"]
+    assert layout["dataset_id"] == "ds_lay" and layout["visibility"] == "public"
+    assert layout["declared_public_by"] == "key_owner" and layout["per_class"] is True
+    assert layout["masks_used"] == 20 and set(layout["indices"]) == set(CLASS_NAMES)
+    with np.load(world.digits_npz) as npz:
+        labels = npz["labels"][npz["labels"] != 9]
+    for name, picks in layout["indices"].items():  # each class drew its own class's masks
+        if name != "digit 9":
+            assert {CLASS_NAMES[labels[i]] for i in picks} == {name}
+
+
+def test_generate_refuses_a_private_layout_dataset(world: World,
+                                                   layout_model_dir: Path) -> None:
+    for dataset in (_layout_dataset(world, visibility="private",
+                                    key="private/datasets/ds_lay/data.npz"),
+                    _layout_dataset(world, key="private/datasets/ds_lay/data.npz")):
+        world.api.transitions.clear()
+        claim = _layout_claim(world, layout_model_dir, dataset)
+        assert world.run(claim) == Outcome.FAILED
+        assert world.api.final.error_code == "private_conditioning_refused"
+        assert world.api.of_kind("corpus") == []
+
+
+def test_a_layout_model_without_layouts_fails_as_invalid_spec(
+        world: World, layout_model_dir: Path) -> None:
+    assert world.run(_layout_claim(world, layout_model_dir, None)) == Outcome.FAILED
+    assert world.api.final.error_code == "invalid_spec"
+    assert "layout" in (world.api.final.message or "")
