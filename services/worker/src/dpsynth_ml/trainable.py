@@ -285,7 +285,8 @@ def plain_unet(unet: nn.Module, *, merge: bool) -> nn.Module:
             tensor += deltas[plain].to(tensor.dtype)
         state[plain] = tensor
     device = next(unet.parameters()).device
-    fresh = type(unet).from_config(unet.config)
+    with torch.random.fork_rng(devices=[]):  # the throwaway init must not move torch's RNG
+        fresh = type(unet).from_config(unet.config)
     fresh.load_state_dict(state, strict=True)
     return fresh.to(device)
 
