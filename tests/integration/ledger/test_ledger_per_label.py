@@ -170,6 +170,17 @@ def test_per_label_then_whole_dataset_compose_per_partition(client: TestClient) 
     assert view["dataset_epsilon_spent"] < conversion(
         sum(class_rdp.values()) + whole_rdp, order, DELTA)
 
+    # The tight (PLD) figure composes per class too: max_c PRV(class c's run + whole job).
+    tight = []
+    for c, e in parts.items():
+        prv = PRVAccountant()
+        prv.history = [(e["noise_multiplier"], e["sample_rate"], e["steps"]),
+                       (ev["noise_multiplier"], ev["sample_rate"], ev["steps"])]
+        tight.append(prv.get_epsilon(delta=DELTA))
+    assert view["dataset_tight_epsilon"] == pytest.approx(max(tight), rel=0.03)
+    assert view["history"][-1]["dataset_tight_epsilon_after"] == pytest.approx(
+        view["dataset_tight_epsilon"], rel=1e-9)
+
     # Independent replay of the chain's entries reproduces every partition.
     entries = client.get("/v1/entries", params={"dataset_id": "ds_pl"}).json()
     replayed = replay_accumulators(entries)
