@@ -3,6 +3,7 @@ per-label bundles and layout conditioning."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +19,15 @@ from dpsynth_ml import (
     read_model_info,
     sample,
 )
-from dpsynth_ml.generate import LayoutSet, load_layouts, make_scheduler
+from dpsynth_ml.generate import (
+    LayoutSet,
+    _generate,
+    _image_generator,
+    load_layouts,
+    make_scheduler,
+)
 from dpsynth_ml.model_io import load_model, save_model
-from dpsynth_ml.models import build_bundle, plan_model
+from dpsynth_ml.models import ConditionalDenoiser, build_bundle, plan_model
 from dpsynth_ml.spec import MODEL_FORMAT_VERSION, Architecture
 from PIL import Image
 
@@ -246,3 +253,69 @@ def test_load_layouts_reads_the_masks_of_a_dataset_file(tmp_path: Path) -> None:
              class_names=np.array(layouts.class_names))
     with pytest.raises(InvalidSpecError, match="no layout masks"):
         load_layouts(path)
+
+
+# --- per-label bundles (DP-DocLDM): each class from its own denoiser -------------------
+
+def _perturbed_copy(model_dir: Path, dest: Path) -> Path:
+    """The model with another UNet (weights moved), same VAE and scheduler."""
+    shutil.copytree(model_dir, dest)
+    bundle, _ = load_model(dest)
+    with torch.no_grad():
+        for p in bundle.unet.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(9)))
+    bundle.unet.save_pretrained(dest / "unet", safe_serialization=True)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def two_denoisers(pretrained: TrainingResult,
+                  tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("per-label")
+    return pretrained.model_dir, _perturbed_copy(pretrained.model_dir, root / "b")
+
+
+def _bundle(root: Path, denoisers: dict[str, Path]) -> Path:
+    from dpsynth_ml.model_io import save_per_label_model
+
+    return save_per_label_model(denoisers, root)
+
+
+def _direct(model_dir: Path, label: int | None, cls: int, n: int = 2) -> np.ndarray:
+    """Images of class index ``cls`` computed directly from one model's denoiser with
+    ``label`` (None = the null class), with the generators ``sample`` gives that class."""
+    bundle, info = load_model(model_dir)
+    denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
+    images = _generate(bundle, info, denoiser, info.null_class if label is None else label,
+                       n, sampler="ddim", steps=3, guidance_scale=1.0, layout=None,
+                       generators=[_image_generator(0, cls, i) for i in range(n)])
+    return images[..., 0]
+
+
+def test_a_per_label_bundle_draws_each_class_from_its_own_denoiser(
+        two_denoisers: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = two_denoisers
+    ab = _bundle(tmp_path / "ab", {"digit 0": a, "digit 3": b})
+    result, drawn = _draw(ab, tmp_path / "s", classes=(0, 3))
+    assert dict(result.counts) == {"digit 0": 2, "digit 3": 2}
+    assert np.array_equal(drawn[:2], _direct(a, None, 0))
+    assert np.array_equal(drawn[2:], _direct(b, None, 3))
+    assert not np.array_equal(drawn[:2], _direct(b, None, 0))  # the denoisers do differ
+    # By default only the classes the bundle has denoisers for are drawn.
+    default = sample(ab, samples_per_class=1, sampler="ddim", steps=1, guidance_scale=1.0,
+                     seed=0, out_dir=tmp_path / "default")
+    assert dict(default.counts) == {"digit 0": 1, "digit 3": 1}
+    with pytest.raises(InvalidSpecError, match="denoiser"):
+        sample(ab, samples_per_class=1, sampler="ddim", steps=1, guidance_scale=1.0, seed=0,
+               out_dir=tmp_path / "missing", classes=[5])
+
+
+def test_per_label_denoisers_are_sampled_unconditionally_without_guidance(
+        two_denoisers: tuple[Path, Path], tmp_path: Path) -> None:
+    a, b = two_denoisers
+    ab = _bundle(tmp_path / "ab", {"digit 0": a, "digit 3": b})
+    _, plain = _draw(ab, tmp_path / "w1", classes=(3,))
+    _, guided = _draw(ab, tmp_path / "w5", classes=(3,), guidance_scale=5.0)
+    assert np.array_equal(plain, guided)  # guidance does not apply
+    assert np.array_equal(plain, _direct(b, None, 3))  # the null-label path ...
+    assert not np.array_equal(plain, _direct(b, 3, 3))  # ... not the class token's

@@ -15,11 +15,12 @@ Samplers (``diffusers`` schedulers built from the model's own scheduler config):
 * ``dpm_solver++``: multistep DPM-Solver++ (Lu et al. 2022, second order, lower order at
   the final steps), good at 10-25 steps; its timesteps start at t = T ("linspace").
 
-Per-label bundles (DP-DocLDM's best setting): each declared class has its own denoiser,
-DP-trained on that class only. Each class is drawn from its own denoiser through the
-conditional path with its class token; classifier-free guidance does not apply (the null and
-the class token of a one-class model describe the same distribution), so ``guidance_scale``
-is ignored for such models.
+Per-label bundles (DP-DocLDM's best setting): each class has its own denoiser, DP-trained
+on that class's records only, and is drawn from it. These denoisers are unconditional (they
+were trained with every label set to the null class, ``dpsynth_ml.per_label``), so a class is
+always sampled through the null-label path, and classifier-free guidance does not apply: for
+such models ``guidance_scale`` is ignored (the corpus manifest says ``guidance_applied:
+false``). By default every class the bundle has a denoiser for is drawn.
 
 Layouts (DP-DocLDM layout conditioning): a layout-conditioned model needs one mask per
 image. Masks come from a :class:`LayoutSet` (a PUBLIC source: the caller is responsible for
@@ -127,7 +128,8 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
             only. Ignored for per-label bundles (see the module docstring).
         seed: seed of the generation noise and of the layout draws.
         out_dir: output root.
-        classes: model class indices to generate (default: all).
+        classes: model class indices to generate (default: all; for a per-label bundle,
+            all classes it has a denoiser for).
         batch_size: images denoised together (changes speed and memory, not the images).
         layouts: public layout masks; required by a layout-conditioned model and refused
             by any other.
@@ -145,47 +147,77 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
         raise InvalidSpecError("samples_per_class must be >= 0, steps and batch_size >= 1")
     _check_sampler(sampler)
     bundle, info, denoisers = _load(model_dir)
-    wanted = list(range(info.num_classes)) if classes is None else list(classes)
-    if any(not 0 <= c < info.num_classes for c in wanted):
-        raise InvalidSpecError("classes must be model class indices")
+    wanted = sorted(denoisers) if classes is None else list(classes)
+    if any(c not in denoisers for c in wanted):
+        raise InvalidSpecError("classes must be model class indices (of a per-label bundle: "
+                               "classes it has a denoiser for)")
     conditioned = _layout_channels(info) > 0
     if conditioned and layouts is None:
         raise InvalidSpecError("this model is layout-conditioned: sampling needs layouts")
     if not conditioned and layouts is not None:
         raise InvalidSpecError("this model has no layout conditioning: layouts are refused")
-    per_label = _is_per_label(info)
+    run = _Run(bundle=bundle, info=info, sampler=sampler, steps=steps, seed=seed,
+               guidance_scale=guidance_scale, batch_size=batch_size, layouts=layouts,
+               total=samples_per_class * len(wanted), progress=progress)
     dirs = _class_dirs(info)
     counts: dict[str, int] = {}
     used: dict[str, tuple[int, ...]] = {}
-    total, done, elapsed = samples_per_class * len(wanted), 0, 0.0
     for cls in wanted:
         name = info.class_names[cls]
-        target = Path(out_dir) / dirs[cls]
-        target.mkdir(parents=True, exist_ok=True)
-        picks = (None if layouts is None
-                 else _draw_layouts(layouts, name, cls, samples_per_class, seed))
-        for start in range(0, samples_per_class, batch_size):
-            n = min(batch_size, samples_per_class - start)
-            generators = [_image_generator(seed, cls, start + i) for i in range(n)]
-            began = time.perf_counter()
-            # Masks are encoded by the model's own VAE, as the denoiser was trained on them.
-            layout = (None if layouts is None or picks is None
-                      else encode_layouts(bundle, info, layouts.masks[picks[start:start + n]]))
-            images = _generate(bundle, info, denoisers[cls], cls, n, sampler=sampler,
-                               steps=steps, guidance_scale=1.0 if per_label else guidance_scale,
-                               generators=generators, layout=layout)
-            elapsed += time.perf_counter() - began
-            for i, image in enumerate(images):
-                _save_png(image, target / f"{start + i}.png")
-            done += n
-            if progress is not None:
-                progress(done, total)
+        picks = run.draw_class(denoisers[cls], cls, samples_per_class, Path(out_dir) / dirs[cls])
         counts[name] = samples_per_class
         if picks is not None:
             used[name] = tuple(int(i) for i in picks)
-    rate = done / elapsed if done and elapsed > 0 else 0.0
+    rate = run.done / run.elapsed if run.done and run.elapsed > 0 else 0.0
     return SampleResult(out_dir=Path(out_dir), counts=counts, seed=seed,
                         images_per_second=rate, layouts=used)
+
+
+@dataclass
+class _Run:
+    """One call of :func:`sample`: its settings and what it has done so far."""
+
+    bundle: ModelBundle
+    info: ModelInfo
+    sampler: SamplerKind
+    steps: int
+    seed: int
+    guidance_scale: float
+    batch_size: int
+    layouts: LayoutSet | None
+    total: int
+    progress: Callable[[int, int], None] | None
+    done: int = 0
+    elapsed: float = 0.0
+
+    def draw_class(self, denoiser: ConditionalDenoiser, cls: int, n: int,
+                   target: Path) -> np.ndarray | None:
+        """Write ``n`` images of class ``cls`` to ``target``; return the layouts used."""
+        info, layouts = self.info, self.layouts
+        target.mkdir(parents=True, exist_ok=True)
+        picks = (None if layouts is None
+                 else _draw_layouts(layouts, info.class_names[cls], cls, n, self.seed))
+        # A per-label denoiser is unconditional (trained with every label = the null
+        # class): sampled with the null label and no guidance.
+        per_label = _is_per_label(info)
+        label = info.null_class if per_label else cls
+        for start in range(0, n, self.batch_size):
+            size = min(self.batch_size, n - start)
+            generators = [_image_generator(self.seed, cls, start + i) for i in range(size)]
+            began = time.perf_counter()
+            # Masks are encoded by the model's own VAE, as the denoiser was trained on them.
+            layout = (None if layouts is None or picks is None else encode_layouts(
+                self.bundle, info, layouts.masks[picks[start:start + size]]))
+            images = _generate(self.bundle, info, denoiser, label, size, sampler=self.sampler,
+                               steps=self.steps, generators=generators, layout=layout,
+                               guidance_scale=1.0 if per_label else self.guidance_scale)
+            self.elapsed += time.perf_counter() - began
+            for i, image in enumerate(images):
+                _save_png(image, target / f"{start + i}.png")
+            self.done += size
+            if self.progress is not None:
+                self.progress(self.done, self.total)
+        return picks
 
 
 def _check_sampler(kind: str) -> None:
@@ -203,7 +235,7 @@ def _layout_channels(info: ModelInfo) -> int:
 
 
 def _load(model_dir: Path) -> tuple[ModelBundle, ModelInfo, Mapping[int, ConditionalDenoiser]]:
-    """The model, its info and the denoiser that draws each class index."""
+    """The model, its info and the denoiser of each class index it can draw."""
     bundle, info = load_model(model_dir)
     if not _is_per_label(info):
         shared = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
@@ -211,10 +243,9 @@ def _load(model_dir: Path) -> tuple[ModelBundle, ModelInfo, Mapping[int, Conditi
     from dpsynth_ml.model_io import load_per_label_denoisers
 
     by_name = load_per_label_denoisers(model_dir, bundle, info)
-    missing = [n for n in info.class_names if n not in by_name]
-    if missing:
-        raise InvalidSpecError(f"the per-label bundle has no denoiser for {missing}")
-    return bundle, info, {i: by_name[n].eval() for i, n in enumerate(info.class_names)}
+    if not by_name or any(name not in info.class_names for name in by_name):
+        raise InvalidSpecError("a per-label bundle's denoisers must be named by its classes")
+    return bundle, info, {info.class_names.index(n): d.eval() for n, d in by_name.items()}
 
 
 def _image_generator(seed: int, cls: int, index: int) -> torch.Generator:
@@ -265,17 +296,17 @@ def make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int) -> Any:
 
 
 @torch.no_grad()
-def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoiser, cls: int,
+def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoiser, label: int,
               n: int, *, sampler: SamplerKind, steps: int, guidance_scale: float,
               generators: list[torch.Generator],
               layout: torch.Tensor | None) -> np.ndarray:
-    """Denoise ``n`` latents of class ``cls`` and decode them to uint8 [n, H, W, C]."""
+    """Denoise ``n`` latents with class label ``label``, decode them to uint8 [n, H, W, C]."""
     scheduler = make_scheduler(bundle, sampler, steps)
     size = int(bundle.unet.config["sample_size"])
     shape = (1, info.latent_channels, size, size)
     latents = torch.cat([torch.randn(shape, generator=g) for g in generators])
     latents = latents * scheduler.init_noise_sigma
-    cond = torch.full((n,), cls, dtype=torch.long)
+    cond = torch.full((n,), label, dtype=torch.long)
     uncond = torch.full((n,), info.null_class, dtype=torch.long)
     guided = guidance_scale != 1.0
     both_layout = None if layout is None or not guided else torch.cat([layout, layout])
