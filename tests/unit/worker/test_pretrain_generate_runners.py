@@ -233,3 +233,21 @@ def test_a_layout_model_without_layouts_fails_as_invalid_spec(
     assert world.run(_layout_claim(world, layout_model_dir, None)) == Outcome.FAILED
     assert world.api.final.error_code == "invalid_spec"
     assert "layout" in (world.api.final.message or "")
+
+
+def test_generate_from_a_per_label_bundle_records_that_guidance_does_not_apply(
+        world: World, tmp_path: Path) -> None:
+    from dpsynth_ml.model_io import save_per_label_model
+
+    bundle = save_per_label_model({"digit 1": world.pretrained_dir,
+                                   "digit 4": world.pretrained_dir}, tmp_path / "bundle")
+    model_id = world.upload_model(bundle)
+    ref = ModelRef(model_id=model_id, object_key=model_key(model_id))
+    assert world.run(_generate_claim(world, ref, steps=1)) == Outcome.SUCCEEDED
+    with zipfile.ZipFile(world.store.root / corpus_key(world.job_id)) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+        pngs = sorted(n for n in zf.namelist() if n.endswith(".png"))
+    assert pngs == ["digit_1/0.png", "digit_1/1.png", "digit_4/0.png", "digit_4/1.png"]
+    assert manifest["counts"] == {"digit 1": 2, "digit 4": 2}
+    assert manifest["per_label"] is True and manifest["guidance_applied"] is False
+    assert manifest["guidance_scale"] == 2.0  # as asked, recorded, not applied
