@@ -136,8 +136,9 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
         progress: called with (images done, images total) after each batch.
 
     Returns:
-        Counts per class name, images per second of sampling (denoising and decoding, not
-        model loading or PNG writing) and, with layouts, the mask indices used per class.
+        Counts per class name, images per second of sampling (layout encoding, denoising
+        and decoding; not model loading or PNG writing) and, with layouts, the mask indices
+        used per class (image i of a class was conditioned on mask ``layouts[name][i]``).
 
     Raises:
         InvalidSpecError: on bad counts, classes or sampler, or layouts missing for a
