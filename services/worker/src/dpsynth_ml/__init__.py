@@ -35,9 +35,37 @@ Public API::
     train(spec, *, dataset_path, out_dir, hooks=NullHooks(), base_model_dir=None,
           resume_from=None, _test_generator=None) -> TrainingResult
         pretrain: VAE then UNet on public data, seeded by spec.seed, -> out_dir/model
-        finetune: DP-SGD (Poisson q = dp.sample_rate, per-example clipping to C, one
-                  N(0, sigma^2 C^2) draw per logical step, / expected_batch_size) ->
-                  out_dir/model, out_dir/checkpoints/step-NNNNNNN/, out_dir/trainer_state.json
+        finetune: DP-SGD (Poisson q = dp.sample_rate over the whole dataset once per
+                  logical step, no cap on the realised size, split into micro-batches of
+                  max_physical_batch_size; per-example clipping to C of the example's
+                  gradient averaged over noise_multiplicity = K (timestep, noise) draws
+                  (DPDM; label dropout drawn once per example per step; per-sample-gradient
+                  memory independent of K); one N(0, sigma^2 C^2) draw per logical step,
+                  / expected_batch_size; AdamW with linear warm-up over warmup_steps logical
+                  steps; with ema_decay an EMA of the trained weights (diffusers EMAModel,
+                  decay min(ema_decay, (1+n)/(10+n))) is what model and checkpoints
+                  release) -> out_dir/model, out_dir/checkpoints/step-NNNNNNN/ (model +
+                  trainer_state.json, optimizer/trainable/ema.safetensors: resume restores
+                  raw weights, optimizer, EMA, LR schedule and steps done; never randomness),
+                  out_dir/trainer_state.json
+        per-label finetune (spec.per_label_dp = {class name: DpSpec}, DP-DocLDM): one
+                  unconditional denoiser per class of the dataset's domain, in domain order,
+                  each from a fresh copy of base_model_dir on its class's records only,
+                  leases acquire_steps(start, count, partition=class name) numbered from 0
+                  per class, progress over all classes' steps; checkpoints record the
+                  classes done and the current class's step (dpsynth_ml.per_label) ->
+                  out_dir/model = a per-label bundle; TrainingResult.steps_by_partition
+    Per-label bundles (dpsynth_ml.model_io): vae/ scheduler/ shared, denoisers/<index>/unet/
+          (+ class_embedder/) per class, root unet/ = a copy of the first class's denoiser;
+          info.extra per_label=True, denoisers={class name: "denoisers/<index>"},
+          steps_by_partition. Per-label denoisers are unconditional: sample them with
+          labels = info.null_class (guidance has no effect).
+        save_per_label_model(class_model_dirs: {class name: model dir}, model_dir) -> Path
+        per_label_denoiser_dirs(info) -> {class name: relative dir}   ({} if not per-label)
+        load_model_denoiser(model_dir, class_name) -> (ModelBundle, ModelInfo)  # one class
+        load_per_label_denoisers(model_dir, bundle=None, info=None)
+              -> {class name: ConditionalDenoiser}
+        export_denoiser(model_dir, class_name, dest) -> Path   # a plain single-class model
     sample(model_dir, *, samples_per_class, sampler, steps, guidance_scale, seed, out_dir,
            classes=None, progress=None) -> SampleResult   # out_dir/<class_name>/<i>.png
     load_dataset(path) -> ImageDataset     # canonical npz: images, labels, class_names

@@ -25,6 +25,8 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ from diffusers import AutoencoderKL, DDPMScheduler, UNet2DModel
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dpsynth_ml.models import UNET_CLASSES, ModelBundle
+from dpsynth_ml.models import UNET_CLASSES, ConditionalDenoiser, ModelBundle
 from dpsynth_ml.spec import MODEL_FORMAT_VERSION, InvalidSpecError, ModelInfo
 from dpsynth_ml.trainable import (
     add_lora,
@@ -202,3 +204,173 @@ def model_hash(model_dir: Path) -> str:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
+
+
+# --- Per-label bundles (DP-DocLDM): one denoiser per class, a shared VAE and scheduler ---
+#
+#     vae/ scheduler/                    shared (frozen during finetuning, identical per class)
+#     denoisers/<index>/unet/            the denoiser of the class ``class_names[index]``
+#     denoisers/<index>/class_embedder/  its class table (UNet2DConditionModel only)
+#     unet/ class_embedder/              a copy of the first bundled class's denoiser, so that
+#                                        load_model() and single-denoiser tools open the folder
+#     dpsynth_model.json                 extra["per_label"] = True,
+#                                        extra["denoisers"] = {class name: "denoisers/<index>"},
+#                                        extra["steps_by_partition"] = {class name: steps}
+#
+# Each per-label denoiser is unconditional: it was trained with every label set to the null
+# class, so it is sampled with labels = info.null_class (guidance has no effect).
+
+DENOISERS_DIR = "denoisers"
+_DENOISER_PARTS = ("unet", "class_embedder")
+_SHARED_PARTS = ("vae", "scheduler")
+
+
+def save_per_label_model(class_model_dirs: Mapping[str, Path], model_dir: Path) -> Path:
+    """Bundle single-denoiser model directories (one per class) into one model directory.
+
+    Args:
+        class_model_dirs: class name -> a model directory written by :func:`save_model`
+            for that class (released form: no LoRA adapters kept apart), in bundle order.
+            All must share the label domain, the VAE and the scheduler (byte-identical).
+        model_dir: destination (replaced if it exists).
+
+    Returns:
+        ``model_dir``.
+
+    Raises:
+        InvalidSpecError: no class, an unknown class name, or parts that differ.
+    """
+    if not class_model_dirs:
+        raise InvalidSpecError("a per-label bundle needs at least one class")
+    infos = {name: read_model_info(Path(d)) for name, d in class_model_dirs.items()}
+    first_name = next(iter(class_model_dirs))
+    first_dir, first = Path(class_model_dirs[first_name]), infos[first_name]
+    shared_hashes = {part: _part_fingerprint(first_dir / part) for part in _SHARED_PARTS}
+    denoisers: dict[str, str] = {}
+    for name, info in infos.items():
+        source = Path(class_model_dirs[name])
+        if name not in info.class_names or info.class_names != first.class_names:
+            raise InvalidSpecError(f"class {name!r} is not in the bundle's label domain")
+        if (source / LORA_DIR).exists():
+            raise InvalidSpecError("bundle released models, not checkpoints with adapters")
+        if any(_part_fingerprint(source / p) != h for p, h in shared_hashes.items()):
+            raise InvalidSpecError(f"class {name!r} has another VAE or scheduler")
+        denoisers[name] = f"{DENOISERS_DIR}/{info.class_names.index(name)}"
+    model_dir = Path(model_dir)
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    model_dir.mkdir(parents=True)
+    for part in (*_SHARED_PARTS, *_DENOISER_PARTS):
+        if (first_dir / part).is_dir():
+            shutil.copytree(first_dir / part, model_dir / part)
+    for name, rel in denoisers.items():
+        for part in _DENOISER_PARTS:
+            if (Path(class_model_dirs[name]) / part).is_dir():
+                shutil.copytree(Path(class_model_dirs[name]) / part, model_dir / rel / part)
+    extra = {**first.extra, "per_label": True, "denoisers": denoisers,
+             "steps_by_partition": {name: info.steps for name, info in infos.items()}}
+    rng = "test" if any(info.rng == "test" for info in infos.values()) else first.rng
+    write_model_info(dataclasses.replace(first, steps=sum(i.steps for i in infos.values()),
+                                         rng=rng, extra=extra), model_dir)
+    return model_dir
+
+
+def _part_fingerprint(part_dir: Path) -> str:
+    """SHA-256 of a part's weights and configs, ignoring where diffusers loaded it from and
+    which version wrote it (a resumed job bundles classes saved by two attempts)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(part_dir).rglob("*") if p.is_file()):
+        digest.update(path.relative_to(part_dir).as_posix().encode() + b"\0")
+        if path.suffix == ".json":
+            config = json.loads(path.read_text())
+            for key in ("_diffusers_version", "_name_or_path"):
+                config.pop(key, None)
+            digest.update(json.dumps(config, sort_keys=True).encode())
+        else:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def per_label_denoiser_dirs(info: ModelInfo) -> dict[str, str]:
+    """Class name -> the denoiser's folder (relative) of a per-label bundle; {} otherwise."""
+    if not info.extra.get("per_label"):
+        return {}
+    raw = info.extra.get("denoisers")
+    if not isinstance(raw, Mapping):
+        raise InvalidSpecError("a per-label model must list its denoisers")
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def export_denoiser(model_dir: Path, class_name: str, dest: Path, *,
+                    link: bool = False) -> Path:
+    """Write one class of a per-label bundle as a plain single-denoiser model directory.
+
+    Args:
+        model_dir: the per-label bundle.
+        class_name: which class.
+        dest: destination directory (created; must not hold an older model).
+        link: symlink the parts instead of copying them (read-only views).
+
+    Returns:
+        ``dest``, whose info has ``steps`` = that class's steps.
+
+    Raises:
+        InvalidSpecError: not a per-label bundle, or no denoiser for ``class_name``.
+    """
+    model_dir, dest = Path(model_dir), Path(dest)
+    info = read_model_info(model_dir)
+    dirs = per_label_denoiser_dirs(info)
+    if class_name not in dirs:
+        raise InvalidSpecError(f"the model has no per-label denoiser for {class_name!r}")
+    rel = Path(dirs[class_name])
+    if rel.is_absolute() or ".." in rel.parts:
+        raise InvalidSpecError("a denoiser folder must lie inside the model")
+    dest.mkdir(parents=True, exist_ok=True)
+    parts = [(model_dir / p, dest / p) for p in _SHARED_PARTS]
+    parts += [(model_dir / rel / p, dest / p) for p in _DENOISER_PARTS
+              if (model_dir / rel / p).is_dir()]
+    for source, target in parts:
+        if link:
+            target.symlink_to(source.resolve(), target_is_directory=True)
+        else:
+            shutil.copytree(source, target)
+    steps = info.extra.get("steps_by_partition", {})
+    extra = {k: v for k, v in info.extra.items()
+             if k not in ("per_label", "denoisers", "steps_by_partition")}
+    extra["per_label_class"] = class_name
+    class_steps = int(steps.get(class_name, 0)) if isinstance(steps, Mapping) else 0
+    write_model_info(dataclasses.replace(info, steps=class_steps, extra=extra), dest)
+    return dest
+
+
+def load_model_denoiser(model_dir: Path, class_name: str) -> tuple[ModelBundle, ModelInfo]:
+    """Load one class of a per-label bundle as a single model (shared VAE and scheduler).
+
+    Returns:
+        The parts (the class's denoiser as ``unet`` / ``class_embedder``) and an info with
+        that class's ``steps`` and ``extra["per_label_class"]``. Sample it with labels =
+        ``info.null_class``: per-label denoisers are unconditional.
+    """
+    with tempfile.TemporaryDirectory(prefix="dpsynth-denoiser-") as tmp:
+        view = export_denoiser(model_dir, class_name, Path(tmp) / "model", link=True)
+        return load_model(view)  # everything is read into memory before the view goes
+
+
+def load_per_label_denoisers(model_dir: Path, bundle: ModelBundle | None = None,
+                             info: ModelInfo | None = None) -> dict[str, ConditionalDenoiser]:
+    """Every class's denoiser of a per-label bundle, keyed by class name.
+
+    ``bundle`` and ``info`` (from :func:`load_model` on the same folder) are accepted for
+    symmetry with the sampler's loading and are not needed.
+
+    Returns:
+        class name -> ``ConditionalDenoiser`` (eval mode, CPU), to be called with labels =
+        the model's null class.
+    """
+    del bundle
+    info = info if info is not None else read_model_info(Path(model_dir))
+    out: dict[str, ConditionalDenoiser] = {}
+    for name in per_label_denoiser_dirs(info):
+        parts, _ = load_model_denoiser(model_dir, name)
+        out[name] = ConditionalDenoiser(parts.unet, parts.class_embedder).eval()
+    return out

@@ -9,6 +9,7 @@ import torch
 
 from dpsynth_ml.finetune import run_finetune
 from dpsynth_ml.hooks import NullHooks, TrainingHooks
+from dpsynth_ml.per_label import run_per_label
 from dpsynth_ml.pretrain import run_pretrain
 from dpsynth_ml.spec import InvalidSpecError, RngKind, TrainingResult, TrainingSpec
 
@@ -29,13 +30,17 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     """Pretrain (public data) or DP-finetune (private data) a latent diffusion model.
 
     Args:
-        spec: what to train. ``spec.dp`` is required for a finetune, forbidden for a pretrain.
+        spec: what to train. A finetune has ``spec.dp`` (whole dataset) or
+            ``spec.per_label_dp`` (one model per class, see :mod:`dpsynth_ml.per_label`);
+            a pretrain has neither.
         dataset_path: canonical ``.npz`` dataset (see :func:`dpsynth_ml.load_dataset`).
         out_dir: the model is written to ``out_dir/model``; a finetune also writes
             ``out_dir/checkpoints/step-NNNNNNN/`` and ``out_dir/trainer_state.json``.
         hooks: step leases, cancellation, progress, checkpoints and private statistics.
-        base_model_dir: the pretrained model a finetune starts from.
-        resume_from: a finetune checkpoint directory to continue from; randomness is fresh.
+        base_model_dir: the pretrained model a finetune starts from (a per-label finetune
+            needs it on resume too: the classes not started yet start from it).
+        resume_from: a finetune checkpoint directory to continue from: model, optimizer,
+            EMA, LR schedule and steps done are restored; randomness is fresh.
         _test_generator: tests only. Replaces the OS-seeded generator for Poisson sampling,
             DP noise and diffusion draws; the output is stamped ``rng: "test"``.
 
@@ -54,6 +59,10 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
         return run_pretrain(spec, dataset_path=Path(dataset_path), out_dir=out_dir,
                             hooks=hooks, rng=rng)
     generator = _test_generator if _test_generator is not None else os_seeded_generator()
+    if spec.per_label_dp is not None:
+        return run_per_label(spec, dataset_path=Path(dataset_path), out_dir=out_dir,
+                             hooks=hooks, base_model_dir=base_model_dir,
+                             resume_from=resume_from, generator=generator, rng=rng)
     return run_finetune(spec, dataset_path=Path(dataset_path), out_dir=out_dir, hooks=hooks,
                         base_model_dir=base_model_dir, resume_from=resume_from,
                         generator=generator, rng=rng)

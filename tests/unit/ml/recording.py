@@ -1,0 +1,98 @@
+"""Recording subclasses of the real DP engine and sampler, patched into the trainer.
+
+They run the real code and only record what it did: the Poisson batches, the released
+gradients and the Gaussian noise of every logical step, per instance (one per class run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+import torch
+from dpsynth_ml import finetune as finetune_module
+from dpsynth_ml.dp import DpSgdEngine, PoissonSampler
+
+
+class RecordingSampler(PoissonSampler):
+    """The real Poisson sampler, recording each batch."""
+
+    instances: ClassVar[list[RecordingSampler]] = []
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.batches: list[torch.Tensor] = []
+        RecordingSampler.instances.append(self)
+
+    def sample(self) -> torch.Tensor:
+        batch = super().sample()
+        self.batches.append(batch.clone())
+        return batch
+
+
+class RecordingEngine(DpSgdEngine):
+    """The real engine, recording each step's released gradient, noise and learning rate."""
+
+    instances: ClassVar[list[RecordingEngine]] = []
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.released: list[torch.Tensor] = []
+        self.noise: list[torch.Tensor] = []
+        self.learning_rates: list[float] = []
+        self.raw_after_step: list[list[torch.Tensor]] = []
+        RecordingEngine.instances.append(self)
+
+    def privatize(self) -> None:
+        super().privatize()
+        expected = self.optimizer.expected_batch_size
+        grads = [p.grad.detach().flatten().clone() for p in self.params]
+        # p.grad = (clipped sum + noise) / B_expected, and p.summed_grad is the clipped sum.
+        noise = [g * expected - p.summed_grad.detach().flatten()
+                 for g, p in zip(grads, self.params, strict=True)]
+        self.released.append(torch.cat(grads))
+        self.noise.append(torch.cat(noise))
+
+    def apply_update(self) -> None:
+        self.learning_rates.append(float(self.optimizer.original_optimizer.param_groups[0]["lr"]))
+        super().apply_update()
+        self.raw_after_step.append([p.detach().clone() for p in self.params])
+
+
+@pytest.fixture()
+def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Patch the recording engine and sampler into the trainer."""
+    RecordingEngine.instances, RecordingSampler.instances = [], []
+    monkeypatch.setattr(finetune_module, "DpSgdEngine", RecordingEngine)
+    monkeypatch.setattr(finetune_module, "PoissonSampler", RecordingSampler)
+    yield
+
+
+class KeyedDraws:
+    """A diffusion loss whose (timestep, noise) draws are a function of the example alone.
+
+    The k-th draw of an example (identified by its latent's bytes) is the same whichever
+    micro-batch it lands in, so split and unsplit steps can be compared exactly.
+    """
+
+    def __init__(self) -> None:
+        self.counts: defaultdict[str, int] = defaultdict(int)
+        self.rows = 0
+
+    def __call__(self, denoiser, scheduler, latents, labels, generator,  # type: ignore[no-untyped-def]
+                 layout=None):
+        timesteps, noise = [], []
+        for row in latents:
+            key = hashlib.sha256(row.detach().numpy().tobytes()).hexdigest()
+            k = self.counts[key]
+            self.counts[key] += 1
+            g = torch.Generator().manual_seed(int(key[:12], 16) * 1009 + k)
+            timesteps.append(torch.randint(0, 1000, (1,), generator=g))
+            noise.append(torch.randn(row.shape, generator=g))
+        self.rows += len(latents)
+        t, eps = torch.cat(timesteps), torch.stack(noise)
+        noisy = scheduler.add_noise(latents, eps, t)
+        return (denoiser(noisy, t, labels, layout=layout) - eps).pow(2).flatten(1).mean(dim=1)
