@@ -176,3 +176,28 @@ def test_per_label_specs_must_name_the_dataset_classes(
     with pytest.raises(InvalidSpecError):
         train(_spec(per_label_dp=fewer), dataset_path=three_classes, out_dir=tmp_path,
               base_model_dir=pretrained.model_dir, _test_generator=seeded())
+
+
+def test_a_class_without_records_runs_its_steps_as_pure_noise(
+        pretrained: TrainingResult, three_classes: Path, tmp_path: Path) -> None:
+    # The owner declared a fourth class that no record carries: its true count (0) is
+    # private, so its run must look like any other (same steps, noise released).
+    with np.load(three_classes) as npz:
+        four = tmp_path / "four.npz"
+        np.savez(four, images=npz["images"], labels=npz["labels"],
+                 class_names=np.array([*CLASSES, "three"]))
+    spec = _spec(num_classes=4)
+    assert spec.per_label_dp is not None
+    empty = DpSpec(noise_multiplier=1.0, sample_rate=0.5, expected_batch_size=3,
+                   max_grad_norm=1.0, steps=2)
+    hooks = PartitionHooks()
+    result = train(_spec(num_classes=4, per_label_dp={**spec.per_label_dp, "three": empty}),
+                   dataset_path=four, out_dir=tmp_path / "out", hooks=hooks,
+                   base_model_dir=pretrained.model_dir, _test_generator=seeded())
+    assert result.steps_by_partition == {**STEPS, "three": 2} and not result.stopped_early
+    sampler = RecordingSampler.instances[-1]
+    assert (sampler.num_records, [len(b) for b in sampler.batches]) == (0, [0, 0])
+    assert hooks.partitions[-1] == ("three", 0, 2, 2)
+    base, noised = _unet(pretrained.model_dir), _unet(result.model_dir / "denoisers" / "3")
+    changed = [k for k in base if not torch.equal(base[k], noised[k])]
+    assert changed and all(".attn1." in k or ".attn2." in k for k in changed)

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from diffusers.training_utils import EMAModel
 from torch.optim.lr_scheduler import LambdaLR
@@ -268,9 +269,21 @@ def _finetune_info(spec: TrainingSpec, base: ModelInfo, dataset: ImageDataset,
 def _encode(bundle: ModelBundle, dataset: ImageDataset, info: ModelInfo) -> torch.Tensor:
     """Scaled VAE latents (posterior means) of all images; the VAE stays frozen."""
     if len(dataset) == 0:
-        raise InvalidSpecError("the dataset is empty")
+        return _no_latents(bundle, info)
     return encode_images(bundle.vae, dataset.images, image_size=info.image_size,
                          channels=info.channels, scaling_factor=info.vae_scaling_factor)
+
+
+def _no_latents(bundle: ModelBundle, info: ModelInfo) -> torch.Tensor:
+    """Latents [0, C, h, w] of a dataset without records.
+
+    A per-label class may hold no record (its declared size is public, its true count is
+    not): its steps still run, each releasing pure noise, exactly as for a class with
+    records; refusing would reveal the count. The shape comes from a blank image, not data.
+    """
+    blank = np.zeros((1, info.image_size, info.image_size, info.channels), dtype=np.uint8)
+    return encode_images(bundle.vae, blank, image_size=info.image_size,
+                         channels=info.channels, scaling_factor=info.vae_scaling_factor)[:0]
 
 
 def _encode_masks(bundle: ModelBundle, dataset: ImageDataset,
@@ -285,6 +298,8 @@ def _encode_masks(bundle: ModelBundle, dataset: ImageDataset,
     if dataset.masks is None:
         raise InvalidSpecError("the model is layout-conditioned: the private dataset must "
                                "carry one layout mask per image")
+    if len(dataset) == 0:
+        return _no_latents(bundle, info)
     return encode_images(bundle.vae, dataset.masks, image_size=info.image_size,
                          channels=info.channels, scaling_factor=info.vae_scaling_factor)
 
