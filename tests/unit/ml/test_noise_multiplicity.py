@@ -114,3 +114,23 @@ def test_k_draws_happen_only_for_the_included_examples(
         assert all(torch.equal(g[0], group[0][0]) and torch.equal(g[1], group[0][1])
                    for g in group)
         assert len({tuple(g[2].tolist()) for g in group}) == draws
+
+
+def test_per_sample_gradients_stay_one_row_per_example_whatever_k() -> None:
+    # Memory: after each of the K passes the per-sample gradients are folded into one
+    # [b, ...] tensor per parameter (never K*b rows, never a growing list of K tensors).
+    draws, model = 6, tiny_denoiser()
+    ex = examples(3, draws)
+    engine = make_engine(model, sigma=0.0, clip=1.0, expected=3)
+    shapes: list[list[tuple[int, ...]]] = []
+    fold = engine._fold_grad_samples
+
+    def recording_fold() -> None:
+        fold()
+        shapes.append([tuple(p.grad_sample.shape) for p in engine.params])
+
+    engine._fold_grad_samples = recording_fold  # type: ignore[method-assign]
+    noisy_sum(engine, ex, torch.arange(3), draws=draws, micro=3)
+    assert len(shapes) == draws
+    assert all(s[0] == 3 and s[1:] == tuple(p.shape)
+               for passes in shapes for s, p in zip(passes, engine.params, strict=True))
