@@ -43,7 +43,7 @@ from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler
 from PIL import Image
 
 from dpsynth_ml.data import load_dataset
-from dpsynth_ml.model_io import load_model
+from dpsynth_ml.model_io import load_model, load_per_label_denoisers
 from dpsynth_ml.models import ConditionalDenoiser, ModelBundle, encode_layouts
 from dpsynth_ml.spec import InvalidSpecError, ModelInfo, SampleResult, SamplerKind
 
@@ -241,8 +241,6 @@ def _load(model_dir: Path) -> tuple[ModelBundle, ModelInfo, Mapping[int, Conditi
     if not _is_per_label(info):
         shared = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
         return bundle, info, dict.fromkeys(range(info.num_classes), shared)
-    from dpsynth_ml.model_io import load_per_label_denoisers
-
     by_name = load_per_label_denoisers(model_dir, bundle, info)
     if not by_name or any(name not in info.class_names for name in by_name):
         raise InvalidSpecError("a per-label bundle's denoisers must be named by its classes")
