@@ -161,6 +161,7 @@ def test_resume_skips_finished_classes_and_continues_the_current_one(
     assert len(RecordingSampler.instances) - samplers_before == 2
     assert resumed.steps_by_partition == STEPS and not resumed.stopped_early
     assert second.progress[0] == (5, 8) and second.progress[-1] == (8, 8)
+    assert "per_label_class" not in read_model_info(tmp_path / "b" / "model").extra
     kept_a, kept_b = (_unet(d / "model" / "denoisers" / "0") for d in (tmp_path / "a",
                                                                           tmp_path / "b"))
     assert all(torch.equal(kept_a[k], kept_b[k]) for k in kept_a)

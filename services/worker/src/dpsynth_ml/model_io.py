@@ -267,7 +267,8 @@ def save_per_label_model(class_model_dirs: Mapping[str, Path], model_dir: Path) 
         for part in _DENOISER_PARTS:
             if (Path(class_model_dirs[name]) / part).is_dir():
                 shutil.copytree(Path(class_model_dirs[name]) / part, model_dir / rel / part)
-    extra = {**first.extra, "per_label": True, "denoisers": denoisers,
+    extra = {**{k: v for k, v in first.extra.items() if k != "per_label_class"},
+             "per_label": True, "denoisers": denoisers,
              "steps_by_partition": {name: info.steps for name, info in infos.items()}}
     rng = "test" if any(info.rng == "test" for info in infos.values()) else first.rng
     write_model_info(dataclasses.replace(first, steps=sum(i.steps for i in infos.values()),
