@@ -186,6 +186,8 @@ class Reservation(BaseModel):
         discriminator="kind", description="the reserved mechanism (steps = steps reserved); "
         "a parallel event over the classes for a per-label job")
     expected_batch_size: int | None = Field(description="None for a per-label job")
+    steps_planned: int | None = Field(None, description="the job's training length as "
+                                      "admitted, before extensions (per label: see per_label)")
     steps_reserved: int = Field(description="per label: summed over classes")
     steps_granted: int = Field(description="per label: summed over classes")
     current_attempt: int
@@ -246,20 +248,26 @@ class CloseRequest(_Body):
 
 
 class JobEpsilonRequest(_Body):
-    """The reservations whose GRANTED steps produced a model (itself and its DP ancestors)."""
+    """The reservations whose steps produced a model (itself and its DP ancestors)."""
 
     dataset_id: str
     reservation_ids: list[str] = Field(min_length=1)
+    steps_used: dict[str, int | dict[str, int]] | None = Field(
+        None, description="per reservation id, the steps on the model's own path (per label: "
+        "per class) when fewer than granted: after a crash, the replayed steps of the lost "
+        "attempt are charged but did not produce the model; each ≤ the granted steps; "
+        "absent ids count all their granted steps")
 
 
 class JobEpsilon(BaseModel):
-    """Tight (PLD) epsilon of the composition of the granted steps of the reservations."""
+    """Tight (PLD) epsilon of the composition of the steps that produced a model."""
 
     dataset_id: str
     reservation_ids: list[str]
     job_epsilon: float = Field(description="per label: max over classes")
     delta: float
     steps_granted: int
+    steps_used: int = Field(0, description="steps composed into job_epsilon (summed)")
     accountant: str
     per_label: dict[str, float] | None = Field(
         None, description="per-label reservations among them: each class model's epsilon "

@@ -72,6 +72,18 @@ def test_charging_is_the_rdp_of_granted_steps(client: TestClient) -> None:
                                               "reservation_ids": [rid]}).json()
     assert je["job_epsilon"] == pytest.approx(lease["job_epsilon_granted"])
     assert je["steps_granted"] == 250 and je["delta"] == 1e-6
+    # a model produced by 180 of the 250 granted steps (the rest were replayed after a
+    # crash) states the epsilon of its 180; the dataset stays charged for all 250
+    used = client.post("/v1/job-epsilon", json={"dataset_id": "ds_r", "reservation_ids": [rid],
+                                                "steps_used": {rid: 180}}).json()
+    assert used["steps_used"] == 180 and used["steps_granted"] == 250
+    assert used["job_epsilon"] == pytest.approx(
+        dp_sgd_epsilon(ev["noise_multiplier"], ev["sample_rate"], 180, 1e-6))
+    assert used["job_epsilon"] < je["job_epsilon"]
+    over = client.post("/v1/job-epsilon", json={"dataset_id": "ds_r", "reservation_ids": [rid],
+                                                "steps_used": {rid: 251}})
+    assert over.status_code == 400 and "granted" in over.json()["detail"]
+    assert closed["steps_planned"] == 400  # the admitted length, before any extension
 
 
 def test_refusal_carries_numbers_and_an_admissible_target(client: TestClient) -> None:

@@ -141,10 +141,14 @@ class FakeLedger:
         self.calls.append(("close_reservation", {"outcome": outcome}))
         self.reservations[reservation_id].closed = outcome
 
-    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str]) -> JobEpsilon:
+    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str],
+                    steps_used: dict[str, Any] | None = None) -> JobEpsilon:
         self.calls.append(("job_epsilon", {"dataset_id": dataset_id,
-                                           "reservation_ids": list(reservation_ids)}))
-        steps = sum(self.reservations[r].steps_granted for r in reservation_ids)
+                                           "reservation_ids": list(reservation_ids),
+                                           "steps_used": steps_used}))
+        used = steps_used or {}
+        steps = sum(used[r] if isinstance(used.get(r), int)
+                    else self.reservations[r].steps_granted for r in reservation_ids)
         return JobEpsilon(job_epsilon=EPS_PER_STEP * steps, delta=1e-5)
 
     def budget_view(self, dataset_id: str) -> BudgetView:

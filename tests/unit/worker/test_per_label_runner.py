@@ -121,9 +121,11 @@ class PerLabelLedger(FakeLedger):
         self.runs[reservation_id][partition].reserved += additional_steps  # type: ignore[index]
         return self.get_reservation(reservation_id)
 
-    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str]) -> JobEpsilon:
+    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str],
+                    steps_used: dict[str, Any] | None = None) -> JobEpsilon:
         self.calls.append(("job_epsilon", {"dataset_id": dataset_id,
-                                           "reservation_ids": list(reservation_ids)}))
+                                           "reservation_ids": list(reservation_ids),
+                                           "steps_used": steps_used}))
         per = {c: EPS_PER_STEP * r.granted for rid in reservation_ids
                for c, r in self.runs.get(rid, {}).items()}
         return JobEpsilon(job_epsilon=max(per.values()), delta=1e-5, per_label=per)

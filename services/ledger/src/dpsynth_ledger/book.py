@@ -24,6 +24,7 @@ class Run(Protocol):
     (one class) both have these columns, so every charge and hold goes through one code path.
     """
 
+    reservation_id: str
     partition: str
     noise_multiplier: float
     sample_rate: float

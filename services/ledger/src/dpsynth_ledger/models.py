@@ -80,6 +80,7 @@ class ReservationRow(Base):
     sample_rate: Mapped[float | None] = mapped_column(Double, nullable=True)
     expected_batch_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
     target_epsilon: Mapped[float] = mapped_column(Double)
+    steps_planned: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     steps_reserved: Mapped[int] = mapped_column(BigInteger)
     steps_granted: Mapped[int] = mapped_column(BigInteger, default=0)
     current_attempt: Mapped[int] = mapped_column(Integer, default=0)

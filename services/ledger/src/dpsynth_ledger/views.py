@@ -58,6 +58,7 @@ def reservation_view(res: ReservationRow, budget: Budget, discretization: float)
         state=ReservationState(res.state),
         event=job_event(res, lambda r: r.steps_reserved),
         expected_batch_size=None if res.per_label else res.expected_batch_size,
+        steps_planned=None if res.per_label else res.steps_planned,
         steps_reserved=res.steps_reserved, steps_granted=res.steps_granted,
         current_attempt=res.current_attempt,
         job_epsilon=max(reserved, default=0.0),

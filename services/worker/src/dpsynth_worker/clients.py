@@ -186,9 +186,13 @@ class LedgerClient:
         body = CloseRequest(outcome=outcome)
         self._http.request("POST", f"/v1/reservations/{reservation_id}/close", body)
 
-    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str]) -> JobEpsilon:
-        """Standalone epsilon of the granted steps of these reservations, composed."""
-        body = {"dataset_id": dataset_id, "reservation_ids": reservation_ids}
+    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str],
+                    steps_used: dict[str, Any] | None = None) -> JobEpsilon:
+        """Standalone epsilon of the steps that produced a model (``steps_used`` per
+        reservation where fewer than granted), composed over the reservations."""
+        body: dict[str, Any] = {"dataset_id": dataset_id, "reservation_ids": reservation_ids}
+        if steps_used:
+            body["steps_used"] = steps_used
         return _parse(JobEpsilon, self._http.request("POST", "/v1/job-epsilon", body))
 
     def budget_view(self, dataset_id: str) -> BudgetView:

@@ -7,7 +7,7 @@ Every method raises :class:`dpsynth_shared.errors.DpsynthError` with the service
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from dpsynth_shared.ledger_contract import BudgetView, Lease, ReadGrant, Reservation
 from dpsynth_shared.worker_contract import (
@@ -62,6 +62,7 @@ class LedgerPort(Protocol):
 
     def close_reservation(self, reservation_id: str, *, outcome: CloseOutcome) -> None: ...
 
-    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str]) -> JobEpsilon: ...
+    def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str],
+                    steps_used: dict[str, Any] | None = None) -> JobEpsilon: ...
 
     def budget_view(self, dataset_id: str) -> BudgetView: ...

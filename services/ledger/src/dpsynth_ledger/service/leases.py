@@ -26,11 +26,19 @@ from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, mul_up, pld_epsilon
-from dpsynth_ledger.book import charge, figures, refresh_reserved, run_of, runs, sync_totals
+from dpsynth_ledger.book import (
+    Run,
+    charge,
+    figures,
+    refresh_reserved,
+    run_of,
+    runs,
+    sync_totals,
+)
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import LeaseRow, ReservationRow
 from dpsynth_ledger.service.reservations import check_live, locked, write_entry
-from dpsynth_ledger.views import event_of, granted_events
+from dpsynth_ledger.views import event_of, job_event
 
 
 def _grant(res: ReservationRow, attempt: int, expires_at: datetime,
@@ -143,7 +151,12 @@ def end_lease(session: Session, *, reservation_id: str, lease_id: str,
 
 def job_epsilon(session: Session, *, request: JobEpsilonRequest,
                 ctx: LedgerContext) -> JobEpsilon:
-    """PLD ε of the composition of the GRANTED steps of the given reservations."""
+    """PLD ε of the composition of the steps that produced a model.
+
+    Those are the granted steps of each reservation, or fewer where ``steps_used`` says so
+    (steps replayed after a crash are charged to the dataset but are not on the model's
+    path). Claiming more steps than were granted is refused.
+    """
     budget = repo.get_budget(session, request.dataset_id)
     if budget is None:
         raise NotFound("budget", request.dataset_id)
@@ -151,7 +164,23 @@ def job_epsilon(session: Session, *, request: JobEpsilonRequest,
     missing = set(request.reservation_ids) - {r.reservation_id for r in rows}
     if missing:
         raise NotFound("reservation", sorted(missing)[0])
-    events = granted_events(rows)
+    used = request.steps_used or {}
+    counted: list[int] = []
+
+    def steps_of(run: Run) -> int:
+        claim = used.get(run.reservation_id)
+        if isinstance(claim, dict):
+            steps = claim.get(run.partition, run.steps_granted)
+        else:
+            steps = run.steps_granted if claim is None else claim
+        if not 0 <= steps <= run.steps_granted:
+            raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                               f"steps_used {steps} for {run.reservation_id} is outside "
+                               f"[0, {run.steps_granted}] (its granted steps)")
+        counted.append(steps)
+        return steps
+
+    events = [job_event(r, steps_of) for r in rows if r.steps_granted]
     labels = sorted({p.partition for r in rows if r.per_label for p in r.parts})
     per_label = {c: pld_epsilon(_restricted(events, c), budget.delta, ctx.discretization)
                  for c in labels} or None
@@ -159,7 +188,7 @@ def job_epsilon(session: Session, *, request: JobEpsilonRequest,
         dataset_id=budget.dataset_id, reservation_ids=request.reservation_ids,
         job_epsilon=pld_epsilon(events, budget.delta, ctx.discretization),
         delta=budget.delta, steps_granted=sum(r.steps_granted for r in rows),
-        accountant=ACCOUNTANT_NAME, per_label=per_label)
+        steps_used=sum(counted), accountant=ACCOUNTANT_NAME, per_label=per_label)
 
 
 def _restricted(events: list[DpSgdEvent | ParallelEvent], label: str

@@ -86,8 +86,8 @@ def _row(request: ReserveRequest, budget: Budget, runs_: list[RunPlan]) -> Reser
         (run,) = runs_
         return ReservationRow(
             **common, partition=WHOLE_DATASET, per_label=False, noise_multiplier=run.sigma,
-            sample_rate=run.q, expected_batch_size=run.batch, steps_reserved=run.steps,
-            rdp_per_step=run.rdp_per_step, rdp_outstanding=run.rdp_total)
+            sample_rate=run.q, expected_batch_size=run.batch, steps_planned=run.steps,
+            steps_reserved=run.steps, rdp_per_step=run.rdp_per_step, rdp_outstanding=run.rdp_total)
     res = ReservationRow(**common, partition="", per_label=True, noise_multiplier=None,
                          sample_rate=None, expected_batch_size=None, rdp_per_step=None,
                          steps_reserved=0, rdp_outstanding=0.0)

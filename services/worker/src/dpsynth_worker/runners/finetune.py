@@ -112,6 +112,8 @@ def _dp_ancestors(base: ModelRef, dataset_id: str, base_dir: Path) -> list[str]:
 
 def planned_steps(reservation: Reservation) -> int:
     """The job's training length as planned at admission (stable across extensions)."""
+    if reservation.steps_planned is not None:
+        return reservation.steps_planned
     event = reservation.plan.event if reservation.plan else reservation.event
     if not isinstance(event, DpSgdEvent):
         raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label reservation has no single "
@@ -231,11 +233,33 @@ def per_label_record(inputs: _Inputs, result: Any, eps: Any) -> dict[str, dict[s
             for name, part in sorted(inputs.reservation.per_label.items())}
 
 
+def _steps_used(inputs: _Inputs, result: Any) -> dict[str, Any]:
+    """The steps on the model's own path, per reservation (per label: per class).
+
+    After a crash, steps replayed from the last checkpoint are charged to the dataset (all
+    granted steps are) but only the replaying attempt's steps produced the model, so the
+    model's ``job_epsilon`` composes these counts. Ancestors' counts come from the base
+    model's provenance; where it has none, the ledger counts their granted steps.
+    """
+    used: dict[str, Any] = {}
+    if inputs.ancestors:
+        recorded = read_provenance(inputs.base_dir).get("steps_used") or {}
+        used.update({r: recorded[r] for r in inputs.ancestors if r in recorded})
+    rid = inputs.reservation.reservation_id
+    if inputs.reservation.per_label is not None:
+        used[rid] = {str(k): int(v) for k, v in result.steps_by_partition.items()}
+    else:
+        used[rid] = int(result.steps_completed)
+    return used
+
+
 def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
     """Job epsilon from the ledger, publish the model, close the reservation, propose."""
     rid, dataset_id = inputs.reservation.reservation_id, inputs.dataset.dataset_id
     reservation_ids = [*inputs.ancestors, rid]
-    eps = ctx.ledger.job_epsilon(dataset_id=dataset_id, reservation_ids=reservation_ids)
+    steps_used = _steps_used(inputs, result)
+    eps = ctx.ledger.job_epsilon(dataset_id=dataset_id, reservation_ids=reservation_ids,
+                                 steps_used=steps_used)
     event, plan = inputs.reservation.event, inputs.reservation.plan
     job_ids = [*(inputs.base.job_ids if inputs.ancestors else []), ctx.job_id]
     record: dict[str, Any] = {
@@ -248,7 +272,7 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
         "steps": result.steps_completed, "neighbouring": str(event.neighbouring),
         "expected_batch_size": inputs.reservation.expected_batch_size,
         "max_grad_norm": inputs.spec.privacy.max_grad_norm,
-        "base_model_id": inputs.base.model_id,
+        "base_model_id": inputs.base.model_id, "steps_used": steps_used,
         "training": inputs.spec.training.model_dump(mode="json")}
     if inputs.reservation.per_label is not None:
         record["per_label"] = per_label_record(inputs, result, eps)
@@ -258,6 +282,7 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
     close_reservation(ctx, "succeeded")
     propose(ctx, JobState.SUCCEEDED, result={
         "model_id": published.model_id, "artifact_id": published.artifact_id,
-        "model_hash": published.model_hash, "job_epsilon": eps.job_epsilon, "delta": eps.delta})
+        "model_hash": published.model_hash, "job_epsilon": eps.job_epsilon, "delta": eps.delta,
+        "steps_used": steps_used, "trainable_parameters": result.trainable_parameters})
     log.info("finetune succeeded", extra={"steps": result.steps_completed})
     return Outcome.SUCCEEDED
