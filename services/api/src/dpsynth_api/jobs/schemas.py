@@ -15,7 +15,9 @@ from dpsynth_api.tables import Artifact, Job
 
 # Keys of a worker's result that may enter the job record (data-independent only).
 RESULT_KEYS = frozenset({"job_epsilon", "job_epsilon_granted", "steps", "steps_done",
-                         "samples", "model_id", "checkpoint_step", "seed"})
+                         "samples", "model_id", "checkpoint_step", "seed", "images",
+                         "images_per_second", "sampler", "guidance_scale", "batch_size",
+                         "steps_used", "trainable_parameters"})
 # Keys the api itself writes into a job's result at submission; a worker never sets them.
 API_RESULT_KEYS = frozenset({"layout_source"})
 
