@@ -128,6 +128,15 @@ def test_datasets_upload_splits_label_domain(api: FakeApi, tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     assert b'"label_domain": ["cat", "dog"]' in captured["body"]
     assert b'"epsilon_limit": 4.0' in captured["body"]
+    assert b"class_sizes" not in captured["body"]
+    result = runner.invoke(app, ["datasets", "upload", str(data), "--name", "n",
+                                 "--visibility", "private", "--epsilon-limit", "4",
+                                 "--label-domain", "cat,dog", "--class-sizes", "cat=5, dog=7"])
+    assert result.exit_code == 0, result.output
+    assert b'"class_sizes": {"cat": 5, "dog": 7}' in captured["body"]
+    result = runner.invoke(app, ["datasets", "upload", str(data), "--name", "n",
+                                 "--visibility", "private", "--class-sizes", "cat:5"])
+    assert result.exit_code != 0 and "NAME=COUNT" in result.output
 
 
 def test_bad_visibility_is_refused_before_any_request(api: FakeApi, tmp_path: Path) -> None:

@@ -22,6 +22,19 @@ def _split(csv: str | None) -> list[str] | None:
     return [part.strip() for part in csv.split(",") if part.strip()] if csv else None
 
 
+def _sizes(text: str | None) -> dict[str, int] | None:
+    """``"a=3, b=4"`` -> ``{"a": 3, "b": 4}``."""
+    if not text:
+        return None
+    sizes: dict[str, int] = {}
+    for part in _split(text) or []:
+        name, sep, value = part.rpartition("=")
+        if not sep or not name.strip() or not value.strip().isdigit():
+            raise typer.BadParameter(f"{part!r} is not NAME=COUNT", param_hint="--class-sizes")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
 @datasets.command("upload")
 @cli_errors
 def upload_dataset(
@@ -35,13 +48,17 @@ def upload_dataset(
     = None,
     declared_size: Annotated[int | None, typer.Option(help="public N̂ ≥ the true count")]
     = None,
+    class_sizes: Annotated[str | None, typer.Option(
+        help="private: public per-class sizes for per-label training, e.g. "
+        "'cat=500,dog=400' (each ≥ the true count)")] = None,
 ) -> None:
     """Upload a zip/tar image folder, .npz or Parquet file."""
     if visibility not in {"public", "private"}:
         raise typer.BadParameter("must be public or private", param_hint="--visibility")
     result = state_of(ctx).client().upload_dataset(
         path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
-        label_domain=_split(label_domain), declared_size=declared_size)
+        label_domain=_split(label_domain), declared_size=declared_size,
+        class_sizes=_sizes(class_sizes))
     print_json(result)
 
 

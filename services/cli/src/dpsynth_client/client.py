@@ -98,14 +98,18 @@ class Client:
     def upload_dataset(self, path: Path | str, *, name: str, visibility: str,
                        epsilon_limit: float | None = None, delta: float | None = None,
                        label_domain: list[str] | None = None,
-                       declared_size: int | None = None) -> dict[str, Any]:
+                       declared_size: int | None = None,
+                       class_sizes: dict[str, int] | None = None) -> dict[str, Any]:
         """Upload a dataset file (zip/tar image folder, ``.npz`` or Parquet).
 
         Sent as multipart: ``file`` and ``metadata`` (a JSON string). Optional privacy
         fields left ``None`` are omitted so the api applies its defaults (e.g. delta).
+        ``class_sizes`` declares public per-class sizes (each ≥ the true count), which
+        per-label training needs.
         """
         metadata = {"name": name, "visibility": visibility, "epsilon_limit": epsilon_limit,
-                    "delta": delta, "label_domain": label_domain, "declared_size": declared_size}
+                    "delta": delta, "label_domain": label_domain, "declared_size": declared_size,
+                    "class_sizes": class_sizes}
         metadata = {k: v for k, v in metadata.items() if v is not None}
         path = Path(path)
         with path.open("rb") as handle:
