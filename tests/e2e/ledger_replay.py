@@ -61,3 +61,14 @@ def verify_chain(ledger_url: str, token: str) -> dict:
                   headers={"Authorization": f"Bearer {token}"}, timeout=60)
     r.raise_for_status()
     return r.json()
+
+
+def independent_dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int,
+                               delta: float) -> float:
+    """Epsilon of ``steps`` Poisson-subsampled Gaussian steps by opacus' PRV accountant
+    (Gopi et al. 2021): a second accountant, independent of the ledger's PLD code."""
+    from opacus.accountants import PRVAccountant
+
+    acc = PRVAccountant()
+    acc.history = [(noise_multiplier, sample_rate, steps)]
+    return float(acc.get_epsilon(delta=delta))

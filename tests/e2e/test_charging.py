@@ -17,7 +17,12 @@ import pytest
 from dpsynth_client import Client
 
 from tests.e2e.conftest import CLASSES, digits_npz, finetune_spec
-from tests.e2e.ledger_replay import independent_rdp, ledger_entries, verify_chain
+from tests.e2e.ledger_replay import (
+    independent_dp_sgd_epsilon,
+    independent_rdp,
+    ledger_entries,
+    verify_chain,
+)
 from tests.support.models import tiny_model_archive
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -105,6 +110,16 @@ def test_sigkill_mid_training_is_charged_and_resumed_with_a_new_admission(platfo
     # Every attempt after the first had its own read grant (fresh leases).
     attempts = {e["payload"].get("attempt") for e in entries if e["kind"] == "read_grant"}
     assert {1, 2} <= attempts
+    # The model states the epsilon of the steps that produced it (the planned length: the
+    # lost attempt's steps after its last checkpoint are charged above, not on its path),
+    # by a second accountant.
+    model = client.get_model(job["result"]["model_id"])
+    sigma, q = ev["noise_multiplier"], ev["sample_rate"]
+    assert model["job_epsilon"] == pytest.approx(
+        independent_dp_sgd_epsilon(sigma, q, reserved_steps, budget["delta"]), rel=0.03)
+    if steps > reserved_steps:
+        assert model["job_epsilon"] < independent_dp_sgd_epsilon(sigma, q, steps,
+                                                                 budget["delta"])
 
 
 def test_sigkill_with_no_budget_left_for_replays_fails_and_never_overspends(platform, client,
