@@ -217,3 +217,28 @@ def test_a_lora_checkpoint_resumes_from_its_adapters(
                             dp_sample_rate=0.1, checkpoint_every=2),
               dataset_path=digits_path, out_dir=tmp_path / "c", resume_from=ckpt,
               _test_generator=seeded(3))
+
+
+def test_a_fresh_class_table_keeps_the_pretrained_null_token() -> None:
+    """New labels get new rows, but the unconditional (null) token — learnt on public data,
+    and the only label a per-label model sees — is the base model's."""
+    from dpsynth_ml.models import (
+        ModelBundle,
+        build_class_embedder,
+        build_scheduler,
+        build_unet,
+        build_vae,
+        preset_config,
+        reset_class_embedder,
+    )
+
+    cfg = preset_config("tiny")
+    old = build_class_embedder(10, cfg.cross_attention_dim)
+    bundle = ModelBundle(vae=build_vae(cfg, channels=1, image_size=16),
+                         unet=build_unet(cfg, latent_size=8), class_embedder=old,
+                         scheduler=build_scheduler())
+    null = old.weight[-1].detach().clone()
+    new = reset_class_embedder(bundle, 3)
+    assert new.weight.shape[0] == 4 and bundle.class_embedder is new
+    assert torch.equal(new.weight[3], null)
+    assert not torch.equal(new.weight[0], old.weight[0])

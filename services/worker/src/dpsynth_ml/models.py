@@ -295,10 +295,18 @@ def class_embedding_dim(unet: nn.Module) -> int:
 def reset_class_embedder(bundle: ModelBundle, num_classes: int) -> nn.Embedding:
     """Replace the class table by a fresh one of ``num_classes + 1`` rows (new labels).
 
+    The null row (the unconditional token of classifier-free guidance, and the only label a
+    per-label model sees) keeps the base model's pretrained null token: it was learnt on
+    public data, and a random one would have to be relearnt under DP noise.
+
     For a ``UNet2DModel`` the table is the UNet's ``class_embedding`` (and its config's
     ``num_class_embeds``), so both are replaced together.
     """
     embedder = build_class_embedder(num_classes, class_embedding_dim(bundle.unet))
+    old = bundle.class_embedder.weight
+    if old.shape[1] == embedder.weight.shape[1]:
+        with torch.no_grad():
+            embedder.weight[num_classes].copy_(old[-1])
     if isinstance(bundle.unet, UNet2DModel):
         bundle.unet.class_embedding = embedder
         bundle.unet.register_to_config(num_class_embeds=num_classes + 1)
