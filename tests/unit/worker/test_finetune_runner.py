@@ -195,3 +195,13 @@ def test_bad_class_map_fails_without_naming_details(world: World) -> None:
     assert world.ledger.calls[-1] == ("close_reservation", {"outcome": "failed"})
     assert "read_grant" not in world.ledger.names()  # never touched: released in full
     assert "lease" not in world.ledger.names()
+
+
+def test_unknown_trainable_blocks_fail_before_the_private_data_is_read(world: World) -> None:
+    claim = world.finetune_claim(steps=4)
+    spec = {**claim.spec, "training": {**claim.spec["training"], "trainable": "blocks",
+                                       "blocks": ["up_blocks.9.nothing"]}}
+    assert world.run(claim.model_copy(update={"spec": spec})) == Outcome.FAILED
+    assert world.api.final.error_code == "invalid_spec"
+    assert "read_grant" not in world.ledger.names()  # the reservation is released in full
+    assert "lease" not in world.ledger.names()

@@ -91,10 +91,11 @@ from dpsynth_ml.spec import (
                              TrainingResult,
                              TrainingSpec,
 )
-from dpsynth_ml.training import train
+from dpsynth_ml.training import check_training, train
 
 __all__ = [
     "DpSpec", "ImageDataset", "InvalidSpecError", "MlError", "ModelInfo", "NullHooks",
-    "SampleResult", "TrainingHooks", "TrainingResult", "TrainingSpec", "load_dataset",
+    "SampleResult", "TrainingHooks", "TrainingResult", "TrainingSpec", "check_training",
+    "load_dataset",
     "model_hash", "read_model_info", "sample", "train",
 ]

@@ -66,3 +66,22 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     return run_finetune(spec, dataset_path=Path(dataset_path), out_dir=out_dir, hooks=hooks,
                         base_model_dir=base_model_dir, resume_from=resume_from,
                         generator=generator, rng=rng)
+
+
+def check_training(spec: TrainingSpec, base_model_dir: Path) -> None:
+    """Check a finetune spec against its base model without touching any data.
+
+    The worker calls this before it asks for a read grant, so a spec that cannot run (an
+    unknown block prefix, a mode that selects nothing) fails before private data is read.
+
+    Raises:
+        InvalidSpecError: with the reason (for blocks, the valid prefixes).
+    """
+    from dpsynth_ml.model_io import load_model
+    from dpsynth_ml.trainable import trainable_parameter_names, trains_embedder
+
+    if spec.kind != "finetune":
+        return
+    bundle, _ = load_model(Path(base_model_dir))
+    trainable_parameter_names(bundle.unet, trainable=spec.trainable, blocks=spec.blocks,
+                              train_embedder=trains_embedder(spec))

@@ -36,6 +36,8 @@ class MlCore:
     model_hash: Callable[[Path], str] = field(default_factory=lambda: _real("model_hash"))
     read_model_info: Callable[[Path], Any] = field(
         default_factory=lambda: _real("read_model_info"))
+    check_training: Callable[[Any, Path], None] = field(
+        default_factory=lambda: _real("check_training"))
 
 
 @dataclass

@@ -50,6 +50,7 @@ def run_finetune(ctx: JobContext) -> Outcome:
     """Run one attempt of a DP finetune; see ``docs/architecture.md`` ("Job flow")."""
     inputs = _fetch_inputs(ctx)
     training = training_spec(ctx, inputs)  # bad specs fail before private data is touched
+    ctx.ml.check_training(training, inputs.base_dir)
     _fetch_private_data(ctx, inputs)
     hooks = LeasedHooks(ctx, inputs.reservation.reservation_id)
     ctx.heartbeat.phase("training")
