@@ -36,6 +36,16 @@ class Architecture(BaseModel):
                                 "diffusers AutoencoderKL (in/out channels set by the platform)")
 
 
+#: What a training job learns to generate: the dataset's images, or its layout masks
+#: (a layout generator: masks taken as grayscale images, with the same labels).
+TrainingTarget = Literal["images", "masks"]
+
+_TARGET_DOC = ("images, or masks: train on the dataset's layout masks as if they were the "
+               "images (same labels, grayscale), i.e. a class-conditional generator of "
+               "layout masks usable as GenerateSpec.layout_source.model_id (the dataset must "
+               "carry masks)")
+
+
 class PretrainSpec(_Spec):
     """Non-private pretraining of the autoencoder and the denoiser on a public dataset."""
 
@@ -50,6 +60,7 @@ class PretrainSpec(_Spec):
     layout_conditioning: bool = Field(
         False, description="DP-DocLDM: the dataset's layout masks, encoded by the same "
         "autoencoder, are concatenated to the noisy latent (the dataset must carry masks)")
+    target: TrainingTarget = Field("images", description=_TARGET_DOC)
     epochs: int = Field(10, ge=1, le=10_000)
     batch_size: int = Field(64, ge=1, le=4096)
     learning_rate: float = Field(1e-3, gt=0, le=1)
@@ -62,6 +73,9 @@ class PretrainSpec(_Spec):
             raise ValueError("image_size must be a multiple of 4")
         if (self.preset == "custom") != (self.architecture is not None):
             raise ValueError("an architecture is given exactly when preset is 'custom'")
+        if self.target == "masks" and (self.layout_conditioning or self.channels != 1):
+            raise ValueError("a layout generator (target 'masks') is grayscale (channels 1) "
+                             "and not layout-conditioned itself")
         return self
 
 
@@ -117,6 +131,9 @@ class FinetuneTraining(BaseModel):
     per_label: bool = Field(
         False, description="DP-DocLDM: one model per declared class, each DP-trained on its "
         "class only (needs public class sizes declared at upload)")
+    target: TrainingTarget = Field(
+        "images", description=_TARGET_DOC + "; the masks are private data of the dataset: "
+        "the job is an ordinary DP finetune, charged to the dataset's budget")
     expected_batch_size: int = Field(256, ge=1, description="mean Poisson batch; per class "
                                      "with per_label (capped at the class's declared size)")
     epochs: float = Field(5, gt=0, le=10_000)
@@ -145,6 +162,9 @@ class FinetuneTraining(BaseModel):
         if self.per_label and self.class_map is not None:
             raise ValueError("per_label trains one unconditional model per class; a "
                              "class_map does not apply")
+        if self.per_label and self.target == "masks":
+            raise ValueError("a layout generator (target 'masks') is one class-conditional "
+                             "model: per_label does not apply")
         return self
 
 
@@ -159,18 +179,31 @@ class FinetuneSpec(_Spec):
 
 
 class LayoutSource(BaseModel):
-    """Where the layout masks of a layout-conditioned generation come from.
+    """Where the layout masks of a layout-conditioned generation come from: exactly one of
+    ``dataset_id`` (a PUBLIC dataset with masks) or ``model_id`` (a layout generator).
 
-    Only public masks are accepted: a mask copied from a private record has unbounded
-    privacy loss, so no charge could cover it (``private_conditioning_refused``).
+    Masks copied from a private dataset are refused: a mask copied from a private record has
+    unbounded privacy loss, so no charge could cover it (``private_conditioning_refused``).
+    A layout generator (a model trained with ``target: masks``) was either pretrained on
+    public masks or DP-finetuned on a private dataset's masks, charged to that dataset's
+    budget; sampling masks from it is post-processing and costs nothing more.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset_id: str = Field(description="a PUBLIC dataset carrying layout masks (public "
-                            "document layouts, or masks the uploader declared public)")
+    dataset_id: str | None = Field(None, description="a PUBLIC dataset carrying layout masks "
+                                   "(public document layouts, or masks the uploader declared "
+                                   "public)")
+    model_id: str | None = Field(None, description="a layout-generator model (trained with "
+                                 "target 'masks'; public-pretrained, or DP-trained)")
     per_class: bool = Field(True, description="draw each class's layouts from that class's "
-                            "masks when the layout dataset has the class")
+                            "masks when the layout source has the class")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LayoutSource:
+        if (self.dataset_id is None) == (self.model_id is None):
+            raise ValueError("give exactly one of dataset_id / model_id")
+        return self
 
 
 class GenerateSpec(_Spec):
