@@ -12,7 +12,9 @@ Public API::
                  train_embedder=None, noise_multiplicity=1, ema_decay=None, warmup_steps=0,
                  learning_rate=3e-4, epochs=1, batch_size=64, label_dropout=0.1,
                  max_physical_batch_size=64, class_map=None, checkpoint_every=10, seed=0,
-                 dp=None, per_label_dp=None)
+                 dp=None, per_label_dp=None, target="images")
+        target: images | masks (a layout generator: the dataset's masks in place of its
+                images, same labels and DP machinery; info.extra.target = "masks")
         preset: tiny | small (CPU) | base (GPU, ~31M-parameter UNet2DConditionModel on
                 32x32 or 64x64 latents) | custom (architecture=Architecture(unet_class=
                 "UNet2DConditionModel" | "UNet2DModel", unet={...}, vae={...}), kwargs
@@ -68,6 +70,9 @@ Public API::
         export_denoiser(model_dir, class_name, dest) -> Path   # a plain single-class model
     sample(model_dir, *, samples_per_class, sampler, steps, guidance_scale, seed, out_dir,
            classes=None, progress=None) -> SampleResult   # out_dir/<class_name>/<i>.png
+    dpsynth_ml.generate.sample_layouts(model_dir, *, counts={class name: n}, seed,
+           sampler="ddim", steps=50, guidance_scale=1.0, batch_size=64, per_class=True)
+           -> LayoutSet   # masks from a layout generator, binarised to uint8 {0, 255}
     load_dataset(path) -> ImageDataset     # canonical npz: images, labels, class_names
     model_hash(model_dir) -> str           # sha256 over the sorted files
     read_model_info(model_dir) -> ModelInfo

@@ -71,6 +71,26 @@ def load_dataset(path: Path) -> ImageDataset:
                         class_names=tuple(str(n) for n in names), masks=masks)
 
 
+def training_view(dataset: ImageDataset, target: str) -> ImageDataset:
+    """The records a job trains on: the dataset itself, or with ``target == "masks"`` its
+    layout masks in place of its images (same labels; a layout generator).
+
+    The masks of a private dataset are private data of that dataset: they are read only
+    inside the DP finetune, exactly like its images (same Poisson sampling, same clipping).
+
+    Raises:
+        InvalidSpecError: target "masks" on a dataset without masks, or an unknown target.
+    """
+    if target == "images":
+        return dataset
+    if target != "masks":
+        raise InvalidSpecError(f"unknown target {target!r}")
+    if dataset.masks is None:
+        raise InvalidSpecError("target 'masks' needs a dataset with layout masks")
+    return ImageDataset(images=dataset.masks, labels=dataset.labels,
+                        class_names=dataset.class_names, masks=None)
+
+
 def images_to_tensor(images: np.ndarray, *, image_size: int, channels: int) -> torch.Tensor:
     """Convert uint8 [N,H,W,C] images to float [N, channels, size, size] in [-1, 1].
 

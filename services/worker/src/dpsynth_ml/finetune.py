@@ -41,7 +41,7 @@ from dpsynth_ml.checkpoint import (
     warmup_schedule,
     write_trainer_state,
 )
-from dpsynth_ml.data import ImageDataset, load_dataset
+from dpsynth_ml.data import ImageDataset, load_dataset, training_view
 from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.dp import DpSgdEngine, PoissonSampler
 from dpsynth_ml.hooks import TrainingHooks
@@ -194,6 +194,9 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
         rng = "test"  # a model is "test" if any attempt in its history was seeded by a test
     start_step = _resume_step(resume_from, dp) if resume_from is not None else 0
     dataset = dataset if dataset is not None else load_dataset(dataset_path)
+    # target "masks" (a layout generator): the private masks take the images' place, each
+    # one its record's example under the same Poisson sampling and clipping.
+    dataset = training_view(dataset, spec.target)
     info = _finetune_info(spec, info, dataset, base_model_dir, fresh=resume_from is None)
     if resume_from is None and spec.class_map is None:
         reset_class_embedder(bundle, spec.num_classes)  # new labels: a fresh class table
@@ -254,6 +257,13 @@ def _finetune_info(spec: TrainingSpec, base: ModelInfo, dataset: ImageDataset,
         extra["lora"] = {"rank": spec.lora_rank, "alpha": float(
             spec.lora_alpha if spec.lora_alpha is not None else spec.lora_rank),
             "merged": True}
+    if spec.target == "masks":
+        if base.extra.get("layout_channels"):
+            raise InvalidSpecError("a layout generator (target 'masks') cannot start from a "
+                                   "layout-conditioned base model")
+        extra["target"] = "masks"
+    else:
+        extra.pop("target", None)
     if base.extra.get("layout_channels") and dataset.masks is None:
         raise InvalidSpecError("the base model is layout-conditioned: the private dataset "
                                "must carry one layout mask per image")

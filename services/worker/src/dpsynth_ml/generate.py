@@ -26,6 +26,12 @@ Layouts (DP-DocLDM layout conditioning): a layout-conditioned model needs one ma
 image. Masks come from a :class:`LayoutSet` (a PUBLIC source: the caller is responsible for
 that), are drawn with the generation seed, encoded by the model's own VAE and passed to the
 denoiser as ``layout=``. The indices used are returned in :attr:`SampleResult.layouts`.
+
+Layout generators: a model trained with ``target: masks`` (``extra.target``) draws masks
+instead of images. :func:`sample_layouts` samples them per class (with the generation seed,
+on a random stream of its own, so a mask's noise is independent of the image it conditions)
+and binarises them at 127.5 into a :class:`LayoutSet`. When the generator was DP-trained on
+a private dataset's masks, its masks are post-processing of a DP release: free.
 """
 
 from __future__ import annotations
@@ -51,7 +57,10 @@ from dpsynth_ml.spec import InvalidSpecError, ModelInfo, SampleResult, SamplerKi
 DEFAULT_BATCH_SIZE = 64
 
 _SEED_MASK = (1 << 64) - 1
-_IMAGE_STREAM, _LAYOUT_STREAM = 0, 1
+_IMAGE_STREAM, _LAYOUT_STREAM, _LAYOUT_MODEL_STREAM = 0, 1, 2
+
+#: Binarisation threshold of generated masks (uint8 gray levels; above = text line, 255).
+MASK_THRESHOLD = 127.5
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,74 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
                         images_per_second=rate, layouts=used)
 
 
+def is_layout_generator(info: ModelInfo) -> bool:
+    """Whether a model was trained on layout masks (``target: masks``)."""
+    return info.extra.get("target") == "masks"
+
+
+def sample_layouts(model_dir: Path, *, counts: Mapping[str, int], seed: int,
+                   sampler: SamplerKind = "ddim", steps: int = 50, guidance_scale: float = 1.0,
+                   batch_size: int = DEFAULT_BATCH_SIZE, per_class: bool = True,
+                   progress: Callable[[int, int], None] | None = None) -> LayoutSet:
+    """Draw layout masks per class from a layout-generator model and binarise them.
+
+    Args:
+        model_dir: a model trained with ``target: masks``.
+        counts: masks to draw per class name of the layout model.
+        seed: the generation seed; mask j of class c depends on (seed, c, j) only, through
+            a stream apart from the images' (a mask's noise never equals its image's).
+        sampler: as for :func:`sample`.
+        steps: denoising steps.
+        guidance_scale: classifier-free guidance on the layout model's class.
+        batch_size: masks denoised together (speed and memory only).
+        per_class: the returned set's ``per_class`` (see :class:`LayoutSet`).
+        progress: called with (masks done, masks total) after each batch.
+
+    Returns:
+        uint8 masks [M, H, W, 1] with values in {0, 255} (grayscale above
+        :data:`MASK_THRESHOLD` = 255; a 3-channel generator's channels are averaged), their
+        labels and the layout model's class names, in the order of ``counts``.
+
+    Raises:
+        InvalidSpecError: the model is not a layout generator, a class name is unknown, a
+            count is negative or no mask is asked for.
+    """
+    if steps < 1 or batch_size < 1 or any(n < 0 for n in counts.values()):
+        raise InvalidSpecError("counts must be >= 0, steps and batch_size >= 1")
+    _check_sampler(sampler)
+    bundle, info, denoisers = _load(model_dir)
+    if not is_layout_generator(info):
+        raise InvalidSpecError("this model was not trained on layout masks (target 'masks')")
+    unknown = sorted(n for n in counts if n not in info.class_names
+                     or info.class_names.index(n) not in denoisers)
+    if unknown:
+        raise InvalidSpecError(f"classes the layout model cannot draw: {unknown}")
+    total = sum(counts.values())
+    if total < 1:
+        raise InvalidSpecError("sample_layouts needs at least one mask")
+    per_label = _is_per_label(info)
+    masks: list[np.ndarray] = []
+    labels: list[int] = []
+    done = 0
+    for name, n in counts.items():
+        cls = info.class_names.index(name)
+        for start in range(0, n, batch_size):
+            size = min(batch_size, n - start)
+            generators = [_layout_model_generator(seed, cls, start + i) for i in range(size)]
+            pixels = _generate(bundle, info, denoisers[cls],
+                               info.null_class if per_label else cls, size, sampler=sampler,
+                               steps=steps, generators=generators, layout=None,
+                               guidance_scale=1.0 if per_label else guidance_scale)
+            gray = pixels.astype(np.float32).mean(axis=-1, keepdims=True)
+            masks.append(np.where(gray > MASK_THRESHOLD, 255, 0).astype(np.uint8))
+            labels.extend([cls] * size)
+            done += size
+            if progress is not None:
+                progress(done, total)
+    return LayoutSet(masks=np.concatenate(masks), labels=np.asarray(labels, dtype=np.int64),
+                     class_names=info.class_names, per_class=per_class)
+
+
 @dataclass
 class _Run:
     """One call of :func:`sample`: its settings and what it has done so far."""
@@ -250,6 +327,13 @@ def _load(model_dir: Path) -> tuple[ModelBundle, ModelInfo, Mapping[int, Conditi
 def _image_generator(seed: int, cls: int, index: int) -> torch.Generator:
     """The generator of one image: a function of (seed, class index, image index) only."""
     sequence = np.random.SeedSequence(seed & _SEED_MASK, spawn_key=(_IMAGE_STREAM, cls, index))
+    return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
+
+
+def _layout_model_generator(seed: int, cls: int, index: int) -> torch.Generator:
+    """The generator of one generated layout mask: (seed, class index, mask index) only."""
+    sequence = np.random.SeedSequence(seed & _SEED_MASK,
+                                      spawn_key=(_LAYOUT_MODEL_STREAM, cls, index))
     return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
 
 

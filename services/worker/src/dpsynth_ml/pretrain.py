@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dpsynth_ml.data import images_to_tensor, load_dataset
+from dpsynth_ml.data import images_to_tensor, load_dataset, training_view
 from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.hooks import TrainingHooks
 from dpsynth_ml.model_io import save_model
@@ -65,7 +65,8 @@ def _batches(n: int, batch_size: int, epochs: int, g: torch.Generator) -> Iterat
 def run_pretrain(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
                  hooks: TrainingHooks, rng: RngKind) -> TrainingResult:
     """Pretrain VAE + UNet on a public dataset; see :func:`dpsynth_ml.train`."""
-    dataset = load_dataset(dataset_path)
+    # target "masks": a layout generator, trained on the masks in place of the images
+    dataset = training_view(load_dataset(dataset_path), spec.target)
     if len(dataset.class_names) != spec.num_classes:
         raise InvalidSpecError("num_classes must equal the dataset's number of classes")
     if spec.layout_conditioning and dataset.masks is None:
@@ -96,7 +97,8 @@ def run_pretrain(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
                      extra={"class_conditional": spec.class_conditional, "seed": spec.seed,
                             "unet_class": plan.unet_class,
                             "layout_channels": plan.layout_channels,
-                            "trainable_parameters": bundle.parameter_count()})
+                            "trainable_parameters": bundle.parameter_count(),
+                            **({"target": "masks"} if spec.target == "masks" else {})})
     model_dir = save_model(bundle, info, Path(out_dir) / "model")
     return TrainingResult(steps_completed=progress.done, stopped_early=stopped,
                           model_dir=model_dir, trainable_parameters=bundle.parameter_count(),

@@ -17,6 +17,7 @@ TrainingKind = Literal["pretrain", "finetune"]
 Trainable = Literal["full", "attention", "output_attention", "blocks", "lora"]
 RngKind = Literal["os", "test"]
 SamplerKind = Literal["ddpm", "ddim", "dpm_solver++"]
+TrainingTarget = Literal["images", "masks"]
 UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
 
 #: Version of the on-disk model directory format (``dpsynth_model.json``).
@@ -98,6 +99,10 @@ class TrainingSpec:
 
     Pretrain-only fields: ``preset`` / ``architecture`` and ``layout_conditioning`` (the
     dataset's masks are encoded by the VAE and concatenated to the noisy latent).
+
+    ``target`` (both kinds): "images", or "masks" to train a layout generator on the
+    dataset's layout masks in place of its images (same labels, same DP machinery; the
+    model's info records ``extra.target = "masks"``).
     """
 
     kind: TrainingKind
@@ -107,6 +112,7 @@ class TrainingSpec:
     channels: int = 1
     class_conditional: bool = True
     layout_conditioning: bool = False
+    target: TrainingTarget = "images"
     num_classes: int = 10
     trainable: Trainable = "attention"
     blocks: tuple[str, ...] | None = None
@@ -136,6 +142,12 @@ class TrainingSpec:
         if self.per_label_dp is not None and (not self.per_label_dp
                                               or self.class_map is not None):
             raise InvalidSpecError("per_label_dp needs at least one class and no class_map")
+        if self.target not in ("images", "masks"):
+            raise InvalidSpecError(f"unknown target {self.target!r}")
+        if self.target == "masks" and (self.layout_conditioning
+                                       or self.per_label_dp is not None):
+            raise InvalidSpecError("a layout generator (target 'masks') is neither "
+                                   "layout-conditioned nor per-label")
         if self.preset not in ("tiny", "small", "base", "custom"):
             raise InvalidSpecError(f"unknown preset {self.preset!r}")
         if self.kind == "pretrain" and (self.preset == "custom") != (

@@ -82,6 +82,9 @@ def check_training(spec: TrainingSpec, base_model_dir: Path) -> None:
 
     if spec.kind != "finetune":
         return
-    bundle, _ = load_model(Path(base_model_dir))
+    bundle, info = load_model(Path(base_model_dir))
+    if spec.target == "masks" and info.extra.get("layout_channels"):
+        raise InvalidSpecError("a layout generator (target 'masks') cannot start from a "
+                               "layout-conditioned base model")
     trainable_parameter_names(bundle.unet, trainable=spec.trainable, blocks=spec.blocks,
                               train_embedder=trains_embedder(spec))
