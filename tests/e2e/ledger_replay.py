@@ -30,13 +30,22 @@ def replay_accumulators(entries: list[dict]) -> dict[str, float]:
     whole-dataset lease adds its RDP to every partition (``"*"`` and each label); a lease of
     a per-label job (``per_label`` with its class in ``label``) adds only to its class's
     partition (parallel composition over the declared labels). The dataset's figure is then
-    the conversion of the max over partitions.
+    the conversion of the max over partitions. A ``histogram_released`` entry (the class
+    sizes released by a Gaussian histogram, sensitivity Δ) adds the RDP of one Gaussian of
+    noise multiplier σ/Δ (q = 1, one step: α/(2(σ/Δ)²)) to every partition: each class's
+    count is a Gaussian release on its partition, and "*" sees the whole histogram.
     """
     entries = sorted(entries, key=lambda e: e["seq"])
     created = next(e["payload"] for e in entries if e["kind"] == "budget_created")
     order = int(created["admission_order"])
     committed = {p: 0.0 for p in created["partitions"]}
     for e in entries:
+        if e["kind"] == "histogram_released":  # one Gaussian: every partition, once
+            ev = e["payload"]["event"]
+            rdp = independent_rdp(ev["sigma"] / ev["sensitivity"], 1.0, 1, order)
+            for p in committed:
+                committed[p] += rdp
+            continue
         if e["kind"] != "lease_granted":
             continue
         payload, ev = e["payload"], e["payload"]["event"]

@@ -29,6 +29,7 @@ PREFIXES = {
     "reservation": "res",
     "lease": "lse",
     "grant": "grt",
+    "release": "rel",
 }
 
 _ID_RE = re.compile(r"^[a-z]{2,4}_[0-9a-f]{32}$")

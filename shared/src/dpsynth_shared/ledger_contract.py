@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
+from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, Neighbouring, ParallelEvent
 
 TIGHT_LABEL = (
     "tight PLD epsilon of the realised sequence, as if it had been fixed in advance; "
@@ -292,3 +292,44 @@ class VerifyReport(BaseModel):
     head: str
     problems: list[str] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+class HistogramRequest(_Body):
+    """Release the dataset's class sizes through a Gaussian histogram, charged to its budget."""
+
+    target_epsilon: float = Field(gt=0, le=100, description="the release's standalone "
+                                  "epsilon at the dataset's delta (add/remove)")
+    dry_run: bool = False
+
+
+class HistogramRelease(BaseModel):
+    """The calibrated release: σ, its charge to every partition, the budget before/after.
+
+    Every record falls in exactly one class, so the histogram (one count per declared label,
+    L2 sensitivity 1 under add/remove) is ONE Gaussian mechanism of noise std σ; each
+    partition (``"*"`` and every label) is charged its full RDP α*/(2σ²) once.
+    """
+
+    release_id: str | None = Field(None, description="None for a dry run")
+    dataset_id: str
+    event: GaussianEvent
+    target_epsilon: float
+    epsilon: float = Field(description="the release's standalone PLD epsilon at delta")
+    delta: float
+    admission_order: int
+    rdp_charge: float = Field(description="RDP at the order added to each partition")
+    partitions: list[str]
+    dataset_epsilon_spent_before: float
+    dataset_epsilon_spent_after: float
+    dataset_epsilon_remaining_after: float
+    admissible: bool
+    charged: bool
+    accountant: str
+
+
+class SetClassSizes(_Body):
+    """Public class sizes set after upload, from a charged histogram release."""
+
+    class_sizes: dict[str, int]
+    source: Literal["dp_histogram"] = "dp_histogram"
+    release_id: str = Field(description="the histogram release they post-process")

@@ -11,12 +11,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from dpsynth_shared.dp_events import GENESIS_HASH, chain_hash
+from dpsynth_shared.dp_events import GENESIS_HASH, GaussianEvent, chain_hash
 from dpsynth_shared.ledger_contract import VerifyReport
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
-from dpsynth_ledger.accounting import WHOLE_DATASET, add_up, mul_up, rdp_step, sum_up
+from dpsynth_ledger.accounting import (
+    WHOLE_DATASET,
+    add_up,
+    mul_up,
+    rdp_at_order,
+    rdp_step,
+    sum_up,
+)
 from dpsynth_ledger.book import touched
 from dpsynth_ledger.models import Entry
 
@@ -55,6 +62,8 @@ class _Replay:
         self.order = int(payload["admission_order"])
         self.committed = {p: 0.0 for p in payload["partitions"]}
         self.holds: dict[tuple[str, str], float] = {}
+        self.releases: set[str] = set()
+        self.sized = payload.get("class_sizes") is not None
 
     def reserved(self) -> dict[str, float]:
         out: dict[str, list[float]] = {p: [] for p in self.committed}
@@ -89,6 +98,22 @@ class _Replay:
                     problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
                 self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
             self._hold(rid, payload)
+        elif kind == "histogram_released":  # one Gaussian: every partition, full RDP once
+            amount = rdp_at_order(GaussianEvent.model_validate(payload["event"]), self.order)
+            if set(payload["rdp_delta"]) != set(self.committed):
+                problems.append(f"entry {seq}: a histogram release must charge every partition"
+                                f", not {sorted(payload['rdp_delta'])}")
+            for p, recorded in payload["rdp_delta"].items():
+                if recorded != amount:
+                    problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
+                self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
+            self.releases.add(payload["release_id"])
+        elif kind == "class_sizes_set":
+            if self.sized:
+                problems.append(f"entry {seq}: class sizes set twice")
+            if payload.get("release_id") not in self.releases:
+                problems.append(f"entry {seq}: class sizes name no earlier histogram release")
+            self.sized = True
         elif kind == "reservation_closed":
             for key in [k for k in self.holds if k[0] == rid]:
                 del self.holds[key]

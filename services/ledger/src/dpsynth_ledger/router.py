@@ -11,6 +11,8 @@ from dpsynth_shared.ledger_contract import (
     CloseRequest,
     CreateBudget,
     ExtendRequest,
+    HistogramRelease,
+    HistogramRequest,
     JobEpsilon,
     JobEpsilonRequest,
     Lease,
@@ -22,6 +24,7 @@ from dpsynth_shared.ledger_contract import (
     ReadGrantRequest,
     Reservation,
     ReserveRequest,
+    SetClassSizes,
     VerifyReport,
 )
 from fastapi import APIRouter, Depends, Query, Request
@@ -30,7 +33,7 @@ from sqlalchemy.orm import Session
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.chain import verify_chain
 from dpsynth_ledger.context import LedgerContext
-from dpsynth_ledger.service import budgets, leases, reservations
+from dpsynth_ledger.service import budgets, histograms, leases, reservations
 
 
 def _session(request: Request) -> Iterator[Session]:
@@ -59,6 +62,21 @@ def create_budget(body: CreateBudget, session: SessionDep, ctx: CtxDep) -> Budge
 def get_budget(dataset_id: str, session: SessionDep, ctx: CtxDep,
                history: bool = True) -> BudgetView:
     return budgets.get_budget(session, dataset_id=dataset_id, ctx=ctx, with_history=history)
+
+
+@router.post("/budgets/{dataset_id}/histogram-releases", response_model=HistogramRelease,
+             status_code=201)
+def release_histogram(dataset_id: str, body: HistogramRequest, session: SessionDep,
+                      ctx: CtxDep) -> HistogramRelease:
+    """Release the class-size histogram, charged at once (``dry_run``: only the plan)."""
+    return histograms.release_histogram(session, dataset_id=dataset_id, request=body, ctx=ctx)
+
+
+@router.put("/budgets/{dataset_id}/class-sizes", response_model=BudgetView)
+def set_class_sizes(dataset_id: str, body: SetClassSizes, session: SessionDep,
+                    ctx: CtxDep) -> BudgetView:
+    """Set the public class sizes released by a charged histogram (once)."""
+    return histograms.set_class_sizes(session, dataset_id=dataset_id, request=body, ctx=ctx)
 
 
 @router.post("/plans", response_model=Plan)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
+from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, Neighbouring, ParallelEvent
 from dpsynth_shared.ledger_contract import (
     BudgetView,
     Charge,
@@ -72,6 +72,13 @@ def granted_events(reservations: list[ReservationRow]) -> list[DpSgdEvent | Para
     return [job_event(r, lambda u: u.steps_granted) for r in reservations if r.steps_granted]
 
 
+def released_events(session: Session, dataset_id: str) -> list[GaussianEvent]:
+    """The dataset's charged one-shot releases (class-size histograms), from the chain."""
+    return [GaussianEvent.model_validate(e.payload["event"])
+            for e in repo.entries(session, dataset_id=dataset_id)
+            if e.kind == "histogram_released"]
+
+
 def _granted_event(key: tuple[str | None, float, float],
                    steps: int) -> DpSgdEvent | ParallelEvent:
     label, sigma, q = key
@@ -83,16 +90,21 @@ def _history(entries: list[Entry], delta: float, discretization: float) -> list[
     """Charges with the filter figure and the tight figure after each entry."""
     granted: dict[tuple[str | None, float, float], int] = {}
     tight = 0.0
+    released: list[GaussianEvent] = []
     out: list[Charge] = []
     for e in entries:
         p: dict[str, Any] = e.payload
-        if e.kind == "lease_granted":
+        if e.kind == "histogram_released":  # one Gaussian on the whole dataset
+            released.append(GaussianEvent.model_validate(p["event"]))
+        if e.kind in ("lease_granted", "histogram_released"):
             ev = p["event"]
             # a per-label lease names its class: it composes only with that class's record
-            key = (p.get("label"), float(ev["noise_multiplier"]), float(ev["sample_rate"]))
-            granted[key] = granted.get(key, 0) + int(ev["steps"])
-            tight = pld_epsilon([_granted_event(k, n) for k, n in granted.items()], delta,
-                                discretization)
+            key = (p.get("label"), float(ev.get("noise_multiplier", 0.0)),
+                   float(ev.get("sample_rate", 0.0)))
+            if e.kind == "lease_granted":
+                granted[key] = granted.get(key, 0) + int(ev["steps"])
+            tight = pld_epsilon([*(_granted_event(k, n) for k, n in granted.items()),
+                                 *released], delta, discretization)
         rdp_delta = max((float(v) for v in p.get("rdp_delta", {}).values()), default=0.0)
         out.append(Charge(
             seq=e.seq, at=e.at, kind=e.kind, job_id=p.get("job_id"),
@@ -109,7 +121,9 @@ def budget_view(session: Session, budget: Budget, discretization: float,
     accs = repo.accumulators(session, budget.dataset_id)
     fig = figures(budget, accs)
     reservations = repo.reservations_of(session, budget.dataset_id)
-    tight = pld_epsilon(granted_events(reservations), budget.delta, discretization)
+    tight = pld_epsilon([*granted_events(reservations),
+                         *released_events(session, budget.dataset_id)], budget.delta,
+                        discretization)
     history = (_history(repo.entries(session, dataset_id=budget.dataset_id), budget.delta,
                         discretization) if with_history else [])
     return BudgetView(

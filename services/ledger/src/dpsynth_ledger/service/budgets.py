@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dpsynth_shared.dp_events import DpSgdEvent, ParallelEvent
+from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, ParallelEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ledger_contract import (
     BudgetView,
@@ -38,7 +38,7 @@ from dpsynth_ledger.book import figures, flt, snapshot, touched
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
-from dpsynth_ledger.views import budget_view, job_event
+from dpsynth_ledger.views import budget_view, job_event, released_events
 
 
 def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext) -> BudgetView:
@@ -93,13 +93,20 @@ def check_class_sizes(request: CreateBudget) -> None:
     Raises:
         DpsynthError: ``invalid_request``.
     """
-    sizes = request.class_sizes
-    if sizes is None:
-        return
-    if set(sizes) != set(request.partitions):
+    if request.class_sizes is not None:
+        check_sizes(request.class_sizes, request.partitions, request.declared_size)
+
+
+def check_sizes(sizes: Mapping[str, int], labels: list[str], declared_size: int) -> None:
+    """Class sizes name exactly ``labels``, each in [1, ``declared_size``].
+
+    Raises:
+        DpsynthError: ``invalid_request``.
+    """
+    if set(sizes) != set(labels):
         raise DpsynthError(ErrorCode.INVALID_REQUEST,
                            "class_sizes must name exactly the declared labels")
-    bad = sorted(c for c, n in sizes.items() if not 1 <= n <= request.declared_size)
+    bad = sorted(c for c, n in sizes.items() if not 1 <= n <= declared_size)
     if bad:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, "every class size must be at least 1 "
                            "and at most the declared dataset size", classes=bad)
@@ -220,21 +227,26 @@ def plan_with_runs(session: Session, *, request: PlanRequest,
     accs = repo.accumulators(session, budget.dataset_id)
     reservations = repo.reservations_of(session, budget.dataset_id)
     plan = plan_from(budget, accs=accs, reservations=reservations, runs=runs,
-                     per_label=request.per_label is not None, ctx=ctx)
+                     per_label=request.per_label is not None, ctx=ctx,
+                     released=released_events(session, budget.dataset_id))
     return plan, runs
 
 
 def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],  # type: ignore[type-arg]
-              runs: list[RunPlan], per_label: bool, ctx: LedgerContext) -> Plan:
-    """The plan of a calibrated job against a snapshot of the dataset's accounts."""
+              runs: list[RunPlan], per_label: bool, ctx: LedgerContext,
+              released: list[GaussianEvent] | None = None) -> Plan:
+    """The plan of a calibrated job against a snapshot of the dataset's accounts
+    (``released``: the dataset's charged one-shot releases, for the tight figure)."""
     f = flt(budget)
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
     new = new_charges(runs, accs)
     after = max(f.total_after(committed[p], reserved[p], new[p]) if p in new
                 else add_up(committed[p], reserved[p]) for p in accs)
-    fixed = [job_event(r, (lambda u: u.steps_reserved) if r.state != "closed"
-                       else (lambda u: u.steps_granted)) for r in reservations]
+    fixed: list[DpSgdEvent | GaussianEvent | ParallelEvent] = [
+        job_event(r, (lambda u: u.steps_reserved) if r.state != "closed"
+                  else (lambda u: u.steps_granted)) for r in reservations]
+    fixed += released or []
     event: DpSgdEvent | ParallelEvent = runs[0].event
     labels = None
     if per_label:
