@@ -7,22 +7,26 @@ to the ledger's contract (same bodies, same errors and numbers), not to its acco
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dpsynth_shared.dp_events import DpSgdEvent, ParallelEvent
+from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, ParallelEvent
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
-from dpsynth_shared.ids import new_reservation_id
+from dpsynth_shared.ids import new_id, new_reservation_id
 from dpsynth_shared.ledger_contract import (
     BudgetView,
     CreateBudget,
+    HistogramRelease,
+    HistogramRequest,
     LabelPlan,
     LabelReservation,
     Plan,
     Reservation,
     ReservationState,
     ReserveRequest,
+    SetClassSizes,
 )
 
 
@@ -40,6 +44,7 @@ class FakeLedger:
     budgets: dict[str, CreateBudget] = field(default_factory=dict)
     reservations: dict[str, _FakeReservation] = field(default_factory=dict)
     closed: list[tuple[str, str]] = field(default_factory=list)
+    releases: dict[str, list[HistogramRelease]] = field(default_factory=dict)
     fail_create: bool = False
     is_ready: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -56,7 +61,8 @@ class FakeLedger:
 
     def _spent(self, dataset_id: str) -> float:
         return sum(r.epsilon for r in self.reservations.values()
-                   if r.reservation.dataset_id == dataset_id and r.outcome != "released")
+                   if r.reservation.dataset_id == dataset_id and r.outcome != "released") \
+            + sum(r.epsilon for r in self.releases.get(dataset_id, []))
 
     def get_budget(self, dataset_id: str) -> BudgetView:
         """The additive budget view of a dataset."""
@@ -161,6 +167,52 @@ class FakeLedger:
                 raise NotFound("reservation", reservation_id)
             entry.outcome = "released" if outcome == "cancelled" else outcome
             self.closed.append((reservation_id, outcome))
+
+    def release_histogram(self, dataset_id: str,
+                          request: HistogramRequest) -> HistogramRelease:
+        """A class-size histogram: σ of the classic Gaussian mechanism, epsilon = target."""
+        with self._lock:
+            budget = self.budgets.get(dataset_id)
+            if budget is None:
+                raise NotFound("budget", dataset_id)
+            if budget.class_sizes is not None:
+                raise DpsynthError(ErrorCode.CONFLICT, "the dataset already has class sizes")
+            spent = self._spent(dataset_id)
+            eps = request.target_epsilon
+            release = HistogramRelease(
+                dataset_id=dataset_id, event=GaussianEvent(
+                    sigma=math.sqrt(2 * math.log(1.25 / budget.delta)) / eps, sensitivity=1.0),
+                target_epsilon=eps, epsilon=eps, delta=budget.delta, admission_order=8,
+                rdp_charge=eps, partitions=["*", *budget.partitions],
+                dataset_epsilon_spent_before=spent, dataset_epsilon_spent_after=spent + eps,
+                dataset_epsilon_remaining_after=max(0.0, budget.epsilon_limit - spent - eps),
+                admissible=spent + eps <= budget.epsilon_limit + 1e-12, charged=False,
+                accountant="fake-additive")
+            if request.dry_run:
+                return release
+            if not release.admissible:
+                raise BudgetExhausted("the histogram exceeds the remaining budget",
+                                      dataset_epsilon_spent=spent,
+                                      epsilon_limit=budget.epsilon_limit)
+            release = release.model_copy(update={"release_id": new_id("release"),
+                                                 "charged": True})
+            self.releases.setdefault(dataset_id, []).append(release)
+            return release
+
+    def set_class_sizes(self, dataset_id: str, request: SetClassSizes) -> BudgetView:
+        """Set the released sizes on the budget, once."""
+        with self._lock:
+            budget = self.budgets.get(dataset_id)
+            if budget is None:
+                raise NotFound("budget", dataset_id)
+            if budget.class_sizes is not None:
+                raise DpsynthError(ErrorCode.CONFLICT, "the dataset already has class sizes")
+            if request.release_id not in {r.release_id for r in self.releases.get(dataset_id,
+                                                                                   [])}:
+                raise DpsynthError(ErrorCode.INVALID_REQUEST, "unknown release")
+            self.budgets[dataset_id] = budget.model_copy(
+                update={"class_sizes": dict(request.class_sizes)})
+        return self.get_budget(dataset_id)
 
     def ready(self) -> bool:
         """Whether the fake reports ready."""

@@ -13,9 +13,12 @@ from typing import Literal, Protocol
 from dpsynth_shared.ledger_contract import (
     BudgetView,
     CreateBudget,
+    HistogramRelease,
+    HistogramRequest,
     Plan,
     Reservation,
     ReserveRequest,
+    SetClassSizes,
 )
 from dpsynth_shared.object_store import ObjectStore
 
@@ -39,6 +42,15 @@ class LedgerPort(Protocol):
 
     def close_reservation(self, reservation_id: str,
                           outcome: Literal["succeeded", "failed", "cancelled"]) -> None: ...
+
+    def release_histogram(self, dataset_id: str,
+                          request: HistogramRequest) -> HistogramRelease:
+        """Admit and charge the class-size histogram (``dry_run``: only the plan)."""
+        ...
+
+    def set_class_sizes(self, dataset_id: str, request: SetClassSizes) -> BudgetView:
+        """Set the budget's class sizes released by a charged histogram (a chained entry)."""
+        ...
 
     def ready(self) -> bool: ...
 

@@ -74,6 +74,8 @@ class Dataset(Base):
     has_masks: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Public per-class sizes N̂_c declared by the owner (per-label training); None: none.
     class_sizes: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    # "declared" (at upload) or "dp_histogram" (released by a charged DP histogram).
+    class_sizes_source: Mapped[str | None] = mapped_column(String(20), nullable=True)
 
 
 class Model(Base):

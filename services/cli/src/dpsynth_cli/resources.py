@@ -108,6 +108,20 @@ def show_dataset(ctx: typer.Context, dataset_id: str) -> None:
     print_json(state_of(ctx).client().get_dataset(dataset_id))
 
 
+@datasets.command("release-class-sizes")
+@cli_errors
+def release_class_sizes(
+    ctx: typer.Context, dataset_id: str,
+    epsilon: Annotated[float, typer.Option("--epsilon", help="the release's epsilon, charged "
+                                           "to the dataset's budget")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="show sigma and the budget "
+                                          "impact; charge nothing")] = False,
+) -> None:
+    """Release the class sizes (per-label training) through a charged DP histogram."""
+    print_json(state_of(ctx).client().release_class_sizes(dataset_id, epsilon=epsilon,
+                                                          dry_run=dry_run))
+
+
 @cli_errors
 def budget(ctx: typer.Context, dataset_id: str) -> None:
     """A private dataset's privacy budget: limit, spent, tight figure, reserved, remaining."""

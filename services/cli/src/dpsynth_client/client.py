@@ -130,6 +130,15 @@ class Client:
         return self._request(  # type: ignore[no-any-return]
             "GET", f"/v1/datasets/{dataset_id}/budget")
 
+    def release_class_sizes(self, dataset_id: str, *, epsilon: float,
+                            dry_run: bool = False) -> dict[str, Any]:
+        """Release a private dataset's public class sizes through a Gaussian histogram
+        charged to its budget (``epsilon`` at the dataset's delta); ``dry_run`` shows sigma
+        and the budget impact without charging. A release cannot be undone."""
+        return self._request(  # type: ignore[no-any-return]
+            "POST", f"/v1/datasets/{dataset_id}/class-sizes/release",
+            json={"target_epsilon": epsilon, "dry_run": dry_run})
+
     # -- models --------------------------------------------------------------------------
     def upload_model(self, path: Path | str, *, name: str,
                      metadata: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -10,9 +10,12 @@ from dpsynth_shared.ledger_contract import (
     BudgetView,
     CloseRequest,
     CreateBudget,
+    HistogramRelease,
+    HistogramRequest,
     Plan,
     Reservation,
     ReserveRequest,
+    SetClassSizes,
 )
 
 #: How often a reservation is sent when the ledger's answer is lost (idempotent on job_id).
@@ -93,6 +96,19 @@ class HttpLedger:
         """``POST /v1/reservations/{rid}/close``."""
         self._call("POST", f"/v1/reservations/{reservation_id}/close",
                    CloseRequest(outcome=outcome).model_dump(mode="json"))
+
+    def release_histogram(self, dataset_id: str,
+                          request: HistogramRequest) -> HistogramRelease:
+        """``POST /v1/budgets/{dataset_id}/histogram-releases`` (never retried: a lost answer
+        may have charged; a new release is a new charge)."""
+        return HistogramRelease.model_validate(self._call(
+            "POST", f"/v1/budgets/{dataset_id}/histogram-releases",
+            request.model_dump(mode="json")))
+
+    def set_class_sizes(self, dataset_id: str, request: SetClassSizes) -> BudgetView:
+        """``PUT /v1/budgets/{dataset_id}/class-sizes``."""
+        return BudgetView.model_validate(self._call(
+            "PUT", f"/v1/budgets/{dataset_id}/class-sizes", request.model_dump(mode="json")))
 
     def ready(self) -> bool:
         """True when the ledger's ``/readyz`` answers 200."""

@@ -26,3 +26,11 @@ def list_for_tenant(session: Session, *, tenant_id: str, limit: int,
     stmt = pagination.page(select(Dataset).where(Dataset.tenant_id == tenant_id), Dataset,
                            limit=limit, cursor=cursor)
     return list(session.scalars(stmt))
+
+
+def lock_for_tenant(session: Session, *, tenant_id: str, dataset_id: str) -> Dataset | None:
+    """The tenant's dataset row under ``SELECT … FOR UPDATE`` (serialises class-size
+    releases of one dataset), or None."""
+    stmt = select(Dataset).where(Dataset.id == dataset_id,
+                                 Dataset.tenant_id == tenant_id).with_for_update()
+    return session.execute(stmt).scalar_one_or_none()

@@ -8,7 +8,13 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
 from dpsynth_api.datasets import service
-from dpsynth_api.datasets.schemas import DatasetOut, DatasetPage, dataset_out
+from dpsynth_api.datasets.schemas import (
+    ClassSizesReleaseIn,
+    ClassSizesReleaseOut,
+    DatasetOut,
+    DatasetPage,
+    dataset_out,
+)
 from dpsynth_api.deps import ContextDep, ReaderDep, SessionDep, SubmitterDep
 from dpsynth_api.pagination import split
 from dpsynth_api.tenants.security import Scope
@@ -52,3 +58,12 @@ def get_dataset(dataset_id: str, session: SessionDep, principal: ReaderDep) -> D
     """One dataset (the true count and per-class counts only with the owner scope)."""
     dataset = service.get_dataset(session, principal=principal, dataset_id=dataset_id)
     return dataset_out(dataset, owner=principal.has(Scope.OWNER))
+
+
+@router.post("/{dataset_id}/class-sizes/release", response_model=ClassSizesReleaseOut)
+def release_class_sizes(dataset_id: str, body: ClassSizesReleaseIn, ctx: ContextDep,
+                        session: SessionDep, principal: SubmitterDep) -> ClassSizesReleaseOut:
+    """Release the dataset's public class sizes through a Gaussian histogram charged to its
+    budget (per-label training); ``dry_run`` shows sigma and the budget impact only."""
+    return service.release_class_sizes(session, principal=principal, ledger=ctx.ledger,
+                                       dataset_id=dataset_id, body=body)

@@ -71,7 +71,9 @@ class DatasetOut(BaseModel):
     epsilon_limit: float | None = None
     neighbouring: Neighbouring | None = None
     class_sizes: dict[str, int] | None = Field(None, description="public per-class sizes "
-                                               "declared at upload (per-label training)")
+                                               "(per-label training): declared at upload or "
+                                               "released by a charged DP histogram")
+    class_sizes_source: Literal["declared", "dp_histogram"] | None = None
     declared_public_by: str | None = Field(None, description="audit: the key that declared "
                                            "the data public")
     source_format: str
@@ -101,5 +103,39 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
         epsilon_limit=dataset.epsilon_limit,
         neighbouring=Neighbouring(dataset.neighbouring) if dataset.neighbouring else None,
         class_sizes=dataset.class_sizes,
+        class_sizes_source=dataset.class_sizes_source,  # type: ignore[arg-type]
         declared_public_by=dataset.declared_public_by, source_format=dataset.source_format,
         sha256=dataset.sha256, size_bytes=dataset.size_bytes, created_at=dataset.created_at)
+
+
+class ClassSizesReleaseIn(BaseModel):
+    """``POST /v1/datasets/{id}/class-sizes/release``: release the class sizes through a
+    Gaussian histogram charged to the dataset's budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target_epsilon: float = Field(gt=0, le=100, description="the release's standalone epsilon "
+                                  "at the dataset's delta")
+    dry_run: bool = Field(False, description="show sigma and the budget impact; charge nothing")
+
+
+class ClassSizesReleaseOut(BaseModel):
+    dataset_id: str
+    dry_run: bool
+    charged: bool = Field(description="the histogram's RDP was charged to every partition")
+    release_id: str | None = None
+    class_sizes: dict[str, int] | None = Field(
+        None, description="the released public sizes max(1, ceil(count + N(0, sigma^2))), "
+        "at most declared_size; None for a dry run")
+    class_sizes_source: Literal["dp_histogram"] | None = None
+    target_epsilon: float
+    epsilon: float = Field(description="the release's standalone PLD epsilon at delta")
+    sigma: float = Field(description="noise std added to each class count")
+    sensitivity: float = Field(description="L2 sensitivity of the histogram")
+    delta: float
+    admission_order: int
+    rdp_charge: float = Field(description="RDP at the order charged to every partition")
+    admissible: bool
+    dataset_epsilon_spent_before: float
+    dataset_epsilon_spent_after: float
+    dataset_epsilon_remaining_after: float
