@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from dpsynth_api.datasets.service import noisy_class_sizes
+from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.ledger_contract import HistogramRequest, SetClassSizes
 
 from tests.integration.api.conftest import Api, auth
 from tests.integration.api.test_per_label import real_ledger_api  # noqa: F401  (fixture)
@@ -123,3 +125,45 @@ def test_noisy_sizes_are_clamped_post_processing() -> None:
     assert sizes["b"] in (5, 6)  # ceil of 5 ± 1e-9
     draws = [noisy_class_sizes({"b": 500}, 3.0, 10_000)["b"] for _ in range(200)]
     assert len(set(draws)) > 5 and abs(np.mean(draws) - 500.5) < 1.5
+
+
+def test_sizes_the_ledger_recorded_are_adopted_without_a_new_charge(
+        real_ledger_api: Api) -> None:  # noqa: F811
+    """The api failed to store sizes the ledger recorded: the next call adopts them."""
+    api = real_ledger_api
+    _, token = api.tenant()
+    dataset = _private(api, token)
+    release = api.ledger.release_histogram(dataset, HistogramRequest(target_epsilon=1.0))
+    sizes = {"x": 3, "y": 5, "z": 4}
+    api.ledger.set_class_sizes(dataset, SetClassSizes(class_sizes=sizes,
+                                                      release_id=str(release.release_id)))
+    spent = api.client.get(f"/v1/datasets/{dataset}/budget",
+                           headers=auth(token)).json()["dataset_epsilon_spent"]
+    r = _release(api, token, dataset, 1.0)
+    assert r.status_code == 409 and r.json()["class_sizes"] == sizes, r.text
+    view = api.client.get(f"/v1/datasets/{dataset}", headers=auth(token)).json()
+    assert view["class_sizes"] == sizes and view["class_sizes_source"] == "dp_histogram"
+    budget = api.client.get(f"/v1/datasets/{dataset}/budget", headers=auth(token)).json()
+    assert budget["dataset_epsilon_spent"] == spent  # no second charge
+
+
+def test_a_failure_after_the_charge_keeps_it_and_a_retry_is_a_new_release(api: Api) -> None:
+    _, token = api.tenant()
+    dataset = _private(api, token)
+    real = api.ledger.set_class_sizes
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise DpsynthError(ErrorCode.LEDGER_UNAVAILABLE, "down")
+
+    api.ledger.set_class_sizes = unreachable  # type: ignore[method-assign]
+    r = _release(api, token, dataset, 1.0)
+    assert r.status_code == 503 and r.json()["code"] == "ledger_unavailable", r.text
+    view = api.client.get(f"/v1/datasets/{dataset}", headers=auth(token)).json()
+    assert view["class_sizes"] is None  # nothing stored ...
+    assert len(api.ledger.releases[dataset]) == 1  # ... but the charge stays
+    api.ledger.set_class_sizes = real  # type: ignore[method-assign]
+    r = _release(api, token, dataset, 1.0)
+    assert r.status_code == 200, r.text
+    assert len(api.ledger.releases[dataset]) == 2  # the retry was a new, charged release
+    budget = api.client.get(f"/v1/datasets/{dataset}/budget", headers=auth(token)).json()
+    assert budget["dataset_epsilon_spent"] == 2.0  # the fake's additive figure: both count

@@ -162,3 +162,19 @@ def test_a_release_needs_labels_and_a_budget(client: TestClient) -> None:
     assert r.status_code == 201
     r = _release(client, "ds_sized", 1.0, dry_run=True)
     assert r.status_code == 409 and r.json()["code"] == "conflict"
+
+
+def test_under_replace_one_the_histogram_has_sensitivity_sqrt2(client: TestClient) -> None:
+    r = client.post("/v1/budgets", json={
+        "dataset_id": "ds_ro", "tenant_id": "t", "epsilon_limit": 8.0, "delta": DELTA,
+        "declared_size": N, "partitions": LABELS, "neighbouring": "replace_one"})
+    assert r.status_code == 201, r.text
+    order = r.json()["admission_order"]
+    rel = _release(client, "ds_ro", 1.0).json()
+    ev = rel["event"]
+    assert ev["sensitivity"] == pytest.approx(math.sqrt(2)) and ev["neighbouring"] == "replace_one"
+    # a record replaced moves two counts by 1: ε of σ/Δ as a unit-sensitivity Gaussian
+    assert analytic_gaussian_epsilon(ev["sigma"] / ev["sensitivity"], DELTA) == \
+        pytest.approx(1.0, rel=0.01)
+    assert rel["rdp_charge"] == pytest.approx(order * 2 / (2 * ev["sigma"] ** 2), rel=1e-12)
+    assert client.get("/v1/chain/verify").json()["ok"]
