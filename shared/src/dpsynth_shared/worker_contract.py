@@ -64,6 +64,10 @@ class Claim(BaseModel):
     layout_dataset: DatasetInfo | None = Field(
         None, description="generate: the PUBLIC dataset whose layout masks condition "
         "sampling (GenerateSpec.layout_source); never a private one")
+    layout_model: ModelRef | None = Field(
+        None, description="generate: the layout generator (a model trained with target "
+        "'masks', public-pretrained or DP-trained) whose sampled masks condition sampling "
+        "(GenerateSpec.layout_source.model_id)")
     lease_ttl_s: int
     heartbeat_s: int
 

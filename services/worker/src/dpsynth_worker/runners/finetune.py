@@ -197,7 +197,7 @@ def training_spec(ctx: JobContext, inputs: _Inputs) -> Any:
                         learning_rate=t.learning_rate, label_dropout=t.label_dropout,
                         max_physical_batch_size=t.max_physical_batch_size,
                         class_map=class_map, checkpoint_every=t.checkpoint_every, dp=dp,
-                        per_label_dp=by_label)
+                        per_label_dp=by_label, target=t.target)
 
 
 def _upload_private_stats(ctx: JobContext, hooks: LeasedHooks) -> None:

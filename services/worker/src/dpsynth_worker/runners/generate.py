@@ -6,11 +6,19 @@ read from the ledger's budget view at generation time. It also records how the c
 sampled (sampler, steps, guidance, batch size, seed, images per second) and, for a
 layout-conditioned model, where its layout masks came from.
 
-Layout masks come only from a PUBLIC dataset (``claim.layout_dataset``, resolved by the api
-from ``GenerateSpec.layout_source``): a mask copied from a private record has unbounded
+Masks copied from a dataset come only from a PUBLIC one (``claim.layout_dataset``, resolved
+by the api from ``GenerateSpec.layout_source``): a mask copied from a private record has unbounded
 privacy loss, so no charge could cover it. The api refuses private sources at submission
 and when building the claim; this runner refuses them again (defence in depth) with
 ``private_conditioning_refused`` and reads the masks without any read grant.
+
+The other layout source is a layout generator (``claim.layout_model``, from
+``layout_source.model_id``): a model trained with ``target: masks``, either pretrained on
+public masks or DP-finetuned on a private dataset's masks and charged to that dataset's
+budget like any finetune. Its masks are sampled here with the generation seed (on a stream
+of their own), binarised, and condition sampling exactly as a dataset's masks do; sampling a
+DP model is post-processing, so they cost nothing more. The manifest records the layout
+model, its ``dp`` flag, its ``job_epsilon`` and the dataset it was trained on.
 """
 
 from __future__ import annotations
@@ -59,7 +67,10 @@ def run_generate(ctx: JobContext) -> Outcome:
     ctx.heartbeat.phase("downloading model")
     model_dir = download_folder(ctx, ref.object_key, "model")
     privacy = _privacy_figures(ctx, ref, model_dir)
-    layouts = _download_layouts(ctx, spec)
+    try:
+        layouts = _layouts(ctx, spec, model_dir)
+    except _Stop:
+        return stopped(ctx)
     corpus_dir = ctx.work_dir / "corpus"
     ctx.heartbeat.phase("sampling")
 
@@ -95,6 +106,94 @@ def run_generate(ctx: JobContext) -> Outcome:
     return Outcome.SUCCEEDED
 
 
+def _layouts(ctx: JobContext, spec: GenerateSpec,
+             model_dir: Path) -> tuple[dict[str, Any], Any] | None:
+    """Where the layouts come from (for the manifest) and the masks (a ``LayoutSet``), or
+    None without a layout source: a public dataset's masks or a layout generator's."""
+    if ctx.claim.layout_model is not None or (
+            spec.layout_source is not None and spec.layout_source.model_id is not None):
+        return _generate_layouts(ctx, spec, model_dir)
+    downloaded = _download_layouts(ctx, spec)
+    if downloaded is None:
+        return None
+    dataset, layouts = downloaded
+    return {"dataset_id": dataset.dataset_id, "visibility": dataset.visibility,
+            "declared_public_by": dataset.declared_public_by}, layouts
+
+
+def _generate_layouts(ctx: JobContext, spec: GenerateSpec,
+                      model_dir: Path) -> tuple[dict[str, Any], Any]:
+    """Sample the masks the corpus needs from the claim's layout generator.
+
+    Per class of the image model that the layout model also has (``per_class``), it draws
+    ``samples_per_class`` masks of that class; classes it lacks draw from all generated
+    masks. Without any shared class (or with ``per_class`` false) it draws the corpus's
+    total spread evenly over the layout model's classes.
+
+    Raises:
+        DpsynthError: ``invalid_spec`` when spec and claim disagree about the layout model
+            or it is not a layout generator; ``not_publishable`` for a test-rng layout
+            model; ``invalid_model`` for a DP layout model without its provenance.
+    """
+    source, layout_ref = spec.layout_source, ctx.claim.layout_model
+    if source is None or layout_ref is None or layout_ref.model_id != source.model_id:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "the claim's layout model does not match "
+                           "the spec's layout_source")
+    from dpsynth_ml.generate import is_layout_generator, sample_layouts
+
+    ctx.heartbeat.phase("downloading layout model")
+    layout_dir = download_folder(ctx, layout_ref.object_key, "layout-model")
+    layout_info = ctx.ml.read_model_info(layout_dir)
+    if not is_layout_generator(layout_info):
+        raise DpsynthError(ErrorCode.INVALID_SPEC, f"model {layout_ref.model_id} is not a "
+                           "layout generator (it was not trained with target 'masks')",
+                           model_id=layout_ref.model_id)
+    if layout_info.rng == "test":
+        raise DpsynthError(ErrorCode.NOT_PUBLISHABLE, f"layout model {layout_ref.model_id} "
+                           "was trained with a test random generator (rng: test)",
+                           model_id=layout_ref.model_id)
+    job_epsilon = None
+    if layout_ref.dp:
+        provenance = read_provenance(layout_dir)
+        if layout_ref.dataset_id is None or provenance.get("dataset_id") != layout_ref.dataset_id:
+            raise DpsynthError(ErrorCode.INVALID_MODEL,
+                               "the DP layout model's provenance is missing")
+        job_epsilon = provenance.get("job_epsilon")
+    counts = _layout_counts(spec, ctx.ml.read_model_info(model_dir), layout_info)
+    ctx.heartbeat.phase("sampling layouts")
+
+    def progress(done: int, total: int) -> None:
+        ctx.heartbeat.progress(done, total)
+        if ctx.flags.any():
+            raise _Stop
+
+    layouts = sample_layouts(layout_dir, counts=counts, seed=spec.seed, sampler=spec.sampler,
+                             steps=spec.steps, guidance_scale=spec.guidance_scale,
+                             batch_size=spec.batch_size, per_class=source.per_class,
+                             progress=progress)
+    return {"model_id": layout_ref.model_id, "dp": bool(layout_ref.dp),
+            "job_epsilon": job_epsilon, "dataset_id": layout_ref.dataset_id,
+            "rng": layout_info.rng, "masks_generated": len(layouts)}, layouts
+
+
+def _drawable(info: Any) -> list[str]:
+    """The class names a model draws (a per-label bundle: those with a denoiser)."""
+    denoisers = info.extra.get("denoisers") if info.extra.get("per_label") else None
+    return [n for n in info.class_names if not denoisers or n in denoisers]
+
+
+def _layout_counts(spec: GenerateSpec, image_info: Any, layout_info: Any) -> dict[str, int]:
+    """Masks to generate per layout-model class name (see :func:`_generate_layouts`)."""
+    image_classes, layout_classes = _drawable(image_info), _drawable(layout_info)
+    per_class = spec.layout_source is not None and spec.layout_source.per_class
+    shared = [n for n in image_classes if n in layout_classes] if per_class else []
+    if shared:
+        return dict.fromkeys(shared, spec.samples_per_class)
+    total = spec.samples_per_class * len(image_classes)
+    each = -(-total // len(layout_classes))
+    return dict.fromkeys(layout_classes, each)
+
+
 def _download_layouts(ctx: JobContext, spec: GenerateSpec) -> tuple[DatasetInfo, Any] | None:
     """The public layout dataset of the claim and its masks (a ``LayoutSet``), or None.
 
@@ -124,15 +223,16 @@ def _download_layouts(ctx: JobContext, spec: GenerateSpec) -> tuple[DatasetInfo,
     return dataset, layouts
 
 
-def _layout_record(spec: GenerateSpec, dataset: DatasetInfo,
+def _layout_record(spec: GenerateSpec, origin: Mapping[str, Any],
                    used: Mapping[str, Sequence[int]]) -> dict[str, Any]:
-    """Where the corpus's layout masks came from, for its manifest."""
+    """Where the corpus's layout masks came from (``origin``: the public dataset, or the
+    layout generator), for its manifest."""
     indices = [i for picks in used.values() for i in picks]
-    return {"dataset_id": dataset.dataset_id, "visibility": dataset.visibility,
-            "declared_public_by": dataset.declared_public_by,
+    return {**origin,
             "per_class": spec.layout_source.per_class if spec.layout_source else None,
             "masks_used": len(indices), "distinct_masks_used": len(set(indices)),
-            # image i of class c was conditioned on mask indices[c][i] of the dataset
+            # image i of class c was conditioned on mask indices[c][i] of the dataset (of
+            # a layout generator: of the masks it generated, in the order of generation)
             "indices": {name: list(picks) for name, picks in used.items()}}
 
 

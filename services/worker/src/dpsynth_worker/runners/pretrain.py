@@ -34,6 +34,7 @@ def run_pretrain(ctx: JobContext) -> Outcome:
                                                       unet=dict(arch.unet), vae=dict(arch.vae))
                             if arch is not None else None,
                             layout_conditioning=spec.layout_conditioning,
+                            target=spec.target,
                             channels=spec.channels, class_conditional=spec.class_conditional,
                             num_classes=len(dataset.class_names),
                             learning_rate=spec.learning_rate, epochs=spec.epochs,
@@ -50,7 +51,8 @@ def run_pretrain(ctx: JobContext) -> Outcome:
         metadata={"dp": False, "trainable_parameters": result.trainable_parameters,
                   "total_parameters": result.total_parameters,
                   "steps": result.steps_completed, "public_dataset_id": dataset.dataset_id,
-                  "preset": spec.preset, "layout_conditioning": spec.layout_conditioning})
+                  "preset": spec.preset, "layout_conditioning": spec.layout_conditioning,
+                  "target": spec.target})
     propose(ctx, JobState.SUCCEEDED, result={"model_id": published.model_id,
                                               "artifact_id": published.artifact_id,
                                               "model_hash": published.model_hash})

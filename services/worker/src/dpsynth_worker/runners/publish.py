@@ -42,7 +42,8 @@ def publish_model(ctx: JobContext, model_dir: Path, *, provenance: dict[str, Any
     meta: dict[str, Any] = {"model_id": model_id, "model_hash": digest, "rng": info.rng,
                             "preset": info.preset, "class_names": list(info.class_names),
                             "image_size": info.image_size, "channels": info.channels,
-                            **metadata}
+                            # a layout generator says so (the api checks it for layouts)
+                            "target": str(info.extra.get("target", "images")), **metadata}
     registered = upload_and_register(ctx, key=model_key(model_id), path=archive, kind="model",
                                      metadata=meta)
     archive.unlink()
