@@ -142,7 +142,8 @@ def test_public_layouts_are_recorded_and_reach_the_worker(api: Api, tmp_path: Pa
                                  headers=auth(token)).json()["declared_public_by"]
     plan = _generate(api, token, _model(api, token, layout=True), docs, dry_run=True)
     assert plan.status_code == 200, plan.text
-    assert plan.json()["spec"]["layout_source"] == {"dataset_id": docs, "per_class": True}
+    assert plan.json()["spec"]["layout_source"] == {"dataset_id": docs, "model_id": None,
+                                                    "per_class": True}
     r = _generate(api, token, _model(api, token, layout=True), docs)
     assert r.status_code == 201, r.text
     job = r.json()

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.jobs import repository as jobs_repo
 from dpsynth_api.models import repository as models_repo
-from dpsynth_api.models.conditioning import layout_channels
+from dpsynth_api.models.conditioning import check_layout_generator, layout_channels, model_target
 from dpsynth_api.settings import ApiSettings
 from dpsynth_api.tables import Dataset, Job, Model
 
@@ -36,7 +36,7 @@ def _layout_dataset(session: Session, job: Job) -> DatasetInfo | None:
     """generate: the PUBLIC dataset whose masks condition sampling (checked at submission,
     checked again here: a private dataset's masks never reach a generate job)."""
     source = (job.spec or {}).get("layout_source") if job.type == "generate" else None
-    if not source:
+    if not source or not source.get("dataset_id"):
         return None
     dataset = session.get(Dataset, source["dataset_id"])
     if dataset is None or dataset.tenant_id != job.tenant_id:
@@ -48,6 +48,21 @@ def _layout_dataset(session: Session, job: Job) -> DatasetInfo | None:
                        object_key=dataset.object_key, class_names=list(dataset.class_names),
                        declared_size=dataset.declared_size, has_masks=True,
                        declared_public_by=dataset.declared_public_by)
+
+
+def _layout_model(session: Session, job: Job) -> ModelRef | None:
+    """generate: the layout generator whose masks condition sampling (checked at submission,
+    checked again here: a model trained on private data without DP never draws them)."""
+    source = (job.spec or {}).get("layout_source") if job.type == "generate" else None
+    if not source or not source.get("model_id"):
+        return None
+    model = models_repo.get_for_tenant(session, tenant_id=job.tenant_id,
+                                       model_id=source["model_id"])
+    if model is None:
+        raise NotFound("model", source["model_id"])
+    check_layout_generator(model, session.get(Dataset, model.dataset_id)
+                           if model.dataset_id else None)
+    return model_ref(model)
 
 
 def model_ref(model: Model) -> ModelRef:
@@ -76,6 +91,7 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
         resume_checkpoint_key=checkpoint.object_key if checkpoint else None,
         resume_step=(checkpoint.checkpoint_step or 0) if checkpoint else 0,
         layout_dataset=_layout_dataset(session, job),
+        layout_model=_layout_model(session, job),
         lease_ttl_s=settings.lease_ttl_s, heartbeat_s=settings.heartbeat_s)
 
 
@@ -109,6 +125,8 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
     channels = layout_channels(meta) or (layout_channels(base.info or {}) if base else 0)
     if channels:
         info["layout_channels"] = channels
+    if model_target(meta) == "masks":
+        info["target"] = "masks"  # a layout generator (GenerateSpec.layout_source.model_id)
     model = Model(id=_model_id_for(session, body), tenant_id=job.tenant_id,
                   name=str(meta.get("name") or f"{job.type} {job.id}"),
                   object_key=body.object_key, source="job", dataset_id=job.dataset_id,

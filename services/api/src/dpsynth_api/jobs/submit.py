@@ -21,9 +21,10 @@ from dpsynth_api.jobs.layouts import layout_record, resolve_layout_source
 from dpsynth_api.jobs.options import check_finetune_options
 from dpsynth_api.jobs.schemas import DryRun, privacy_block
 from dpsynth_api.jobs.service import transition
+from dpsynth_api.models.conditioning import layout_channels
 from dpsynth_api.models.service import get_model
 from dpsynth_api.ports import LedgerPort, TaskSender
-from dpsynth_api.tables import Dataset, Job
+from dpsynth_api.tables import Dataset, Job, Model
 from dpsynth_api.tenants.security import Principal
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ class _Resolved:
     model_id: str | None = None
     steps: int | None = None
     reserve: ReserveRequest | None = None
-    layout: Dataset | None = None  # generate: the public dataset of the layout masks
+    layout: Dataset | Model | None = None  # generate: the public dataset of the layout
+    # masks, or the layout generator that draws them
 
 
 def _require_visibility(dataset: Dataset, wanted: str, job_type: str) -> None:
@@ -51,10 +53,19 @@ def _require_visibility(dataset: Dataset, wanted: str, job_type: str) -> None:
                        dataset_visibility=dataset.visibility, job_type=job_type)
 
 
+def _require_masks_for_target(dataset: Dataset, target: str) -> None:
+    """A layout generator (target 'masks') trains on the dataset's masks: it must have them."""
+    if target == "masks" and not dataset.has_masks:
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"target 'masks' trains a layout generator on the dataset's layout "
+                           f"masks, and dataset {dataset.id} carries none", dataset_id=dataset.id)
+
+
 def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str) -> _Resolved:
     if isinstance(spec, PretrainSpec):
         dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
         _require_visibility(dataset, "public", "pretrain")
+        _require_masks_for_target(dataset, spec.target)
         return _Resolved(dataset=dataset)
     if isinstance(spec, GenerateSpec):
         model = get_model(session, principal=principal, model_id=spec.model_id)
@@ -69,7 +80,13 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
     dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
     _require_visibility(dataset, "private", "finetune")
     check_finetune_options(dataset, spec)
+    _require_masks_for_target(dataset, spec.training.target)
     base = get_model(session, principal=principal, model_id=spec.base_model_id)
+    if spec.training.target == "masks" and layout_channels(base.info or {}):
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"model {base.id} is layout-conditioned: a layout generator (target "
+                           "'masks') starts from a model without layout conditioning",
+                           model_id=base.id)
     batch = spec.training.expected_batch_size
     if spec.training.per_label:
         shapes = per_label_shapes(dataset, spec)
@@ -190,7 +207,8 @@ def _reservation_block(reservation: Reservation, steps: int) -> dict[str, Any]:
 
 def _initial_result(spec: AnySpec, resolved: _Resolved) -> dict[str, Any]:
     """What the api records in a new job's result: a generate job's layout source (the
-    public dataset and who declared it public), which a worker's result never replaces."""
+    public dataset and who declared it public, or the layout generator), which a worker's
+    result never replaces."""
     if isinstance(spec, GenerateSpec) and spec.layout_source and resolved.layout:
         return {"layout_source": layout_record(resolved.layout,
                                                per_class=spec.layout_source.per_class)}

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.archives import ArchiveLimits, SafeArchive
 from dpsynth_api.models import repository as repo
-from dpsynth_api.models.conditioning import layout_channels
+from dpsynth_api.models.conditioning import layout_channels, model_target
 from dpsynth_api.models.download import tar_to_zip
 from dpsynth_api.models.schemas import ModelMetadata
 from dpsynth_api.models.validation import check_model_archive, repack
@@ -82,6 +82,8 @@ def _public_info(info: dict[str, object]) -> dict[str, object]:
     channels = layout_channels(info)  # dpsynth_model.json's extra.layout_channels
     if channels:
         public["layout_channels"] = channels
+    if model_target(info) == "masks":
+        public["target"] = "masks"  # dpsynth_model.json's extra.target: a layout generator
     return public
 
 
