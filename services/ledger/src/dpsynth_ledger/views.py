@@ -96,13 +96,12 @@ def _history(entries: list[Entry], delta: float, discretization: float) -> list[
         p: dict[str, Any] = e.payload
         if e.kind == "histogram_released":  # one Gaussian on the whole dataset
             released.append(GaussianEvent.model_validate(p["event"]))
-        if e.kind in ("lease_granted", "histogram_released"):
+        elif e.kind == "lease_granted":
             ev = p["event"]
             # a per-label lease names its class: it composes only with that class's record
-            key = (p.get("label"), float(ev.get("noise_multiplier", 0.0)),
-                   float(ev.get("sample_rate", 0.0)))
-            if e.kind == "lease_granted":
-                granted[key] = granted.get(key, 0) + int(ev["steps"])
+            key = (p.get("label"), float(ev["noise_multiplier"]), float(ev["sample_rate"]))
+            granted[key] = granted.get(key, 0) + int(ev["steps"])
+        if e.kind in ("lease_granted", "histogram_released"):
             tight = pld_epsilon([*(_granted_event(k, n) for k, n in granted.items()),
                                  *released], delta, discretization)
         rdp_delta = max((float(v) for v in p.get("rdp_delta", {}).values()), default=0.0)

@@ -103,7 +103,7 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
         epsilon_limit=dataset.epsilon_limit,
         neighbouring=Neighbouring(dataset.neighbouring) if dataset.neighbouring else None,
         class_sizes=dataset.class_sizes,
-        class_sizes_source=dataset.class_sizes_source,  # type: ignore[arg-type]
+        class_sizes_source=dataset.class_sizes_source,
         declared_public_by=dataset.declared_public_by, source_format=dataset.source_format,
         sha256=dataset.sha256, size_bytes=dataset.size_bytes, created_at=dataset.created_at)
 
