@@ -85,6 +85,10 @@ def test_a_release_charges_every_partition_its_gaussian_rdp_once(client: TestCli
     assert rel["dataset_epsilon_spent_before"] == 0.0
     assert view["dataset_tight_epsilon"] == pytest.approx(target, rel=0.01)
     assert view["class_sizes"] is None
+    last = view["history"][-1]
+    assert last["kind"] == "histogram_released"
+    assert last["rdp_delta"] == pytest.approx(closed, rel=1e-12)
+    assert last["dataset_tight_epsilon_after"] == pytest.approx(target, rel=0.01)
     entries = _entries(client, "ds_h")
     assert entries[-1]["kind"] == "histogram_released"
     replay = replay_accumulators(entries)
