@@ -130,3 +130,37 @@ def test_the_claim_must_match_the_spec(world: World, image_model_dir: Path,
     claim = _claim(world, image_model_dir, mask_model_dir, layout_id="mdl_other")
     assert world.run(claim) == Outcome.FAILED
     assert world.api.final.error_code == "invalid_spec"
+
+
+def test_a_masks_finetune_trains_on_the_private_masks_under_the_same_leases(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dpsynth_ml.finetune as finetune_module
+
+    claim = world.finetune_claim(steps=4, checkpoint_every=2)
+    assert claim.dataset is not None
+    with np.load(world.digits_npz) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    masks = np.zeros_like(arrays["images"])
+    masks[:, ::3] = 255
+    masked = world.tmp_path / "masked.npz"
+    np.savez(masked, masks=masks, **arrays)
+    world.store.put_file(claim.dataset.object_key, masked)  # the private dataset, with masks
+    spec = {**claim.spec, "training": {**claim.spec["training"], "target": "masks"}}
+    claim = claim.model_copy(update={
+        "spec": spec, "dataset": claim.dataset.model_copy(update={"has_masks": True})})
+    views: list[Any] = []
+    real_view = finetune_module.training_view
+
+    def spy_view(dataset: Any, target: str) -> Any:
+        views.append(real_view(dataset, target))
+        return views[-1]
+
+    monkeypatch.setattr(finetune_module, "training_view", spy_view)
+    assert world.run(claim) == Outcome.SUCCEEDED, world.api.transitions
+    (view,) = views
+    np.testing.assert_array_equal(view.images, masks)  # the records trained on: the masks
+    (res,) = world.ledger.reservations.values()
+    assert res.steps_granted == 4  # leased and charged like any finetune
+    (model,) = world.api.of_kind("model")
+    assert model.metadata["target"] == "masks" and model.metadata["dp"] is True
+    assert model.metadata["training"]["target"] == "masks"
