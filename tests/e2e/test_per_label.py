@@ -8,7 +8,6 @@ partition only; an independent replay of the chain (opacus) reproduces every par
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import zipfile
 from collections import Counter
@@ -24,10 +23,6 @@ from tests.e2e.ledger_replay import (
     verify_chain,
 )
 from tests.support.models import tiny_model_archive
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("dpsynth_ml.per_label") is None,
-    reason="pending on the ML side: dpsynth_ml has no per-label training (per_label_dp) yet")
 
 TARGET = 3.0
 
