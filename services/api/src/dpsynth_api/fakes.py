@@ -89,6 +89,7 @@ class FakeLedger:
             raise NotFound("budget", request.dataset_id)
         spent = self._spent(request.dataset_id)
         remaining = budget.epsilon_limit - spent
+        event: DpSgdEvent | ParallelEvent
         if request.per_label is not None:
             event, labels = self._per_label(budget, request)
             batch, per_step = None, None

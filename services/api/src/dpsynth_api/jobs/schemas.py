@@ -92,12 +92,12 @@ def privacy_block(plan: Plan, *, reservation_id: str | None, steps: int) -> dict
     sum of the classes' steps.
     """
     event = plan.event
-    whole = isinstance(event, DpSgdEvent)
+    whole = event if isinstance(event, DpSgdEvent) else None
     return {
         "reservation_id": reservation_id,
         "job_epsilon": plan.job_epsilon,
-        "noise_multiplier": event.noise_multiplier if whole else None,
-        "sample_rate": event.sample_rate if whole else None,
+        "noise_multiplier": whole.noise_multiplier if whole else None,
+        "sample_rate": whole.sample_rate if whole else None,
         "steps": steps,
         "expected_batch_size": plan.expected_batch_size,
         "delta": plan.delta,
