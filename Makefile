@@ -35,6 +35,7 @@ boundaries: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shared services tests scripts
+	$(VENV)/bin/mypy shared/src services/api/src services/ledger/src
 
 test: $(STAMP) boundaries lint
 	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: python -m dpsynth_ledger [serve|migrate] (got {command!r})",
               file=sys.stderr)
         return 2
-    settings = LedgerSettings()  # type: ignore[call-arg]  # read once, from the environment
+    settings = LedgerSettings()  # read once, from the environment
     configure_logging("ledger", settings.log_level)
     wait_for_database(settings.database.url, settings.db_wait_s)
     upgrade(settings)

@@ -81,7 +81,7 @@ class _Replay:
                 payload["reservation_rdp_outstanding"])
 
     def apply(self, kind: str, payload: dict[str, Any], problems: list[str], seq: int) -> None:
-        rid = payload.get("reservation_id")
+        rid = str(payload.get("reservation_id"))
         if kind in ("reservation_accepted", "extension_accepted"):
             self._hold(rid, payload)
         elif kind == "lease_granted":
@@ -153,8 +153,9 @@ def verify_chain(session: Session) -> VerifyReport:
             problems.append(f"entry {entry.seq}: dataset has no budget_created entry")
             continue
         replay.apply(entry.kind, payload, problems, entry.seq)
-        if "accumulators_after" in payload:
-            replay.check(payload["accumulators_after"], f"entry {entry.seq}", problems)
+        after = payload.get("accumulators_after")
+        if isinstance(after, dict):
+            replay.check(after, f"entry {entry.seq}", problems)
     head = repo.chain_head(session)
     if head.hash != prev:
         problems.append("chain head does not point at the last entry")
