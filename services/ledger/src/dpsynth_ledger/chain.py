@@ -130,13 +130,22 @@ class _Replay:
                     f"{self.committed.get(p)} reserved={reserved.get(p)}")
 
 
+def _missing(first: int, last: int, why: str) -> str:
+    """The problem line naming the missing entries ``first..last``."""
+    which = f"entry {first}" if first == last else f"entries {first}..{last}"
+    return f"{which}: missing ({why})"
+
+
 def verify_chain(session: Session) -> VerifyReport:
     """Recompute every hash and link, every charge, and every accumulator from the entries."""
     problems: list[str] = []
-    prev, count = GENESIS_HASH, 0
+    prev, count, last_seq = GENESIS_HASH, 0, 0
     replays: dict[str, _Replay] = {}
     for entry in repo.entries(session):
         count += 1
+        if entry.seq > last_seq + 1:  # sequence numbers are dense: a gap is a deleted entry
+            problems.append(_missing(last_seq + 1, entry.seq - 1, "deleted from the chain"))
+        last_seq = entry.seq
         if entry.prev_hash != prev:
             problems.append(f"entry {entry.seq}: prev_hash does not link to entry before it")
         digest = entry_hash(entry.prev_hash, seq=entry.seq, dataset_id=entry.dataset_id,
@@ -157,6 +166,8 @@ def verify_chain(session: Session) -> VerifyReport:
         if isinstance(after, dict):
             replay.check(after, f"entry {entry.seq}", problems)
     head = repo.chain_head(session)
+    if head.seq > last_seq:
+        problems.append(_missing(last_seq + 1, head.seq, f"the chain head is at entry {head.seq}"))
     if head.hash != prev:
         problems.append("chain head does not point at the last entry")
     for budget in repo.all_budgets(session):
