@@ -8,6 +8,7 @@ OpenDP's ``inf_add``).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from functools import lru_cache
 
 import dp_accounting
@@ -39,6 +40,25 @@ def mul_up(steps: int, per_step: float) -> float:
     return 0.0 if steps == 0 else up(steps * per_step)
 
 
+def ceil_float(value: Fraction) -> float:
+    """The smallest float ≥ the exact rational ``value``: an exactly known amount, rounded up.
+
+    ``float(Fraction)`` is correctly rounded (to nearest), so at most one step up is needed.
+    """
+    nearest = float(value)
+    return nearest if Fraction(nearest) >= value else up(nearest)
+
+
+def gaussian_rdp(order: int, sigma: float, sensitivity: float = 1.0) -> float:
+    """α·s²/(2σ²) of the given floats, computed exactly and rounded up (Mironov 2017, Prop. 7).
+
+    The float expression ``order * (s/σ)**2 / 2`` rounds three times to nearest and may land
+    one or two ulps BELOW the exact value, which one ``up`` does not always repair.
+    """
+    ratio = Fraction(sensitivity) / Fraction(sigma)
+    return ceil_float(Fraction(order) * ratio * ratio / 2)
+
+
 def sum_up(values: list[float]) -> float:
     """Correctly rounded sum (``math.fsum``) moved one ulp up; order-independent."""
     return 0.0 if not values else up(math.fsum(values))
@@ -50,8 +70,11 @@ def rdp_step(noise_multiplier: float, sample_rate: float, order: int) -> float:
 
     Uses ``dp_accounting``'s exact computation at integer orders (Mironov, Talwar & Zhang 2019,
     "Rényi Differential Privacy of the Sampled Gaussian Mechanism", Sec. 3.3: the binomial
-    expansion of A_α), for the add/remove relation. For q = 1 it is α / (2σ²).
+    expansion of A_α), for the add/remove relation. For q = 1 it is α / (2σ²), computed
+    exactly and rounded up (:func:`gaussian_rdp`).
     """
+    if sample_rate == 1.0:
+        return gaussian_rdp(order, noise_multiplier)
     acc = dp_rdp.RdpAccountant(orders=[order])
     acc.compose(dp_accounting.PoissonSampledDpEvent(
         sample_rate, dp_accounting.GaussianDpEvent(noise_multiplier)))
@@ -68,8 +91,7 @@ def rdp_at_order(event: DpEvent, order: int) -> float:
     if isinstance(event, DpSgdEvent):
         return mul_up(event.steps, rdp_step(event.noise_multiplier, event.sample_rate, order))
     if isinstance(event, GaussianEvent):
-        ratio = event.sensitivity / event.sigma
-        return up(order * ratio * ratio / 2.0)
+        return gaussian_rdp(order, event.sigma, event.sensitivity)
     if isinstance(event, ParallelEvent):
         return max((rdp_at_order(sub, order) for sub in event.partitions.values()), default=0.0)
     raise TypeError(f"unknown event {event!r}")  # pragma: no cover
