@@ -17,6 +17,9 @@ Expected orderings, with the tolerances stated on each assertion:
 * PLD(1e-3) ≤ PRV_upper + 0.025: the ledger's coarse interval over-reports (measured: +0.024
   at ε ≈ 0.5 for 10,000 steps at q = 0.001, +0.001 at ε ≈ 10) — it is pessimistic, never low;
 * PLD ≤ PRV_upper ≤ RDP (the tight figures below the RDP conversion, no tolerance).
+
+"Epsilon is stored rounded up": the accumulators (RDP) the ledger stores are never below the
+exact sums, and the filter's ε of an accumulator never below its exact conversion.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import pytest
 from dpsynth_ledger.accounting import (
     WHOLE_DATASET,
     admission_order,
+    epsilon_to_rdp_budget,
     mul_up,
     pld_epsilon,
     rdp_at_order,
@@ -39,6 +43,8 @@ from dpsynth_ledger.accounting import (
 from dpsynth_ledger.book import charge
 from dpsynth_ledger.models import Accumulator
 from dpsynth_shared.dp_events import DpSgdEvent
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opacus.accountants import PRVAccountant
 
 COARSE_SLACK = 0.025
@@ -135,3 +141,23 @@ def test_stored_accumulators_are_rounded_up(sigma: float, q: float, steps: int, 
     # the reserved accumulator's sum (sum_up) is rounded up too, in any order
     assert Fraction(sum_up(amounts)) >= sum(map(Fraction, amounts), Fraction(0))
     assert sum_up(amounts) == sum_up(list(reversed(amounts)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rdp=st.floats(1e-3, 100.0), order=st.integers(2, 256), log_delta=st.floats(-12.0, -3.0))
+def test_epsilon_figures_are_rounded_up(rdp: float, order: int, log_delta: float) -> None:
+    """The filter's ε of a stored accumulator is never below the exact conversion of it, and a
+    budget is never above the exact inverse of its limit (80-digit references)."""
+    delta = 10.0**log_delta
+    with mp.workdps(80):
+        exact = mp.mpf(rdp) + mp.log1p(-1 / mp.mpf(order)) - mp.log(mp.mpf(delta) * order) / (
+            order - 1)
+        eps = rdp_to_epsilon(rdp, order, delta)
+        if eps > 0:
+            assert mp.mpf(eps) >= exact
+            assert mp.mpf(eps) <= exact + 1e-13 * (abs(exact) + rdp + 1)
+        budget = epsilon_to_rdp_budget(rdp, order, delta)  # rdp read as an ε limit here
+        exact_budget = mp.mpf(rdp) - mp.log1p(-1 / mp.mpf(order)) + mp.log(
+            mp.mpf(delta) * order) / (order - 1)
+        assert mp.mpf(budget) <= exact_budget
+        assert mp.mpf(budget) >= exact_budget - 1e-13 * (abs(exact_budget) + rdp + 1)

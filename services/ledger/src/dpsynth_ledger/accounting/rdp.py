@@ -23,6 +23,8 @@ CONVERSION_NAME = "rdp->dp: Canonne-Kamath-Steinke 2020 Prop. 12 / Balle et al. 
 ``RdpAccountant.get_epsilon`` applies, ``rdp_privacy_accountant.compute_epsilon``)."""
 
 _INF = math.inf
+_CONVERSION_ROUNDING = 8 * 2.0**-53
+"""A bound on the relative error of the conversion's few float roundings (of its terms)."""
 
 
 def up(x: float) -> float:
@@ -104,23 +106,30 @@ def rdp_to_epsilon(rdp: float, order: int, delta: float) -> float:
     2020, "The Discrete Gaussian for DP", Prop. 12 (arXiv 2004.00010 v4), also Balle et al.
     2020, "Hypothesis testing interpretations and Rényi DP", Eq. 20 (arXiv 2001.05990). It is
     exactly ``dp_accounting.rdp.rdp_privacy_accountant.compute_epsilon`` at one order, including
-    its KL shortcut (ε = 0 when δ² + expm1(−rdp) > 0, i.e. δ ≥ sqrt(1 − e^{−KL})).
+    its KL shortcut (ε = 0 when δ² + expm1(−rdp) > 0, i.e. δ ≥ sqrt(1 − e^{−KL})), except
+    that the result is rounded UP: the float expression rounds to nearest several times and
+    lands ~1 ulp below the exact value about half of the time, so a margin of
+    ``_CONVERSION_ROUNDING`` times the terms' magnitude is added (≈ 1e-15 relative).
     """
     if rdp < 0:
         raise ValueError("RDP cannot be negative")
     if delta**2 + math.expm1(-rdp) > 0:
         return 0.0
-    return max(0.0, rdp + math.log1p(-1.0 / order) - math.log(delta * order) / (order - 1))
+    tail, shift = math.log1p(-1.0 / order), math.log(delta * order) / (order - 1)
+    margin = _CONVERSION_ROUNDING * (rdp + abs(tail) + abs(shift))
+    return max(0.0, up(rdp + tail - shift + margin))
 
 
 def epsilon_to_rdp_budget(epsilon: float, order: int, delta: float) -> float:
     """The largest RDP at ``order`` whose :func:`rdp_to_epsilon` is ``epsilon`` (its inverse).
 
     rdp = ε − log1p(−1/α) + log(δ α)/(α − 1); may be ≤ 0 when ``order`` is useless for
-    (ε, δ). Rounded down by one ulp so that a budget never exceeds the limit it stands for.
+    (ε, δ). Rounded DOWN by the same margin as :func:`rdp_to_epsilon` and one ulp, so that a
+    budget never exceeds the limit it stands for.
     """
-    value = epsilon - math.log1p(-1.0 / order) + math.log(delta * order) / (order - 1)
-    return math.nextafter(value, -_INF)
+    tail, shift = math.log1p(-1.0 / order), math.log(delta * order) / (order - 1)
+    margin = _CONVERSION_ROUNDING * (abs(epsilon) + abs(tail) + abs(shift))
+    return math.nextafter(epsilon - tail + shift - margin, -_INF)
 
 
 _ORDERS = np.arange(MIN_ORDER, MAX_ORDER + 1, dtype=np.float64)
