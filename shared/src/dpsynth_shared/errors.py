@@ -44,6 +44,11 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_NEIGHBOURING = "unsupported_neighbouring"
     PRIVATE_CONDITIONING_REFUSED = "private_conditioning_refused"
     METHOD_NOT_OFFERED = "method_not_offered"
+    PRIVATE_DATA_OVERLAP = "private_data_overlap"
+    PUBLIC_PRIVATE_OVERLAP = "public_private_overlap"
+    POLICY_VIOLATION = "policy_violation"
+    DATASET_DELETED = "dataset_deleted"
+    LEDGER_BEHIND_ANCHOR = "ledger_behind_anchor"
     NOT_PUBLISHABLE = "not_publishable"
     PRESIGN_REFUSED = "presign_refused"
     LEDGER_UNAVAILABLE = "ledger_unavailable"
@@ -78,6 +83,11 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNSUPPORTED_NEIGHBOURING: 422,
     ErrorCode.PRIVATE_CONDITIONING_REFUSED: 422,
     ErrorCode.METHOD_NOT_OFFERED: 422,
+    ErrorCode.PRIVATE_DATA_OVERLAP: 409,
+    ErrorCode.PUBLIC_PRIVATE_OVERLAP: 409,
+    ErrorCode.POLICY_VIOLATION: 422,
+    ErrorCode.DATASET_DELETED: 410,
+    ErrorCode.LEDGER_BEHIND_ANCHOR: 503,
     ErrorCode.NOT_PUBLISHABLE: 409,
     ErrorCode.PRESIGN_REFUSED: 403,
     ErrorCode.LEDGER_UNAVAILABLE: 503,

@@ -9,6 +9,7 @@ expires with the lease, so a zombie attempt whose lease lapsed is refused by the
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -88,3 +89,24 @@ def verify_grant(token: str, public_key_b64: str, *, now: float | None = None) -
     if (now if now is not None else time.time()) >= claims.expires_at:
         raise DpsynthError(ErrorCode.INVALID_GRANT, "read grant has expired (lease lapsed)")
     return claims
+
+
+def key_id_of(public_key_b64: str) -> str:
+    """A short, stable name of a public key: the first 16 hex digits of sha256(raw key)."""
+    return hashlib.sha256(_unb64(public_key_b64)).hexdigest()[:16]
+
+
+def sign_message(message: bytes, private_key_b64: str) -> str:
+    """Ed25519 signature of ``message`` as unpadded url-safe base64 (chain heads, anchors)."""
+    key = Ed25519PrivateKey.from_private_bytes(_unb64(private_key_b64))
+    return _b64(key.sign(message))
+
+
+def verify_message(message: bytes, signature_b64: str, public_key_b64: str) -> bool:
+    """True iff ``signature_b64`` is the key's valid Ed25519 signature of ``message``."""
+    try:
+        Ed25519PublicKey.from_public_bytes(_unb64(public_key_b64)).verify(
+            _unb64(signature_b64), message)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True

@@ -25,6 +25,21 @@ TIGHT_LABEL = (
 )
 
 
+DEFAULT_WARNING_FRACTION = 0.8
+
+
+class PrivacyUnit(StrEnum):
+    """What one "record" of a private dataset is (DESIGN §3).
+
+    ``image``: one image (record-level DP). ``subject``: every image of one subject (a
+    patient, a customer) together; the dataset trains only with user-level DP-SGD (Poisson
+    sampling over subjects, one clipped contribution per subject) and N̂ counts subjects.
+    """
+
+    IMAGE = "image"
+    SUBJECT = "subject"
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -40,6 +55,13 @@ class CreateBudget(_Body):
     class_sizes: dict[str, int] | None = Field(
         None, description="public per-class sizes N̂_c declared by the owner (per-label "
         "training): one per declared label, each in [1, declared_size]")
+    privacy_unit: PrivacyUnit = PrivacyUnit.IMAGE
+    partitions_disjoint: bool = Field(
+        True, description="every unit falls in exactly one declared label, so per-label jobs "
+        "compose in parallel over the labels; False (a subject with images in two classes): "
+        "a per-label job's classes are summed (sequential composition)")
+    warning_fraction: float = Field(DEFAULT_WARNING_FRACTION, gt=0, le=1,
+                                    description="warn when spent >= this fraction of the limit")
 
 
 class Charge(BaseModel):
@@ -78,6 +100,17 @@ class BudgetView(BaseModel):
                                          description="committed RDP per partition")
     class_sizes: dict[str, int] | None = Field(
         None, description="public per-class sizes N̂_c (None: not declared)")
+    privacy_unit: PrivacyUnit = PrivacyUnit.IMAGE
+    partitions_disjoint: bool = True
+    epsilon_limit_initial: float | None = Field(
+        None, description="the limit set at creation (a limit is only ever lowered; the "
+        "admission order was chosen from this one)")
+    warning_fraction: float = DEFAULT_WARNING_FRACTION
+    warning: bool = Field(False, description="dataset_epsilon_spent >= warning_fraction * "
+                          "epsilon_limit")
+    partition_epsilon_spent: dict[str, float] = Field(
+        default_factory=dict, description="filter epsilon of each partition's committed RDP "
+        "(per-label datasets: one per label, and '*')")
     history: list[Charge] = Field(default_factory=list)
 
 
@@ -108,9 +141,15 @@ class _Shape(_Body):
         return self
 
 
+_POPULATION = ("public size N̂ of the dataset the job reads when it is not the budget's own "
+               "upload but a dataset derived from or linked to it (it sets q = "
+               "expected_batch_size / N̂); None: the budget's declared_size")
+
+
 class PlanRequest(_Shape):
     dataset_id: str
     target_epsilon: float = Field(gt=0, le=100)
+    population_size: int | None = Field(None, ge=1, description=_POPULATION)
 
 
 class LabelPlan(BaseModel):
@@ -149,6 +188,12 @@ class Plan(BaseModel):
     accountant: str
     per_label: dict[str, LabelPlan] | None = Field(None, description="per-label job: each "
                                                    "class's calibrated run")
+    composition: Literal["single", "parallel", "sequential"] = Field(
+        "single", description="how the job's runs enter the budget: one whole-dataset run; "
+        "per label, in parallel over disjoint labels (max); or summed over labels when the "
+        "labels are not disjoint in the privacy unit (a subject in two classes)")
+    notes: list[str] = Field(default_factory=list, description="what the plan assumed, in "
+                             "words (group privacy, sequential per-label composition, ...)")
 
 
 class ReserveRequest(_Shape):
@@ -156,6 +201,7 @@ class ReserveRequest(_Shape):
     dataset_id: str
     target_epsilon: float = Field(gt=0, le=100)
     dry_run: bool = False
+    population_size: int | None = Field(None, ge=1, description=_POPULATION)
 
 
 class ReservationState(StrEnum):
@@ -284,6 +330,30 @@ class LedgerEntry(BaseModel):
     payload: dict[str, Any]
     prev_hash: str
     hash: str
+    signature: str | None = Field(None, description="Ed25519 signature (urlsafe base64) of "
+                                  "signed_message(seq, hash) by the ledger's chain key")
+    key_id: str | None = Field(None, description="key_id_of(public key) of the signing key")
+
+
+def signed_message(seq: int, entry_hash: str) -> bytes:
+    """The bytes a chain head's signature covers: the entry's sequence number and hash."""
+    return f"dpsynth-ledger-head\n{seq}\n{entry_hash}".encode("ascii")
+
+
+class AnchorStatus(BaseModel):
+    """The ledger's head against the newest head written to its append-only anchor."""
+
+    location: str = Field(description="where the anchor log is (file path or s3://bucket/key)")
+    local_seq: int
+    local_hash: str
+    anchored_seq: int
+    anchored_hash: str
+    behind: bool = Field(description="the database is behind the anchor (restored from an "
+                         "older backup?): admissions are refused until reconciliation")
+    diverged: bool = Field(False, description="the anchored entry at local_seq has a "
+                           "different hash than the database's")
+    public_key: str = Field(description="the chain key's public half (urlsafe base64)")
+    key_id: str
 
 
 class VerifyReport(BaseModel):
@@ -292,6 +362,47 @@ class VerifyReport(BaseModel):
     head: str
     problems: list[str] = Field(default_factory=list)
     details: dict[str, Any] = Field(default_factory=dict)
+    signatures_checked: int = 0
+    anchor: AnchorStatus | None = None
+
+
+class ApiJobRecord(_Body):
+    """A DP job as the api knows it (reconciliation re-charges what the ledger lost)."""
+
+    job_id: str
+    dataset_id: str = Field(description="the ledger budget the job was charged to")
+    reservation_id: str | None
+    state: str
+    target_epsilon: float | None = None
+    expected_batch_size: int | None = None
+    steps: int | None = Field(None, description="the job's reserved/planned steps")
+    noise_multiplier: float | None = None
+    sample_rate: float | None = None
+    progress_step: int = 0
+
+
+class ReconcileRequest(_Body):
+    api_jobs: list[ApiJobRecord] = Field(default_factory=list)
+
+
+class ReconcileReport(BaseModel):
+    ok: bool
+    anchored_seq: int
+    head_seq_before: int
+    head_seq_after: int
+    entries_replayed: int = Field(description="anchored entries re-applied as new entries")
+    jobs_recharged: list[str] = Field(default_factory=list,
+                                      description="api jobs unknown to the ledger, charged")
+    spent_before: dict[str, float] = Field(default_factory=dict)
+    spent_after: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+class LimitUpdate(_Body):
+    """Lower a dataset's epsilon limit (never raised) or change its warning fraction."""
+
+    epsilon_limit: float | None = Field(None, gt=0, le=100)
+    warning_fraction: float | None = Field(None, gt=0, le=1)
 
 
 class HistogramRequest(_Body):

@@ -32,6 +32,8 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(200))
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+    # Policy: no private dataset of the tenant may have a limit above this (None: no cap).
+    max_dataset_epsilon_limit: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ApiKey(Base):
@@ -76,6 +78,41 @@ class Dataset(Base):
     class_sizes: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
     # "declared" (at upload) or "dp_histogram" (released by a charged DP histogram).
     class_sizes_source: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    # The ledger budget this (private) dataset charges: its own id for an original upload;
+    # the parent's budget for a derived dataset or an upload linked to an overlapping one.
+    budget_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
+    parent_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # How the dataset was derived: {"kind": "subset"|"split"|"link", ...}; None: an upload.
+    derivation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Deletion removes the data, never the row's budget link or the record hashes.
+    deleted_at: Mapped[datetime | None] = mapped_column(_TS, nullable=True)
+    # "image" or "subject" (private datasets); subject_count: true number of subjects (owner).
+    privacy_unit: Mapped[str | None] = mapped_column(String(10), nullable=True)
+    subject_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Every unit (image or subject) falls in one declared class (per-label parallel comp.).
+    partitions_disjoint: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    warning_fraction: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RecordHash(Base):
+    """The content hash of one uploaded record; outlives the deletion of its dataset.
+
+    The hash is sha256 over the record's canonical decoded pixels (dtype, shape, bytes), so
+    a re-encoded copy of the same image (PNG vs npz) has the same hash. Overlap checks are
+    within a tenant only: telling a tenant that ANOTHER tenant holds an image would itself
+    leak membership.
+    """
+
+    __tablename__ = "record_hashes"
+    __table_args__ = (Index("ix_record_hashes_tenant_hash", "tenant_id", "record_hash"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(40))
+    record_hash: Mapped[str] = mapped_column(String(64))
+    dataset_id: Mapped[str] = mapped_column(String(40), index=True)
+    budget_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    visibility: Mapped[str] = mapped_column(String(10))
+    created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
 
 
 class Model(Base):

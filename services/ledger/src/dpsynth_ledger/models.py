@@ -17,6 +17,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -44,6 +45,15 @@ class Budget(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     # Public per-class sizes N̂_c declared by the owner (per-label jobs); None: not declared.
     class_sizes: Mapped[dict[str, int] | None] = mapped_column(JSONB, nullable=True)
+    # "image" or "subject" (user-level DP: N̂ and q count subjects).
+    privacy_unit: Mapped[str] = mapped_column(String(10), default="image",
+                                              server_default="image")
+    # Every unit falls in one declared label: per-label jobs compose in parallel (else summed).
+    partitions_disjoint: Mapped[bool] = mapped_column(Boolean, default=True,
+                                                      server_default=true())
+    warning_fraction: Mapped[float] = mapped_column(Double, default=0.8, server_default="0.8")
+    # The limit at creation (the admission order was chosen from it); epsilon_limit only falls.
+    epsilon_limit_initial: Mapped[float | None] = mapped_column(Double, nullable=True)
 
 
 class Accumulator(Base):
@@ -141,6 +151,9 @@ class Entry(Base):
     payload: Mapped[dict[str, object]] = mapped_column(JSONB)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # Ed25519 signature of signed_message(seq, hash) by the chain key (None: before 0004).
+    signature: Mapped[str | None] = mapped_column(Text, nullable=True)
+    key_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ChainHead(Base):
