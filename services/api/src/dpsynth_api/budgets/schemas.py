@@ -7,4 +7,5 @@ from pydantic import Field
 
 
 class BudgetOut(BudgetView):
-    warning: bool = Field(description="dataset_epsilon_spent >= 80% of epsilon_limit")
+    warning: bool = Field(description="dataset_epsilon_spent >= warning_fraction (default "
+                          "80%) of epsilon_limit")

@@ -26,5 +26,6 @@ def get_budget(session: Session, *, principal: Principal, ledger: LedgerPort,
         raise DpsynthError(ErrorCode.VISIBILITY_MISMATCH,
                            "a public dataset has no privacy budget")
     view = ledger.get_budget(dataset.id)
-    warning = view.dataset_epsilon_spent >= BUDGET_WARNING_FRACTION * view.epsilon_limit
-    return BudgetOut(**view.model_dump(), warning=warning)
+    fraction = view.warning_fraction or BUDGET_WARNING_FRACTION
+    warning = view.dataset_epsilon_spent >= fraction * view.epsilon_limit
+    return BudgetOut(**{**view.model_dump(), "warning": warning})

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from dpsynth_shared.dp_events import Neighbouring
+from dpsynth_shared.ledger_contract import PrivacyUnit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
@@ -26,6 +27,21 @@ class DatasetMetadata(BaseModel):
         "every class of label_domain, each at least 1, at least the true number of records "
         "of the class and at most the dataset's declared size N̂; they set each class's "
         "sample rate and are shown to everyone who can see the dataset")
+    privacy_unit: PrivacyUnit = Field(
+        PrivacyUnit.IMAGE, description="private datasets: what one record is. 'subject': "
+        "all images of one subject together (user-level DP; declared_size then counts "
+        "subjects); the upload must carry a subject id per image")
+    subject_column: str | None = Field(
+        None, min_length=1, max_length=200, description="privacy_unit 'subject': the name of "
+        "the subject-id column (Parquet) or array (npz; default 'subjects'); image folders "
+        "carry a subjects.csv (path,subject)")
+    warning_fraction: float | None = Field(
+        None, gt=0, le=1, description="private datasets: warn when spent reaches this "
+        "fraction of the limit (default 0.8)")
+    on_overlap: Literal["refuse", "link"] = Field(
+        "refuse", description="a private upload sharing records with one of the tenant's "
+        "private datasets: 'refuse' (409 private_data_overlap) or 'link' (the new dataset "
+        "charges the existing dataset's budget)")
 
     @model_validator(mode="after")
     def _class_sizes(self) -> DatasetMetadata:
@@ -76,6 +92,20 @@ class DatasetOut(BaseModel):
     class_sizes_source: Literal["declared", "dp_histogram"] | None = None
     declared_public_by: str | None = Field(None, description="audit: the key that declared "
                                            "the data public")
+    budget_id: str | None = Field(None, description="the ledger budget this private dataset "
+                                  "charges (its own id, or the dataset it derives from or is "
+                                  "linked to)")
+    parent_id: str | None = None
+    derivation: dict[str, Any] | None = Field(None, description="how the dataset was derived "
+                                              "(subset, split, link); None for an upload")
+    deleted_at: datetime | None = Field(None, description="the data was deleted; the budget, "
+                                        "its ledger and the record hashes remain")
+    privacy_unit: PrivacyUnit | None = None
+    subject_count: int | None = Field(None, description="owner scope only: true number of "
+                                      "subjects (privacy_unit 'subject')")
+    partitions_disjoint: bool | None = Field(None, description="every unit falls in one class "
+                                             "(per-label jobs compose in parallel)")
+    warning_fraction: float | None = None
     source_format: str
     sha256: str
     size_bytes: int
@@ -104,7 +134,13 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
         neighbouring=Neighbouring(dataset.neighbouring) if dataset.neighbouring else None,
         class_sizes=dataset.class_sizes,
         class_sizes_source=dataset.class_sizes_source,
-        declared_public_by=dataset.declared_public_by, source_format=dataset.source_format,
+        declared_public_by=dataset.declared_public_by,
+        budget_id=dataset.budget_id, parent_id=dataset.parent_id,
+        derivation=dataset.derivation, deleted_at=dataset.deleted_at,
+        privacy_unit=PrivacyUnit(dataset.privacy_unit) if dataset.privacy_unit else None,
+        subject_count=dataset.subject_count if owner else None,
+        partitions_disjoint=dataset.partitions_disjoint,
+        warning_fraction=dataset.warning_fraction, source_format=dataset.source_format,
         sha256=dataset.sha256, size_bytes=dataset.size_bytes, created_at=dataset.created_at)
 
 
