@@ -38,6 +38,13 @@ class DatasetInfo(BaseModel):
         "in the manifest of a corpus whose layouts come from it)")
     class_sizes: dict[str, int] | None = Field(
         None, description="public per-class sizes declared at upload (per-label training)")
+    privacy_unit: Literal["image", "subject"] = Field(
+        "image", description="'subject': user-level DP-SGD (Poisson over subjects, one clipped "
+        "contribution per subject); the canonical npz carries a `subjects` array")
+    selection: dict[str, Any] | None = Field(
+        None, description="a derived dataset: the selection over the parent's object "
+        "(object_key is the parent's): {'indices_key': <npy of record indices>} and/or "
+        "{'classes': [class names kept]}; None: the whole object")
 
 
 class ModelRef(BaseModel):
