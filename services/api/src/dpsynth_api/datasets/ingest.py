@@ -7,10 +7,18 @@ conditioning; only an ``.npz`` upload can carry them). The masks of a private da
 private data like its images: they share the dataset's budget and are read only inside a
 DP job, with the images. For private uploads no error message names a record (DESIGN §3):
 only counts.
+
+A ``subject`` dataset (privacy unit, see ``datasets/units.py``) also carries ``subjects``
+int64 ``[N]``: each image's subject as a dense index 0..S-1. The raw ids come from the npz
+array named by ``subject_column`` (default ``subjects``) or, for an image folder, from a
+``subjects.csv`` (header ``path,subject``) at the archive root. Raw ids never leave ingest:
+they are remapped here and appear in no error message (neither do file names).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import zipfile
 from collections import Counter
 from dataclasses import dataclass
@@ -24,7 +32,10 @@ from dpsynth_api.datasets.images import decode_image
 
 _IGNORED_PARTS = ("__MACOSX",)
 NPZ_ARRAYS = ("images", "labels", "class_names", "masks")
-"""The arrays an uploaded ``.npz`` may hold; any other array is refused."""
+"""The arrays an uploaded ``.npz`` may hold (and, for a subject upload, its subject-id
+array); any other array is refused."""
+SUBJECTS_CSV = "subjects.csv"
+"""An image-folder archive's subject map at its root: header ``path,subject``."""
 
 
 @dataclass(frozen=True)
@@ -40,18 +51,45 @@ class Ingested:
     class_names: list[str]
     source_format: str
     masks: np.ndarray | None = None
+    subjects: np.ndarray | None = None  # dense subject index per image (subject unit only)
 
     @property
     def size(self) -> int:
         return int(self.images.shape[0])
 
     @property
+    def subject_count(self) -> int | None:
+        """S, the true number of subjects (None: not a subject upload)."""
+        if self.subjects is None:
+            return None
+        return int(self.subjects.max()) + 1 if self.subjects.size else 0
+
+    @property
+    def unit_count(self) -> int:
+        """The true number of privacy units: subjects, or images."""
+        count = self.subject_count
+        return self.size if count is None else count
+
+    @property
     def image_shape(self) -> list[int]:
         return [int(d) for d in self.images.shape[1:]]
 
     def class_counts(self) -> dict[str, int]:
-        counts = np.bincount(self.labels, minlength=len(self.class_names))
+        """The true number of UNITS per class: images, or (subject unit) the subjects with
+        at least one image in the class."""
+        if self.subjects is not None:
+            counts = subjects_per_class(self.labels, self.subjects, len(self.class_names))
+        else:
+            counts = np.bincount(self.labels, minlength=len(self.class_names))
         return {name: int(c) for name, c in zip(self.class_names, counts, strict=True)}
+
+
+def subjects_per_class(labels: np.ndarray, subjects: np.ndarray, num_classes: int) -> np.ndarray:
+    """The number of distinct subjects with at least one image in each class ``[K]``."""
+    if subjects.size == 0:
+        return np.zeros(num_classes, dtype=np.int64)
+    pairs = np.unique(np.stack([subjects.astype(np.int64), labels.astype(np.int64)]), axis=1)
+    return np.bincount(pairs[1], minlength=num_classes).astype(np.int64)
 
 
 def _invalid(detail: str) -> DpsynthError:
@@ -59,7 +97,7 @@ def _invalid(detail: str) -> DpsynthError:
 
 
 def ingest_upload(path: Path, filename: str, *, private: bool, label_domain: list[str] | None,
-                  limits: IngestLimits) -> Ingested:
+                  limits: IngestLimits, subject_column: str | None = None) -> Ingested:
     """Validate an upload and convert it to canonical arrays.
 
     Args:
@@ -68,18 +106,99 @@ def ingest_upload(path: Path, filename: str, *, private: bool, label_domain: lis
         private: whether the data is private (errors then never name records).
         label_domain: the declared class names (required for private data by the caller).
         limits: archive and image caps.
+        subject_column: a subject upload (``units.subject_column_for``): the npz array of
+            subject ids; an image folder carries ``subjects.csv`` instead. None: image unit.
 
     Raises:
         DpsynthError: 422 with ``invalid_archive``, ``unsafe_archive``, ``invalid_image``,
             ``unsafe_npz`` or ``invalid_dataset``.
     """
     if filename.lower().endswith(".npz"):
-        return _from_npz(path, private=private, label_domain=label_domain, limits=limits)
+        return _from_npz(path, private=private, label_domain=label_domain, limits=limits,
+                         subject_column=subject_column)
     archive = SafeArchive(path, limits.archive, private=private)
     if archive.kind == "zip" and archive.members and all(
             m.name.endswith(".npy") for m in archive.members):
-        return _from_npz(path, private=private, label_domain=label_domain, limits=limits)
-    return _from_image_folder(archive, label_domain=label_domain, limits=limits)
+        return _from_npz(path, private=private, label_domain=label_domain, limits=limits,
+                         subject_column=subject_column)
+    return _from_image_folder(archive, label_domain=label_domain, limits=limits,
+                              subjects=subject_column is not None)
+
+
+def dense_subjects(raw: np.ndarray, n: int) -> np.ndarray:
+    """Remap raw subject ids (integers or strings) to dense int64 indices 0..S-1.
+
+    The raw ids stay in this function: errors give counts only, never an id.
+
+    Raises:
+        DpsynthError: 422 ``invalid_dataset`` for a wrong shape or dtype, or empty ids.
+    """
+    if raw.ndim != 1 or raw.shape[0] != n:
+        raise _invalid(f"the subject ids must be a 1-d array of length {n} (one per image)")
+    if raw.dtype.kind in "US":
+        text = np.char.strip(raw.astype(str))
+        empty = int(np.count_nonzero(text == ""))
+        if empty:
+            raise _invalid(f"{empty} image(s) have an empty subject id; every image needs "
+                           "its subject")
+        raw = text
+    elif raw.dtype.kind not in "iu":
+        raise _invalid("the subject ids must be integers or strings")
+    _, inverse = np.unique(raw, return_inverse=True)
+    return np.asarray(inverse, dtype=np.int64).reshape(n)
+
+
+def _split_subjects_csv(files: list[str]) -> tuple[list[str], str | None]:
+    """Take the root ``subjects.csv`` (or ``<top>/subjects.csv`` when every file sits in
+    ``<top>/``) out of an archive's files; return (the other files, the csv's name)."""
+    found = [f for f in files if f == SUBJECTS_CSV or (
+        f.count("/") == 1 and f.endswith("/" + SUBJECTS_CSV))]
+    if not found:
+        return files, None
+    if len(found) > 1:
+        raise _invalid(f"the archive has more than one {SUBJECTS_CSV} at its root")
+    name = found[0]
+    rest = [f for f in files if f != name]
+    top = name[: -len(SUBJECTS_CSV)]
+    if top and not all(f.startswith(top) for f in rest):
+        return files, None  # <class>/subjects.csv: not the archive root's map
+    return rest, name
+
+
+def _parse_subjects_csv(data: bytes, *, column: str = "subject") -> dict[str, str]:
+    """``path -> raw subject id`` from ``subjects.csv`` (header ``path,subject``).
+
+    Raises:
+        DpsynthError: 422 ``invalid_dataset``; the detail gives line counts only.
+    """
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"{SUBJECTS_CSV} is not UTF-8 text") from exc
+    reader = csv.DictReader(io.StringIO(text))
+    if reader.fieldnames is None or "path" not in reader.fieldnames or (
+            column not in reader.fieldnames):
+        raise _invalid(f"{SUBJECTS_CSV} needs a header with the columns 'path' and "
+                       f"'{column}'")
+    mapping: dict[str, str] = {}
+    duplicates = empty = 0
+    for row in reader:
+        path = (row.get("path") or "").strip().replace("\\", "/")
+        while path.startswith("./"):
+            path = path[2:]
+        path = path.lstrip("/")
+        subject = (row.get(column) or "").strip()
+        if not path or not subject:
+            empty += 1
+            continue
+        if path in mapping:
+            duplicates += 1
+        mapping[path] = subject
+    if empty or duplicates:
+        raise _invalid(f"{SUBJECTS_CSV}: {empty} line(s) lack a path or a subject and "
+                       f"{duplicates} path(s) are listed twice; give each image exactly one "
+                       "subject")
+    return mapping
 
 
 def _strip_root(names: list[list[str]]) -> list[list[str]]:
@@ -106,9 +225,15 @@ def _class_names(found: set[str], label_domain: list[str] | None, *, private: bo
 
 
 def _from_image_folder(archive: SafeArchive, *, label_domain: list[str] | None,
-                       limits: IngestLimits) -> Ingested:
+                       limits: IngestLimits, subjects: bool = False) -> Ingested:
     private = archive.private
     files = [m.name for m in archive.members if _visible(m.name)]
+    csv_name = None
+    if subjects:
+        files, csv_name = _split_subjects_csv(files)
+        if csv_name is None:
+            raise _invalid(f"privacy_unit 'subject' needs a {SUBJECTS_CSV} (header "
+                           "'path,subject') at the archive root, one line per image")
     if not files:
         raise _invalid("the archive contains no image files")
     parts = _strip_root([f.split("/") for f in files])
@@ -121,14 +246,53 @@ def _from_image_folder(archive: SafeArchive, *, label_domain: list[str] | None,
     index = {name: i for i, name in enumerate(class_names)}
     arrays: list[np.ndarray] = []
     labels: list[int] = []
+    names: list[str] = []
+    csv_data: bytes | None = None
     for name, data in archive.iter_files():
+        if name == csv_name:
+            csv_data = data
         if name not in class_of:
             continue
         where = describe(name, private=private)
         arrays.append(decode_image(data, max_pixels=limits.max_image_pixels, where=where))
         labels.append(index[class_of[name]])
+        names.append(name)
+    subject_ids = None
+    if csv_name is not None:
+        stripped = {f: "/".join(p) for f, p in zip(files, parts, strict=True)}
+        subject_ids = _folder_subjects(csv_data or b"", names, stripped)
     return Ingested(_stack(arrays, private=private), np.asarray(labels, dtype=np.int64),
-                    class_names, archive.kind)
+                    class_names, archive.kind, subjects=subject_ids)
+
+
+def _folder_subjects(csv_data: bytes, names: list[str], stripped: dict[str, str]) -> np.ndarray:
+    """Each image's dense subject index from ``subjects.csv``; a path may be given as the
+    archive member's name or relative to the class folders' root (``<class>/<file>``).
+
+    Raises:
+        DpsynthError: 422 ``invalid_dataset`` when an image has no subject or the csv lists
+            a path that is no image of the archive (counts only, never a name).
+    """
+    mapping = _parse_subjects_csv(csv_data)
+    raw: list[str] = []
+    missing = 0
+    used: set[str] = set()
+    for name in names:
+        key = name if name in mapping else stripped[name]
+        subject = mapping.get(key)
+        if subject is None:
+            missing += 1
+            continue
+        used.add(key)
+        raw.append(subject)
+    if missing:
+        raise _invalid(f"{missing} image(s) have no line in {SUBJECTS_CSV}; every image of a "
+                       "subject dataset needs its subject")
+    unknown = len(set(mapping) - used)
+    if unknown:
+        raise _invalid(f"{SUBJECTS_CSV} lists {unknown} path(s) that are no image of the "
+                       "archive")
+    return dense_subjects(np.asarray(raw, dtype=str), len(names))
 
 
 def _stack(arrays: list[np.ndarray], *, private: bool) -> np.ndarray:
@@ -158,16 +322,22 @@ def _check_npz_container(path: Path, limits: IngestLimits) -> None:
                            "bytes (decompression bomb?)", limit=cap)
 
 
-def _load_npz_arrays(path: Path) -> dict[str, np.ndarray]:
+def _load_npz_arrays(path: Path, subject_column: str | None = None) -> dict[str, np.ndarray]:
+    allowed = (*NPZ_ARRAYS, subject_column) if subject_column is not None else NPZ_ARRAYS
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = {"images", "labels"} - set(npz.files)
             if missing:
                 raise _invalid(f"the .npz lacks the array(s) {sorted(missing)}")
-            other = sorted(set(npz.files) - set(NPZ_ARRAYS))
+            if subject_column is not None and subject_column not in npz.files:
+                raise _invalid(f"privacy_unit 'subject': the .npz lacks the subject-id array "
+                               f"{subject_column!r} (set subject_column to its name)")
+            other = sorted(set(npz.files) - set(allowed))
             if other:
+                hint = (" (subject ids: declare privacy_unit 'subject')"
+                        if subject_column is None and "subjects" in other else "")
                 raise _invalid(f"the .npz holds {len(other)} array(s) other than "
-                               f"{', '.join(NPZ_ARRAYS)}: {other[:5]}")
+                               f"{', '.join(allowed)}: {other[:5]}{hint}")
             return {name: npz[name] for name in npz.files}
     except ValueError as exc:
         if "pickle" in str(exc).lower() or "object arrays" in str(exc).lower():
@@ -252,9 +422,11 @@ def _npz_labels(labels: np.ndarray, n: int, label_domain: list[str] | None, *,
 
 
 def _from_npz(path: Path, *, private: bool, label_domain: list[str] | None,
-              limits: IngestLimits) -> Ingested:
+              limits: IngestLimits, subject_column: str | None = None) -> Ingested:
+    if subject_column is not None and subject_column in NPZ_ARRAYS:
+        raise _invalid(f"subject_column must name an array other than {', '.join(NPZ_ARRAYS)}")
     _check_npz_container(path, limits)
-    arrays = _load_npz_arrays(path)
+    arrays = _load_npz_arrays(path, subject_column)
     images = _npz_images(arrays["images"], limits)
     masks = _npz_masks(arrays["masks"], images, limits) if "masks" in arrays else None
     labels = arrays["labels"]
@@ -263,16 +435,20 @@ def _from_npz(path: Path, *, private: bool, label_domain: list[str] | None,
         labels = _named_labels(labels, names)
         label_domain = names if label_domain is None else label_domain
     ints, class_names = _npz_labels(labels, images.shape[0], label_domain, private=private)
-    return Ingested(images, ints, class_names, "npz", masks)
+    subjects = (dense_subjects(arrays[subject_column], images.shape[0])
+                if subject_column is not None else None)
+    return Ingested(images, ints, class_names, "npz", masks, subjects=subjects)
 
 
 def write_canonical(data: Ingested, dest: Path) -> Path:
     """Write the canonical ``.npz`` (loadable with ``allow_pickle=False``), with the
-    dataset's layout masks when it has them."""
+    dataset's layout masks when it has them and its dense ``subjects`` (subject unit)."""
     arrays = {"images": data.images, "labels": data.labels,
               "class_names": np.asarray(data.class_names, dtype=str)}
     if data.masks is not None:
         arrays["masks"] = data.masks
+    if data.subjects is not None:  # dense indices only: the raw ids never leave ingest
+        arrays["subjects"] = data.subjects.astype(np.int64)
     with dest.open("wb") as fh:
         np.savez(fh, **arrays)  # type: ignore[arg-type]
     return dest
