@@ -14,6 +14,7 @@ from dpsynth_api.adapters.ledger_http import HttpLedger
 from dpsynth_api.artifacts.router import router as artifacts_router
 from dpsynth_api.budgets.router import router as budgets_router
 from dpsynth_api.context import AppContext
+from dpsynth_api.dashboard.router import router as dashboard_router
 from dpsynth_api.datasets.router import router as datasets_router
 from dpsynth_api.db import make_engine, make_session_factory
 from dpsynth_api.errors import install_error_handlers
@@ -82,6 +83,7 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
     for router in (health.router, tenants_router, datasets_router, budgets_router,
                    models_router, jobs_router, artifacts_router, internal_router):
         app.include_router(router)
+    app.include_router(dashboard_router)
     app.add_middleware(GuardMiddleware,
                        max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES)
     app.add_middleware(ObservabilityMiddleware, metrics=ctx.metrics)
