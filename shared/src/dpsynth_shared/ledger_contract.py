@@ -444,3 +444,52 @@ class SetClassSizes(_Body):
     class_sizes: dict[str, int]
     source: Literal["dp_histogram"] = "dp_histogram"
     release_id: str = Field(description="the histogram release they post-process")
+
+
+class ChainKey(BaseModel):
+    """The public half of the ledger's chain-signing key (what an auditor verifies with)."""
+
+    public_key: str = Field(description="Ed25519 public key, urlsafe base64 (unpadded)")
+    key_id: str = Field(description="key_id_of(public_key): first 16 hex digits of its sha256")
+
+
+class RecomputedCharge(BaseModel):
+    """One charging entry, its recorded RDP and the RDP the CURRENT accountant code gives."""
+
+    seq: int
+    kind: str
+    job_id: str | None = None
+    reservation_id: str | None = None
+    recorded_rdp: dict[str, float] = Field(description="RDP at the order recorded per "
+                                           "partition when the entry was written")
+    recomputed_rdp: float | None = Field(description="the same charge from the recorded DP "
+                                         "event with today's code (None: not recomputable)")
+    recorded_dataset_epsilon_spent_after: float | None = None
+    recomputed_dataset_epsilon_spent_after: float | None = None
+    differs: bool = False
+
+
+class RecomputeReport(BaseModel):
+    """A dataset's charges and figures recomputed with the current accountant code.
+
+    A REPORT only: admission decisions are immutable records. Nothing stored is changed,
+    nothing is re-admitted or refunded; a difference is listed for a human to judge.
+    """
+
+    dataset_id: str
+    accountant: str = Field(description="the accountant code that recomputed the figures")
+    conversion_recorded: str | None = Field(None, description="the RDP->DP conversion named "
+                                            "in the budget_created entry")
+    conversion: str = Field(description="the conversion used today")
+    admission_order: int = Field(description="the dataset's fixed order (never re-chosen)")
+    delta: float
+    epsilon_limit: float
+    charges: list[RecomputedCharge] = Field(default_factory=list)
+    recorded: dict[str, Any] = Field(default_factory=dict, description="stored figures: "
+                                     "rdp_committed per partition, dataset_epsilon_spent")
+    recomputed: dict[str, Any] = Field(default_factory=dict, description="the same from the "
+                                       "recomputed charges; dataset_tight_epsilon (the tight "
+                                       "figure is never stored: always computed on read)")
+    differences: list[str] = Field(default_factory=list)
+    note: str = ("a report: admission decisions are immutable; no stored figure was changed "
+                 "and nothing was re-admitted")

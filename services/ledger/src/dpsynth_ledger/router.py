@@ -8,6 +8,7 @@ from typing import Annotated
 from dpsynth_shared.errors import problem_schema_fields
 from dpsynth_shared.ledger_contract import (
     BudgetView,
+    ChainKey,
     CloseRequest,
     CreateBudget,
     ExtendRequest,
@@ -18,10 +19,12 @@ from dpsynth_shared.ledger_contract import (
     Lease,
     LeaseRequest,
     LedgerEntry,
+    LimitUpdate,
     Plan,
     PlanRequest,
     ReadGrant,
     ReadGrantRequest,
+    RecomputeReport,
     Reservation,
     ReserveRequest,
     SetClassSizes,
@@ -33,7 +36,7 @@ from sqlalchemy.orm import Session
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.chain import verify_chain
 from dpsynth_ledger.context import LedgerContext
-from dpsynth_ledger.service import budgets, histograms, leases, reservations
+from dpsynth_ledger.service import budgets, histograms, leases, policies, reservations
 
 
 def _session(request: Request) -> Iterator[Session]:
@@ -141,4 +144,35 @@ def entries(session: SessionDep, dataset_id: str | None = None,
             limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[LedgerEntry]:
     rows = repo.entries(session, dataset_id=dataset_id, after_seq=after_seq, limit=limit)
     return [LedgerEntry(seq=e.seq, at=e.at, dataset_id=e.dataset_id, kind=e.kind,
-                        payload=e.payload, prev_hash=e.prev_hash, hash=e.hash) for e in rows]
+                        payload=e.payload, prev_hash=e.prev_hash, hash=e.hash,
+                        signature=e.signature, key_id=e.key_id) for e in rows]
+
+
+# -- budget policies and per-dataset audits (service/policies.py) ------------------------
+
+@router.post("/budgets/{dataset_id}/limit", response_model=BudgetView,
+             responses={422: problem_schema_fields()})  # type: ignore[dict-item]
+def update_limit(dataset_id: str, body: LimitUpdate, session: SessionDep,
+                 ctx: CtxDep) -> BudgetView:
+    """Lower the epsilon limit (a raise is 422 ``policy_violation``) or set the warning
+    fraction; a chained ``limit_lowered`` / ``warning_fraction_set`` entry."""
+    return policies.update_limit(session, dataset_id=dataset_id, request=body, ctx=ctx)
+
+
+@router.get("/budgets/{dataset_id}/verify", response_model=VerifyReport)
+def verify_budget(dataset_id: str, session: SessionDep, ctx: CtxDep) -> VerifyReport:
+    """The chain verification filtered to the dataset, with every epsilon recomputed."""
+    return policies.verify_dataset(session, dataset_id=dataset_id, ctx=ctx)
+
+
+@router.get("/budgets/{dataset_id}/recompute", response_model=RecomputeReport)
+def recompute_budget(dataset_id: str, session: SessionDep, ctx: CtxDep) -> RecomputeReport:
+    """Charges and figures recomputed with the current accountant code (a report only)."""
+    return policies.recompute(session, dataset_id=dataset_id, ctx=ctx)
+
+
+@router.get("/chain/key", response_model=ChainKey)
+def chain_key(session: SessionDep) -> ChainKey:
+    """The public half of the chain-signing key (an auditor checks entry signatures with it)."""
+    return policies.chain_key(session)
+

@@ -7,9 +7,11 @@ from typing import Any
 
 from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, Neighbouring, ParallelEvent
 from dpsynth_shared.ledger_contract import (
+    DEFAULT_WARNING_FRACTION,
     BudgetView,
     Charge,
     LabelReservation,
+    PrivacyUnit,
     Reservation,
     ReservationState,
 )
@@ -17,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, pld_epsilon
-from dpsynth_ledger.book import Run, figures, runs
+from dpsynth_ledger.book import Run, figures, flt, runs
 from dpsynth_ledger.models import Budget, Entry, ReservationRow
 
 
@@ -119,10 +121,13 @@ def budget_view(session: Session, budget: Budget, discretization: float,
     """The dataset's budget with its filter and tight figures (and charge history)."""
     accs = repo.accumulators(session, budget.dataset_id)
     fig = figures(budget, accs)
+    f = flt(budget)
     reservations = repo.reservations_of(session, budget.dataset_id)
     tight = pld_epsilon([*granted_events(reservations),
                          *released_events(session, budget.dataset_id)], budget.delta,
                         discretization)
+    warning_fraction = (budget.warning_fraction if budget.warning_fraction is not None
+                        else DEFAULT_WARNING_FRACTION)
     history = (_history(repo.entries(session, dataset_id=budget.dataset_id), budget.delta,
                         discretization) if with_history else [])
     return BudgetView(
@@ -138,5 +143,29 @@ def budget_view(session: Session, budget: Budget, discretization: float,
         dataset_tight_epsilon=tight,
         partitions={p: a.committed for p, a in sorted(accs.items())},
         class_sizes=dict(budget.class_sizes) if budget.class_sizes is not None else None,
+        privacy_unit=PrivacyUnit(budget.privacy_unit or PrivacyUnit.IMAGE),
+        partitions_disjoint=bool(budget.partitions_disjoint
+                                 if budget.partitions_disjoint is not None else True),
+        epsilon_limit_initial=(budget.epsilon_limit_initial
+                               if budget.epsilon_limit_initial is not None
+                               else initial_limit(session, budget)),
+        warning_fraction=warning_fraction,
+        warning=is_warning(fig["dataset_epsilon_spent"], budget.epsilon_limit,
+                           warning_fraction),
+        partition_epsilon_spent={p: f.epsilon(a.committed) for p, a in sorted(accs.items())},
         history=history,
     )
+
+
+def is_warning(spent: float, limit: float, fraction: float) -> bool:
+    """The warning state: the filter figure has reached ``fraction`` of the limit."""
+    return spent >= fraction * limit
+
+
+def initial_limit(session: Session, budget: Budget) -> float:
+    """The limit at creation, for budgets created before the column was filled: the one
+    its ``budget_created`` entry recorded (the order was chosen from it)."""
+    for e in repo.entries(session, dataset_id=budget.dataset_id, limit=1):
+        if e.kind == "budget_created":
+            return float(e.payload["epsilon_limit"])  # type: ignore[arg-type]
+    return budget.epsilon_limit
