@@ -57,8 +57,11 @@ def create_app(settings: LedgerSettings) -> FastAPI:
                              f"database not ready: {type(exc).__name__}"))
         return JSONResponse({"status": "ready"})
 
+    metrics.track_budgets(app.state.sessions, settings.metrics_max_datasets)
+
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> Response:
+        """Counters of this process and budget figures read from the database now."""
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -1,28 +1,341 @@
-"""Prometheus metrics of the ledger (a registry per app; labels bounded by dataset only)."""
+"""Prometheus metrics of the ledger: admission and lease counters, and budget figures read
+from the database at scrape time.
+
+Two kinds of series:
+
+* **Counters of this process** (reset on restart; ``rate()``/``increase()`` handle that):
+  admissions by ``kind`` × ``decision`` × ``reason``, histogram releases, read grants and
+  step leases granted. Every label takes a value from a fixed, closed set.
+* **Figures read at scrape time** by :class:`BudgetCollector` (one read-only transaction per
+  scrape): datasets by state, the distribution of spent fractions, leases active and lapsed,
+  open reservations, and per-dataset budget gauges for at most ``max_datasets`` datasets
+  (those with the highest spent fraction; the rest are only in the aggregates). A restarted
+  ledger reports the same figures, and a gauge never goes stale, because nothing is kept in
+  memory between scrapes.
+
+Only figures the ledger publishes anyway are exported (limits, the filter's ε spent /
+reserved / remaining, the warning fraction, counts): nothing computed from private records.
+The one per-object label is ``dataset_id`` (an opaque id, never a name or free text), capped
+by ``DPSYNTH_LEDGER_METRICS_MAX_DATASETS``. See docs/architecture.md ("Metrics").
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+import functools
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, ParamSpec, TypeVar
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from sqlalchemy import and_, func, or_, select, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from dpsynth_ledger.book import figures
+from dpsynth_ledger.models import Accumulator, Budget, LeaseRow, ReservationRow
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+ADMISSION_KINDS = ("reservation", "extension", "histogram")
+"""What was admitted: a job's reservation, an extension of one, a class-size histogram."""
+
+REFUSAL_REASONS: dict[ErrorCode, str] = {
+    ErrorCode.PRIVACY_BUDGET_EXHAUSTED: "budget_exhausted",
+    ErrorCode.UNSUPPORTED_NEIGHBOURING: "unsupported_neighbouring",
+    ErrorCode.LEDGER_BEHIND_ANCHOR: "behind_anchor",
+    ErrorCode.POLICY_VIOLATION: "other",
+    ErrorCode.DATASET_DELETED: "other",
+}
+"""Error codes that are admission decisions, and their ``reason`` label. Other errors of an
+admission call (malformed request, unknown dataset, stale attempt) decide nothing and are not
+counted as refusals."""
+
+REASONS = ("none", "budget_exhausted", "unsupported_neighbouring", "behind_anchor", "other")
+"""Every value of the ``reason`` label (``none`` for an accepted admission)."""
+
+STATES = ("ok", "warning", "exhausted")
+"""Every value of the ``state`` label of ``dpsynth_ledger_datasets``."""
+
+SPENT_FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+"""Upper bounds of the spent-fraction gauge histogram (``+Inf`` is added)."""
+
+EXHAUSTED_TOLERANCE = 1e-6
+"""A dataset is exhausted when less than this fraction of its limit remains (the filter's
+ε of a full RDP budget falls a few ulps below the limit, never exactly on it)."""
+
+SCRAPE_STATEMENT_TIMEOUT_MS = 5000
+"""A scrape never holds a database connection longer than this."""
+
+DEFAULT_MAX_DATASETS = 100
+
+
+@dataclass(frozen=True)
+class DatasetFigures:
+    """The published figures of one dataset's budget (filter figures, max over partitions)."""
+
+    dataset_id: str
+    epsilon_limit: float
+    epsilon_spent: float
+    epsilon_reserved: float
+    epsilon_remaining: float
+    warning_fraction: float
+
+    @property
+    def spent_fraction(self) -> float:
+        """Spent over limit (1 for a non-positive limit)."""
+        return self.epsilon_spent / self.epsilon_limit if self.epsilon_limit > 0 else 1.0
+
+    @property
+    def warning(self) -> bool:
+        """Spent has reached the dataset's warning threshold (BudgetView.warning)."""
+        return self.epsilon_spent >= self.warning_fraction * self.epsilon_limit
+
+    @property
+    def state(self) -> str:
+        """``exhausted`` (no room for any new admission), ``warning`` or ``ok``."""
+        if self.epsilon_remaining <= EXHAUSTED_TOLERANCE * self.epsilon_limit:
+            return "exhausted"
+        return "warning" if self.warning else "ok"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one scrape read from the database."""
+
+    datasets: Sequence[DatasetFigures]
+    leases_total: int
+    leases_active: int
+    leases_lapsed: int
+    reservations_open: int
+
+
+def read_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
+    """Read every budget's figures and the lease counts in one read-only snapshot.
+
+    A lease has lapsed when its TTL passed before it was ended (never ended, or ended after
+    ``expires_at``): the holder stopped heartbeating. That set only grows, so its size is a
+    counter that survives restarts.
+    """
+    session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+    session.execute(text(f"SET LOCAL statement_timeout = {SCRAPE_STATEMENT_TIMEOUT_MS}"))
+    now = now or datetime.now(UTC)
+    accs: dict[str, list[Accumulator]] = {}
+    for acc in session.execute(select(Accumulator)).scalars():
+        accs.setdefault(acc.dataset_id, []).append(acc)
+    datasets = []
+    for budget in session.execute(select(Budget)).scalars():
+        fig = figures(budget, {a.partition: a for a in accs.get(budget.dataset_id, [])})
+        datasets.append(_figures_of(budget, fig))
+    lapsed = and_(LeaseRow.expires_at < now,
+                  or_(LeaseRow.ended_at.is_(None), LeaseRow.ended_at > LeaseRow.expires_at))
+    active = and_(LeaseRow.expires_at >= now, LeaseRow.ended_at.is_(None))
+    row = session.execute(select(
+        func.count(), func.count().filter(active), func.count().filter(lapsed),
+    ).select_from(LeaseRow)).one()
+    open_ = session.execute(select(func.count()).select_from(ReservationRow)
+                            .where(ReservationRow.state != "closed")).scalar_one()
+    return Snapshot(datasets=datasets, leases_total=int(row[0]), leases_active=int(row[1]),
+                    leases_lapsed=int(row[2]), reservations_open=int(open_))
+
+
+def _figures_of(budget: Budget, fig: dict[str, Any]) -> DatasetFigures:
+    return DatasetFigures(
+        dataset_id=budget.dataset_id, epsilon_limit=float(budget.epsilon_limit),
+        epsilon_spent=float(fig["dataset_epsilon_spent"]),
+        epsilon_reserved=float(fig["dataset_epsilon_reserved"]),
+        epsilon_remaining=float(fig["dataset_epsilon_remaining"]),
+        warning_fraction=float(budget.warning_fraction))
+
+
+def _per_dataset(datasets: Sequence[DatasetFigures], cap: int) -> list[DatasetFigures]:
+    """The ``cap`` datasets closest to their limit (highest spent fraction, then id)."""
+    ranked = sorted(datasets, key=lambda d: (-d.spent_fraction, d.dataset_id))
+    return ranked[:cap]
+
+
+PER_DATASET = {
+    "epsilon_limit": "The dataset's epsilon limit (only ever lowered)",
+    "epsilon_spent": "Filter epsilon of the committed RDP (granted steps, releases)",
+    "epsilon_reserved": "Filter epsilon added by open reservations' holds",
+    "epsilon_remaining": "Limit minus the filter epsilon of committed + reserved",
+    "warning_fraction": "Fraction of the limit at which the dataset warns",
+    "budget_warning": "1 when epsilon spent >= warning_fraction * limit",
+}
+
+
+def families(snapshot: Snapshot, max_datasets: int) -> list[Metric]:
+    """The scrape-time metric families of a snapshot (pure; see the module docstring)."""
+    out: list[Metric] = []
+    by_state = GaugeMetricFamily("dpsynth_ledger_datasets", "Datasets by budget state "
+                                 "(ok, warning: spent >= warning fraction, exhausted: no room)",
+                                 labels=["state"])
+    counts = dict.fromkeys(STATES, 0)
+    for d in snapshot.datasets:
+        counts[d.state] += 1
+    for state in STATES:
+        by_state.add_metric([state], counts[state])
+    out.append(by_state)
+    cumulative: list[tuple[str, float]] = []
+    for bound in SPENT_FRACTION_BUCKETS:
+        cumulative.append((str(bound), sum(d.spent_fraction <= bound for d in snapshot.datasets)))
+    cumulative.append(("+Inf", len(snapshot.datasets)))
+    total_fraction = sum(d.spent_fraction for d in snapshot.datasets)
+    out.append(GaugeHistogramMetricFamily(
+        "dpsynth_ledger_datasets_spent_fraction",
+        "Datasets by epsilon spent / epsilon limit (cumulative buckets)",
+        buckets=cumulative, gsum_value=total_fraction))
+    shown = _per_dataset(snapshot.datasets, max_datasets)
+    out.append(GaugeMetricFamily(
+        "dpsynth_ledger_datasets_omitted",
+        "Datasets left out of the per-dataset series by the cap (only in the aggregates)",
+        value=len(snapshot.datasets) - len(shown)))
+    gauges = {key: GaugeMetricFamily(f"dpsynth_ledger_dataset_{key}", doc,
+                                     labels=["dataset_id"]) for key, doc in PER_DATASET.items()}
+    for d in shown:
+        values = {"epsilon_limit": d.epsilon_limit, "epsilon_spent": d.epsilon_spent,
+                  "epsilon_reserved": d.epsilon_reserved,
+                  "epsilon_remaining": d.epsilon_remaining,
+                  "warning_fraction": d.warning_fraction,
+                  "budget_warning": 1.0 if d.warning else 0.0}
+        for key, value in values.items():
+            gauges[key].add_metric([d.dataset_id], value)
+    out.extend(gauges.values())
+    out.append(GaugeMetricFamily("dpsynth_ledger_leases_active",
+                                 "Step leases neither ended nor past their expiry",
+                                 value=snapshot.leases_active))
+    out.append(CounterMetricFamily("dpsynth_ledger_leases_expired",
+                                   "Step leases whose TTL passed before they were ended "
+                                   "(read from the database: survives restarts)",
+                                   value=snapshot.leases_lapsed))
+    out.append(CounterMetricFamily("dpsynth_ledger_leases_recorded",
+                                   "Step leases in the ledger's database (all time)",
+                                   value=snapshot.leases_total))
+    out.append(GaugeMetricFamily("dpsynth_ledger_reservations_open",
+                                 "Reservations not closed (open or touched)",
+                                 value=snapshot.reservations_open))
+    return out
+
+
+class BudgetCollector(Collector):
+    """Reads the budget figures from the database on every scrape (never cached).
+
+    A failed read (database down, statement timeout) yields
+    ``dpsynth_ledger_metrics_scrape_error 1`` and no figures, instead of failing the scrape.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], max_datasets: int) -> None:
+        self._sessions = sessions
+        self._max = max_datasets
+
+    def describe(self) -> Iterable[Metric]:
+        """Every family this collector exports (names only; no database read)."""
+        empty = Snapshot(datasets=(), leases_total=0, leases_active=0, leases_lapsed=0,
+                         reservations_open=0)
+        return [*families(empty, self._max), *self._status(ok=True, seconds=0.0)]
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the figures now and yield them."""
+        started = time.perf_counter()
+        try:
+            with self._sessions() as session:
+                snapshot = read_snapshot(session)
+                session.rollback()
+        except SQLAlchemyError:
+            yield from self._status(ok=False, seconds=time.perf_counter() - started)
+            return
+        yield from families(snapshot, self._max)
+        yield from self._status(ok=True, seconds=time.perf_counter() - started)
+
+    @staticmethod
+    def _status(*, ok: bool, seconds: float) -> list[Metric]:
+        return [GaugeMetricFamily("dpsynth_ledger_metrics_scrape_error",
+                                  "1 when the last scrape could not read the database",
+                                  value=0.0 if ok else 1.0),
+                GaugeMetricFamily("dpsynth_ledger_metrics_scrape_duration_seconds",
+                                  "Time the last scrape spent reading the database",
+                                  value=seconds)]
 
 
 class LedgerMetrics:
-    """Admission and lease counters, and per-dataset budget gauges (filter figures)."""
+    """The ledger's registry: in-process counters, plus :class:`BudgetCollector` once
+    :meth:`track_budgets` has given it the database."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.admissions = Counter("dpsynth_ledger_admissions_total",
-                                  "Admissions through the RDP filter", ["decision"],
-                                  registry=self.registry)
-        self.leases = Counter("dpsynth_ledger_leases_granted_total", "Step leases granted",
+        self.admissions = Counter(
+            "dpsynth_ledger_admissions", "Admission decisions of the ledger (through the RDP "
+            "filter or refused before it)", ["kind", "decision", "reason"],
+            registry=self.registry)
+        self.histogram_releases = Counter("dpsynth_ledger_histogram_releases",
+                                          "Class-size histograms released (charged)",
+                                          registry=self.registry)
+        self.read_grants = Counter("dpsynth_ledger_read_grants", "Read grants issued",
+                                   registry=self.registry)
+        self.leases = Counter("dpsynth_ledger_leases_granted", "Step leases granted (charged)",
                               registry=self.registry)
-        self.spent = Gauge("dpsynth_ledger_dataset_epsilon_spent",
-                           "Filter epsilon spent (committed)", ["dataset_id"],
-                           registry=self.registry)
-        self.remaining = Gauge("dpsynth_ledger_dataset_epsilon_remaining",
-                               "Epsilon limit minus the filter figure of committed + reserved",
-                               ["dataset_id"], registry=self.registry)
+        for kind in ADMISSION_KINDS:  # every series exists from the start (rate() of zero)
+            self.admissions.labels(kind=kind, decision="accepted", reason="none")
+            for reason in REASONS[1:]:
+                self.admissions.labels(kind=kind, decision="refused", reason=reason)
+        self.budgets: BudgetCollector | None = None
 
-    def budget(self, dataset_id: str, figures: dict[str, float]) -> None:
-        """Record a dataset's figures after a write."""
-        self.spent.labels(dataset_id=dataset_id).set(figures["dataset_epsilon_spent"])
-        self.remaining.labels(dataset_id=dataset_id).set(figures["dataset_epsilon_remaining"])
+    def track_budgets(self, sessions: sessionmaker[Session],
+                      max_datasets: int = DEFAULT_MAX_DATASETS) -> None:
+        """Export the scrape-time budget figures read through ``sessions``."""
+        self.budgets = BudgetCollector(sessions, max_datasets)
+        self.registry.register(self.budgets)
+
+    def budget(self, dataset_id: str, figures: dict[str, Any]) -> None:
+        """Nothing to do: budget figures are read from the database at scrape time.
+
+        Kept so that write paths written against the earlier per-write gauges still run;
+        new code need not call it.
+        """
+        del dataset_id, figures
+
+    def accepted(self, kind: str) -> None:
+        """Count an accepted admission of ``kind`` (one of :data:`ADMISSION_KINDS`)."""
+        self.admissions.labels(kind=kind, decision="accepted", reason="none").inc()
+
+    def refused(self, kind: str, err: DpsynthError) -> None:
+        """Count ``err`` as a refused admission if its code is an admission decision."""
+        reason = REFUSAL_REASONS.get(err.code) if isinstance(err.code, ErrorCode) else None
+        if reason is not None:
+            self.admissions.labels(kind=kind, decision="refused", reason=reason).inc()
+
+
+def counts_refusals(kind: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate an admission use case so that each refusal it raises is counted.
+
+    The use case takes ``ctx`` (with ``.metrics``) and ``request`` as keywords; a
+    ``dry_run`` request decides nothing and is not counted. Accepted admissions are counted
+    where they commit (``ctx.metrics.accepted``), since an idempotent repeat returns the
+    earlier decision without a new one.
+    """
+    if kind not in ADMISSION_KINDS:
+        raise ValueError(f"unknown admission kind {kind!r}")
+
+    def wrap(use_case: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(use_case)
+        def counted(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return use_case(*args, **kwargs)
+            except DpsynthError as err:
+                metrics = getattr(kwargs.get("ctx"), "metrics", None)
+                dry_run = getattr(kwargs.get("request"), "dry_run", False)
+                if isinstance(metrics, LedgerMetrics) and not dry_run:
+                    metrics.refused(kind, err)
+                raise
+        return counted
+    return wrap

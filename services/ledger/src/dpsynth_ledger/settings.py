@@ -26,6 +26,8 @@ class LedgerSettings(BaseSettings):
     migrations_dir: Path | None = None
     pld_discretization: float = Field(1e-3, gt=0, le=0.1)
     db_wait_s: float = Field(30.0, ge=0)
+    metrics_max_datasets: int = Field(100, ge=0, description="datasets with per-dataset "
+                                      "budget gauges (highest spent fraction first)")
 
     @field_validator("service_tokens")
     @classmethod

@@ -78,9 +78,7 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
         **({"class_sizes": request.class_sizes} if request.class_sizes is not None else {}),
     })
     session.commit()
-    view = budget_view(session, budget, ctx.discretization)
-    ctx.metrics.budget(budget.dataset_id, view.model_dump())
-    return view
+    return budget_view(session, budget, ctx.discretization)
 
 
 def check_class_sizes(request: CreateBudget) -> None:

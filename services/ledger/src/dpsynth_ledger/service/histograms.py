@@ -42,6 +42,7 @@ from dpsynth_ledger.accounting import (
 from dpsynth_ledger.book import charge, figures, flt, snapshot
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
+from dpsynth_ledger.metrics import counts_refusals
 from dpsynth_ledger.models import Accumulator, Budget
 from dpsynth_ledger.service.budgets import check_sizes, refusal_numbers
 from dpsynth_ledger.views import budget_view
@@ -105,6 +106,7 @@ def _release(budget: Budget, accs: dict[str, Accumulator], *, event: GaussianEve
         charged=False, accountant=ACCOUNTANT_NAME)
 
 
+@counts_refusals("histogram")
 def release_histogram(session: Session, *, dataset_id: str, request: HistogramRequest,
                       ctx: LedgerContext) -> HistogramRelease:
     """Admit and charge the class-size histogram (or, with ``dry_run``, only show it).
@@ -157,7 +159,6 @@ def release_histogram(session: Session, *, dataset_id: str, request: HistogramRe
             **details, "decision": "refused", "numbers": numbers,
             "accumulators_after": snapshot(accs), "figures": figures(budget, accs)})
         session.commit()
-        ctx.metrics.admissions.labels(decision="refused").inc()
         room = f.room(committed=committed, reserved=reserved, partitions=list(accs))
         raise BudgetExhausted(
             "the dataset's privacy filter refuses the class-size histogram: committed + "
@@ -169,10 +170,9 @@ def release_histogram(session: Session, *, dataset_id: str, request: HistogramRe
     append_entry(session, dataset_id=dataset_id, kind=RELEASED, payload={
         **details, "decision": "accepted", "rdp_delta": rdp_delta,
         "accumulators_after": snapshot(accs), "figures": figures(budget, accs)})
-    fig = figures(budget, accs)
     session.commit()
-    ctx.metrics.admissions.labels(decision="accepted").inc()
-    ctx.metrics.budget(dataset_id, fig)
+    ctx.metrics.accepted("histogram")
+    ctx.metrics.histogram_releases.inc()
     return out.model_copy(update={"release_id": release_id, "charged": True})
 
 

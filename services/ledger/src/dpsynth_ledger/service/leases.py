@@ -29,7 +29,6 @@ from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, mul_up, p
 from dpsynth_ledger.book import (
     Run,
     charge,
-    figures,
     refresh_reserved,
     run_of,
     runs,
@@ -73,6 +72,7 @@ def read_grant(session: Session, *, reservation_id: str, request: ReadGrantReque
     write_entry(session, budget, res, "read_grant", attempt=request.attempt,
                 worker_id=request.worker_id, expires_at=expires_at.isoformat())
     session.commit()
+    ctx.metrics.read_grants.inc()
     return grant
 
 
@@ -115,10 +115,8 @@ def grant_lease(session: Session, *, reservation_id: str, request: LeaseRequest,
                 lease_id=lease.lease_id, start_step=request.start_step, steps=request.steps,
                 event=event_of(run, request.steps).model_dump(mode="json"), rdp_delta=delta,
                 **({"label": label} if label is not None else {}))
-    fig = figures(budget, accs)
     session.commit()
     ctx.metrics.leases.inc()
-    ctx.metrics.budget(budget.dataset_id, fig)
     return _lease_view(res, lease, budget.delta, lease.expires_at, ctx)
 
 

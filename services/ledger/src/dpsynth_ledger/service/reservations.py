@@ -37,6 +37,7 @@ from dpsynth_ledger.book import (
 )
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
+from dpsynth_ledger.metrics import counts_refusals
 from dpsynth_ledger.models import Budget, ReservationPart, ReservationRow
 from dpsynth_ledger.service.budgets import (
     RunPlan,
@@ -100,6 +101,7 @@ def _row(request: ReserveRequest, budget: Budget, runs_: list[RunPlan]) -> Reser
     return res
 
 
+@counts_refusals("reservation")
 def reserve(session: Session, *, request: ReserveRequest,
             ctx: LedgerContext) -> Reservation | Plan:
     """Admit a DP-SGD job through the filter, idempotently on ``job_id``.
@@ -151,7 +153,6 @@ def reserve(session: Session, *, request: ReserveRequest,
         write_entry(session, budget, res, "reservation_refused", decision="refused",
                     numbers=numbers, **details)
         session.commit()
-        ctx.metrics.admissions.labels(decision="refused").inc()
         raise BudgetExhausted(
             "the dataset's privacy filter refuses this job: committed + reserved + new RDP at "
             f"order {budget.admission_order} would exceed the budget"
@@ -162,10 +163,8 @@ def reserve(session: Session, *, request: ReserveRequest,
     repo.add(session, res)
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
     write_entry(session, budget, res, "reservation_accepted", decision="accepted", **details)
-    fig = figures(budget, accs)
     session.commit()
-    ctx.metrics.admissions.labels(decision="accepted").inc()
-    ctx.metrics.budget(budget.dataset_id, fig)
+    ctx.metrics.accepted("reservation")
     view = reservation_view(res, budget, ctx.discretization)
     return view.model_copy(update={"plan": plan})
 
@@ -180,6 +179,7 @@ def check_live(res: ReservationRow, attempt: int) -> None:
                            f"{res.current_attempt}", current_attempt=res.current_attempt)
 
 
+@counts_refusals("extension")
 def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
            ctx: LedgerContext) -> Reservation:
     """A NEW admission through the filter for ``additional_steps`` at the same σ and q
@@ -207,7 +207,6 @@ def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
         write_entry(session, budget, res, "extension_refused", decision="refused",
                     numbers=numbers, **details)
         session.commit()
-        ctx.metrics.admissions.labels(decision="refused").inc()
         room = flt(budget).room(committed=committed, reserved=reserved, partitions=list(new))
         raise BudgetExhausted(
             "the dataset's privacy filter refuses the extension",
@@ -219,7 +218,7 @@ def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
     write_entry(session, budget, res, "extension_accepted", decision="accepted", **details)
     session.commit()
-    ctx.metrics.admissions.labels(decision="accepted").inc()
+    ctx.metrics.accepted("extension")
     return reservation_view(res, budget, ctx.discretization)
 
 
@@ -243,7 +242,5 @@ def close(session: Session, *, reservation_id: str, request: CloseRequest,
     write_entry(session, budget, res, "reservation_closed", outcome=request.outcome,
                 steps=res.steps_granted, rdp_released=released,
                 steps_released=res.steps_reserved - res.steps_granted, **extra)
-    fig = figures(budget, accs)
     session.commit()
-    ctx.metrics.budget(budget.dataset_id, fig)
     return reservation_view(res, budget, ctx.discretization)
