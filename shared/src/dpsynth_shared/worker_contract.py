@@ -45,6 +45,10 @@ class DatasetInfo(BaseModel):
         None, description="a derived dataset: the selection over the parent's object "
         "(object_key is the parent's): {'indices_key': <npy of record indices>} and/or "
         "{'classes': [class names kept]}; None: the whole object")
+    budget_id: str | None = Field(
+        None, description="private datasets: the ledger budget the dataset charges (its own "
+        "id, or its parent's for a derived or linked dataset): the reservation, the read "
+        "grant and job_epsilon are the budget's")
 
 
 class ModelRef(BaseModel):

@@ -95,7 +95,8 @@ class FakeLedger:
             batch, per_step = None, None
         else:
             assert request.expected_batch_size is not None and request.steps is not None
-            q = min(1.0, request.expected_batch_size / budget.declared_size)
+            population = request.population_size or budget.declared_size
+            q = min(1.0, request.expected_batch_size / population)
             event = DpSgdEvent(noise_multiplier=1.0, sample_rate=q, steps=request.steps,
                                neighbouring=budget.neighbouring)
             batch, labels = request.expected_batch_size, None

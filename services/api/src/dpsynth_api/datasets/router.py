@@ -7,15 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
-from dpsynth_api.datasets import service
+from dpsynth_api.datasets import derive, service
 from dpsynth_api.datasets.schemas import (
     ClassSizesReleaseIn,
     ClassSizesReleaseOut,
     DatasetOut,
     DatasetPage,
+    DeriveIn,
     dataset_out,
 )
-from dpsynth_api.deps import ContextDep, ReaderDep, SessionDep, SubmitterDep
+from dpsynth_api.deps import ContextDep, OwnerDep, ReaderDep, SessionDep, SubmitterDep
 from dpsynth_api.pagination import split
 from dpsynth_api.tenants.security import Scope
 
@@ -27,7 +28,7 @@ async def upload_dataset(
     ctx: ContextDep, session: SessionDep, principal: SubmitterDep,
     file: Annotated[UploadFile, File(description="zip / tar(.gz) image folder, or .npz")],
     metadata: Annotated[str, Form(description="JSON: name, visibility, epsilon_limit, delta, "
-                                  "label_domain, declared_size, neighbouring")],
+                                  "label_domain, declared_size, neighbouring, on_overlap")],
 ) -> DatasetOut:
     """Upload a dataset; a private one registers its budget with the ledger."""
     try:
@@ -67,3 +68,24 @@ def release_class_sizes(dataset_id: str, body: ClassSizesReleaseIn, ctx: Context
     budget (per-label training); ``dry_run`` shows sigma and the budget impact only."""
     return service.release_class_sizes(session, principal=principal, ledger=ctx.ledger,
                                        dataset_id=dataset_id, body=body)
+
+
+@router.post("/{dataset_id}/derive", status_code=201, response_model=DatasetOut)
+def derive_dataset(dataset_id: str, body: DeriveIn, ctx: ContextDep, session: SessionDep,
+                   principal: SubmitterDep) -> DatasetOut:
+    """A class subset or a random split of the dataset: a selection over its records (no
+    copy); a private one charges the parent's budget with its own public size N̂."""
+    dataset = derive.derive_dataset(session, principal=principal, store=ctx.store,
+                                    dataset_id=dataset_id, body=body)
+    return dataset_out(dataset, owner=principal.has(Scope.OWNER))
+
+
+@router.delete("/{dataset_id}", response_model=DatasetOut)
+def delete_dataset(dataset_id: str, ctx: ContextDep, session: SessionDep,
+                   principal: OwnerDep) -> DatasetOut:
+    """Delete the dataset's stored data (409 while a job on it runs). The row, its budget,
+    its ledger entries and its record hashes remain: a re-upload of its records is still
+    refused or linked to the same, still-charged budget."""
+    dataset = service.delete_dataset(session, principal=principal, store=ctx.store,
+                                     dataset_id=dataset_id)
+    return dataset_out(dataset, owner=True)

@@ -41,7 +41,8 @@ class DatasetMetadata(BaseModel):
     on_overlap: Literal["refuse", "link"] = Field(
         "refuse", description="a private upload sharing records with one of the tenant's "
         "private datasets: 'refuse' (409 private_data_overlap) or 'link' (the new dataset "
-        "charges the existing dataset's budget)")
+        "charges the existing dataset's budget; its epsilon_limit, delta and neighbouring "
+        "are the budget's, and epsilon_limit may be omitted; given ones are ignored)")
 
     @model_validator(mode="after")
     def _class_sizes(self) -> DatasetMetadata:
@@ -59,13 +60,16 @@ class DatasetMetadata(BaseModel):
     @model_validator(mode="after")
     def _private_needs_budget(self) -> DatasetMetadata:
         if self.visibility == "private":
-            if self.epsilon_limit is None:
+            if self.epsilon_limit is None and self.on_overlap != "link":
                 raise ValueError("a private dataset needs an epsilon_limit")
             if self.label_domain is None:
                 raise ValueError("a private dataset needs a label_domain (the public list "
                                  "of class names)")
         elif self.epsilon_limit is not None or self.delta is not None:
             raise ValueError("a public dataset has no privacy budget (epsilon_limit, delta)")
+        elif self.on_overlap != "refuse":
+            raise ValueError("on_overlap applies to private uploads only (a public upload "
+                             "sharing records with private data is always refused)")
         if self.label_domain is not None and len(set(self.label_domain)) != len(self.label_domain):
             raise ValueError("label_domain has duplicate class names")
         return self
@@ -175,3 +179,39 @@ class ClassSizesReleaseOut(BaseModel):
     dataset_epsilon_spent_before: float
     dataset_epsilon_spent_after: float
     dataset_epsilon_remaining_after: float
+
+
+class DeriveIn(BaseModel):
+    """``POST /v1/datasets/{id}/derive``: a selection over the parent's records.
+
+    ``subset`` keeps the records of ``classes``; ``split`` draws a random partition of the
+    parent's records (a permutation from OS entropy, data-independent) and keeps the
+    ``train`` part (a ``fraction`` of them) or the ``holdout`` part (the rest). A private
+    child charges its parent's budget; no data is copied.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    kind: Literal["subset", "split"]
+    classes: list[str] | None = Field(None, min_length=1, max_length=100_000,
+                                      description="subset: the class names kept")
+    fraction: float | None = Field(None, gt=0, lt=1, description="split: the train part's "
+                                   "share of the parent's records")
+    part: Literal["train", "holdout"] | None = Field(None, description="split: which part")
+    declared_size: int | None = Field(
+        None, ge=1, description="the child's public size N̂ (at least its true count); "
+        "default: a public bound computed from the parent's public sizes (split: "
+        "ceil(fraction·N̂) for train, N̂ - floor(fraction·N̂) for holdout; subset: the sum "
+        "of the parent's class sizes of the classes kept, else N̂)")
+
+    @model_validator(mode="after")
+    def _shape(self) -> DeriveIn:
+        if self.kind == "subset":
+            if self.classes is None or self.fraction is not None or self.part is not None:
+                raise ValueError("a subset names its classes (and no fraction or part)")
+            if len(set(self.classes)) != len(self.classes):
+                raise ValueError("classes has duplicate names")
+        elif self.fraction is None or self.part is None or self.classes is not None:
+            raise ValueError("a split gives a fraction and a part (and no classes)")
+        return self

@@ -7,21 +7,26 @@ import math
 import secrets
 import tempfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_dataset_id
+from dpsynth_shared.job_states import JobState, is_terminal
 from dpsynth_shared.ledger_contract import (
+    DEFAULT_WARNING_FRACTION,
     CreateBudget,
     HistogramRelease,
     HistogramRequest,
+    PrivacyUnit,
     SetClassSizes,
 )
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dpsynth_api.archives import ArchiveLimits
+from dpsynth_api.datasets import derive, overlap, units
 from dpsynth_api.datasets import repository as repo
 from dpsynth_api.datasets.ingest import Ingested, IngestLimits, ingest_upload, write_canonical
 from dpsynth_api.datasets.schemas import (
@@ -29,9 +34,10 @@ from dpsynth_api.datasets.schemas import (
     ClassSizesReleaseOut,
     DatasetMetadata,
 )
+from dpsynth_api.db import utcnow
 from dpsynth_api.ports import LedgerPort, ObjectStore
 from dpsynth_api.settings import ApiSettings
-from dpsynth_api.tables import Dataset
+from dpsynth_api.tables import Dataset, Job
 from dpsynth_api.tenants.security import Principal
 from dpsynth_api.uploads import safe_filename, spool
 
@@ -113,35 +119,150 @@ def _limits(settings: ApiSettings) -> IngestLimits:
 def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore,
                    ledger: LedgerPort, settings: ApiSettings, metadata: str,
                    filename: str | None, upload: BinaryIO) -> Dataset:
-    """Validate an upload, store its canonical form and (private) register its budget.
+    """Validate an upload, check its records against the tenant's, store its canonical form
+    and (private) register its budget, or link it to the budget it overlaps.
 
-    Nothing is kept when any step fails: the stored object is deleted and the row rolled
-    back when the ledger refuses or cannot be reached.
+    Nothing is kept when any step fails: the stored object is deleted and the row (with
+    its record hashes) rolled back when the ledger refuses or cannot be reached.
+
+    Raises:
+        DpsynthError: 409 ``private_data_overlap`` / ``public_private_overlap``
+            (datasets/overlap.py), 422 ``invalid_dataset``, the ledger's errors.
     """
     meta = parse_metadata(metadata)
     name = safe_filename(filename, "upload.zip")
-    with tempfile.TemporaryDirectory(prefix="dpsynth-upload-") as tmp:
-        raw = Path(tmp) / "upload"
-        spool(upload, raw, max_bytes=settings.max_upload_bytes)
-        data = ingest_upload(raw, name, private=meta.visibility == "private",
-                             label_domain=meta.label_domain, limits=_limits(settings))
-        declared, delta = _privacy_terms(meta, data.size)
-        check_class_sizes(meta, data, declared)
-        dataset_id = new_dataset_id()
-        key = f"{meta.visibility}/datasets/{dataset_id}/data.npz"
-        info = store.put_file(key, write_canonical(data, Path(tmp) / "data.npz"))
-    dataset = _row(dataset_id, key, meta, data, principal, declared, delta, info.sha256, info.size)
+    private = meta.visibility == "private"
+    dataset_id = new_dataset_id()
+    key = ""
     try:
+        with tempfile.TemporaryDirectory(prefix="dpsynth-upload-") as tmp:
+            raw = Path(tmp) / "upload"
+            spool(upload, raw, max_bytes=settings.max_upload_bytes)
+            column = units.subject_column_for(meta)
+            data = ingest_upload(raw, name, private=private, label_domain=meta.label_domain,
+                                 limits=_limits(settings), subject_column=column)
+            hashes = overlap.record_hashes(data.images)
+            canonical = write_canonical(data, Path(tmp) / "data.npz")
+            overlap.lock_tenant(session, principal.tenant_id)  # held until commit
+            link = _check_overlap(session, principal, meta, hashes)
+            dataset = _new_row(dataset_id, meta, data, principal, link)
+            key = dataset.object_key
+            info = store.put_file(key, canonical)
+        dataset.sha256, dataset.size_bytes = info.sha256, info.size
         repo.add(session, dataset)
-        if meta.visibility == "private":
+        overlap.add_hashes(session, tenant_id=dataset.tenant_id, dataset_id=dataset.id,
+                           budget_id=dataset.budget_id, visibility=dataset.visibility,
+                           hashes=hashes)
+        if private and link is None:
             ledger.create_budget(_budget_request(dataset, meta))
         session.commit()
     except BaseException:
         session.rollback()
-        store.delete(key)
+        if key:
+            store.delete(key)
         raise
-    log.info("dataset uploaded", extra={"dataset_id": dataset.id, "visibility": meta.visibility})
+    log.info("dataset uploaded", extra={"dataset_id": dataset.id, "visibility": meta.visibility,
+                                        "linked": link is not None})
     return dataset
+
+
+def _check_overlap(session: Session, principal: Principal, meta: DatasetMetadata,
+                   hashes: list[str]) -> tuple[Dataset, int] | None:
+    """Apply the overlap rules (datasets/overlap.py); the budget's dataset and the number
+    of shared records when a private upload is to be linked, else None.
+
+    Raises:
+        DpsynthError: 409 ``public_private_overlap``; 409 ``private_data_overlap`` (also
+            when a requested link is impossible, with ``link_refused``).
+    """
+    tenant = principal.tenant_id
+    found = overlap.find_overlap(session, tenant_id=tenant, hashes=hashes, visibility="private")
+    if found is None:
+        if meta.visibility == "private" and meta.epsilon_limit is None:
+            raise DpsynthError(ErrorCode.INVALID_DATASET, "a private dataset that shares no "
+                               "record with your private datasets needs an epsilon_limit "
+                               "(on_overlap 'link' found nothing to link to)")
+        return None
+    ext = {"datasets": found.datasets, "overlapping_records": found.records}
+    if meta.visibility == "public":
+        raise DpsynthError(ErrorCode.PUBLIC_PRIVATE_OVERLAP,
+                           f"{found.records} record(s) of this upload are records of your "
+                           "private dataset(s); private data cannot be re-declared public",
+                           **ext)
+    if meta.on_overlap != "link":
+        raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
+                           f"{found.records} record(s) of this upload are already in your "
+                           "private dataset(s) (deleted ones included), whose budget they "
+                           "belong to; upload with on_overlap 'link' to charge that budget",
+                           **ext)
+    if len(found.budgets) != 1:
+        raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
+                           "this upload shares records with datasets of different budgets "
+                           f"({', '.join(found.budgets)}); a dataset charges one budget, so "
+                           "it cannot be linked", link_refused="several_budgets",
+                           budgets=found.budgets, **ext)
+    root = session.get(Dataset, found.budgets[0])
+    assert root is not None and root.tenant_id == tenant
+    _check_link(meta, root, ext)
+    return root, found.records
+
+
+def _check_link(meta: DatasetMetadata, root: Dataset, ext: dict[str, Any]) -> None:
+    """A linked upload lives inside its budget's terms: its classes are partitions of the
+    budget, its unit is the budget's (declared size and delta are checked with the data).
+
+    Raises:
+        DpsynthError: 409 ``private_data_overlap`` with ``link_refused``.
+    """
+    outside = sorted(set(meta.label_domain or []) - set(root.class_names))
+    if outside:
+        raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
+                           f"cannot link: the label_domain has classes that are not "
+                           f"partitions of budget {root.id}: {outside}",
+                           link_refused="label_domain", **ext)
+    if str(meta.privacy_unit) != (root.privacy_unit or "image"):
+        raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
+                           f"cannot link: budget {root.id} counts privacy unit "
+                           f"{root.privacy_unit or 'image'!r}, this upload "
+                           f"{str(meta.privacy_unit)!r}", link_refused="privacy_unit", **ext)
+
+
+def _new_row(dataset_id: str, meta: DatasetMetadata, data: Ingested, principal: Principal,
+             link: tuple[Dataset, int] | None) -> Dataset:
+    """The dataset row of an upload (sha256 and size set once stored)."""
+    if link is None:
+        terms = units.resolve_units(meta, data)  # N̂, delta, class sizes in the unit
+        key = f"{meta.visibility}/datasets/{dataset_id}/data.npz"
+        row = _row(dataset_id, key, meta, data, principal, terms.declared_size, terms.delta,
+                   "", 0)
+        for column, value in terms.row_fields().items():
+            setattr(row, column, value)
+        if meta.visibility == "private":
+            row.budget_id = dataset_id
+            row.warning_fraction = (meta.warning_fraction if meta.warning_fraction is not None
+                                    else DEFAULT_WARNING_FRACTION)
+        return row
+    root, shared = link
+    assert root.budget_id is not None and root.delta is not None
+    declared = meta.declared_size if meta.declared_size is not None else data.unit_count
+    if declared >= data.unit_count and root.delta >= 1.0 / declared:
+        raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
+                           f"cannot link: the budget's delta {root.delta:g} is not below "
+                           f"1/N̂ = {1.0 / declared:g} of this upload",
+                           link_refused="delta", datasets=[root.id],
+                           overlapping_records=shared)
+    # N̂ (>= the true count of units) and class sizes checked at the budget's delta
+    terms = units.resolve_units(meta.model_copy(update={"delta": root.delta}), data)
+    # The object lives under the budget's prefix: the budget's read grant covers it.
+    key = f"private/datasets/{root.budget_id}/linked/{dataset_id}/data.npz"
+    row = _row(dataset_id, key, meta, data, principal, terms.declared_size, root.delta, "", 0)
+    for column, value in terms.row_fields().items():
+        setattr(row, column, value)
+    row.epsilon_limit, row.neighbouring = root.epsilon_limit, root.neighbouring
+    row.budget_id, row.parent_id = root.budget_id, root.id
+    row.derivation = {"kind": "link", "parent": root.id, "overlapping_records": shared}
+    row.warning_fraction = root.warning_fraction
+    return row
 
 
 def _row(dataset_id: str, key: str, meta: DatasetMetadata, data: Ingested, principal: Principal,
@@ -165,7 +286,12 @@ def _budget_request(dataset: Dataset, meta: DatasetMetadata) -> CreateBudget:
     return CreateBudget(dataset_id=dataset.id, tenant_id=dataset.tenant_id,
                         epsilon_limit=dataset.epsilon_limit, delta=dataset.delta,
                         declared_size=dataset.declared_size, neighbouring=meta.neighbouring,
-                        partitions=list(dataset.class_names), class_sizes=dataset.class_sizes)
+                        partitions=list(dataset.class_names), class_sizes=dataset.class_sizes,
+                        privacy_unit=PrivacyUnit(dataset.privacy_unit or "image"),
+                        partitions_disjoint=bool(dataset.partitions_disjoint
+                                                 if dataset.partitions_disjoint is not None
+                                                 else True),
+                        warning_fraction=dataset.warning_fraction or DEFAULT_WARNING_FRACTION)
 
 
 def get_dataset(session: Session, *, principal: Principal, dataset_id: str) -> Dataset:
@@ -271,3 +397,67 @@ def release_class_sizes(session: Session, *, principal: Principal, ledger: Ledge
     log.info("class sizes released", extra={"dataset_id": dataset.id,
                                              "release_id": release.release_id})
     return _release_out(dataset, release, dry_run=False, sizes=sizes)
+
+
+_LIVE_JOB_STATES = tuple(str(s) for s in JobState if not is_terminal(s))
+
+
+def _sharing_descendants(session: Session, dataset: Dataset) -> list[Dataset]:
+    """The derived datasets (subsets, splits, recursively) that read ``dataset``'s object."""
+    found: list[Dataset] = []
+    frontier = [dataset.id]
+    while frontier:
+        rows = list(session.scalars(select(Dataset).where(
+            Dataset.parent_id.in_(frontier), Dataset.tenant_id == dataset.tenant_id)))
+        rows = [r for r in rows if (r.derivation or {}).get("kind") in derive.SELECTING_KINDS]
+        found += rows
+        frontier = [r.id for r in rows]
+    return found
+
+
+def delete_dataset(session: Session, *, principal: Principal, store: ObjectStore,
+                   dataset_id: str) -> Dataset:
+    """Delete a dataset's stored data; keep its row, budget, ledger and record hashes.
+
+    The derived datasets that select from its object lose their data with it and are marked
+    deleted too. A linked or derived dataset deletes only what it stored itself (its own
+    object, or its split's indices), never its parent's data. Idempotent.
+
+    Raises:
+        DpsynthError: 404 for another tenant's id; 409 ``conflict`` while a job on the
+            dataset (or on a dataset reading its data) is not finished.
+    """
+    dataset = repo.lock_for_tenant(session, tenant_id=principal.tenant_id,
+                                   dataset_id=dataset_id)
+    if dataset is None:
+        raise NotFound("dataset", dataset_id)
+    if dataset.deleted_at is not None:
+        session.rollback()
+        return dataset
+    family = [dataset, *_sharing_descendants(session, dataset)]
+    live = list(session.scalars(select(Job.id).where(
+        Job.dataset_id.in_([d.id for d in family]), Job.state.in_(_LIVE_JOB_STATES))))
+    if live:
+        session.rollback()
+        raise DpsynthError(ErrorCode.CONFLICT, f"{len(live)} job(s) on this dataset or on "
+                           "datasets derived from it are queued or running; cancel them or "
+                           "wait for them to finish before deleting the data",
+                           job_ids=sorted(live))
+    now = utcnow()
+    keys: list[str] = []
+    for row in family:
+        if row.deleted_at is None:
+            row.deleted_at = now
+        selection = derive.selection_of(row)
+        if selection is not None:
+            if selection.get("indices_key"):
+                keys.append(str(selection["indices_key"]))
+        elif row is dataset:
+            keys.append(row.object_key)
+    session.flush()
+    for key in keys:  # the data goes first: a failure leaves it undeleted, never half-hidden
+        store.delete(key)
+    session.commit()
+    log.info("dataset deleted", extra={"dataset_id": dataset.id,
+                                       "derived_deleted": len(family) - 1})
+    return dataset

@@ -12,6 +12,7 @@ from dpsynth_shared.ids import is_valid_id, new_model_id
 from dpsynth_shared.worker_contract import Claim, DatasetInfo, ModelRef, RegisterArtifact
 from sqlalchemy.orm import Session
 
+from dpsynth_api.datasets.derive import selection_of
 from dpsynth_api.jobs import repository as jobs_repo
 from dpsynth_api.models import repository as models_repo
 from dpsynth_api.models.conditioning import check_layout_generator, layout_channels, model_target
@@ -47,7 +48,8 @@ def _layout_dataset(session: Session, job: Job) -> DatasetInfo | None:
     return DatasetInfo(dataset_id=dataset.id, visibility="public",
                        object_key=dataset.object_key, class_names=list(dataset.class_names),
                        declared_size=dataset.declared_size, has_masks=True,
-                       declared_public_by=dataset.declared_public_by)
+                       declared_public_by=dataset.declared_public_by,
+                       selection=selection_of(dataset))
 
 
 def _layout_model(session: Session, job: Job) -> ModelRef | None:
@@ -82,7 +84,10 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
                            visibility=dataset.visibility, has_masks=bool(dataset.has_masks),
                            object_key=dataset.object_key, class_names=list(dataset.class_names),
                            declared_size=dataset.declared_size, delta=dataset.delta,
-                           class_sizes=dataset.class_sizes)
+                           class_sizes=dataset.class_sizes,
+                           privacy_unit="subject" if dataset.privacy_unit == "subject"
+                           else "image",
+                           selection=selection_of(dataset), budget_id=dataset.budget_id)
     return Claim(
         job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
         type=job.type,

@@ -15,6 +15,7 @@ from dpsynth_shared.job_states import Actor, JobState
 from dpsynth_shared.ledger_contract import LabelShape, Reservation, ReserveRequest
 from sqlalchemy.orm import Session
 
+from dpsynth_api.datasets.derive import check_not_deleted
 from dpsynth_api.datasets.service import get_dataset
 from dpsynth_api.jobs import repository as repo
 from dpsynth_api.jobs.layouts import layout_record, resolve_layout_source
@@ -64,6 +65,7 @@ def _require_masks_for_target(dataset: Dataset, target: str) -> None:
 def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str) -> _Resolved:
     if isinstance(spec, PretrainSpec):
         dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
+        check_not_deleted(dataset)
         _require_visibility(dataset, "public", "pretrain")
         _require_masks_for_target(dataset, spec.target)
         return _Resolved(dataset=dataset)
@@ -78,6 +80,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
         layout = resolve_layout_source(session, principal=principal, spec=spec, model=model)
         return _Resolved(model_id=model.id, layout=layout)
     dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
+    check_not_deleted(dataset)
     _require_visibility(dataset, "private", "finetune")
     check_finetune_options(dataset, spec)
     _require_masks_for_target(dataset, spec.training.target)
@@ -88,9 +91,16 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
                            "'masks') starts from a model without layout conditioning",
                            model_id=base.id)
     batch = spec.training.expected_batch_size
+    budget_id, population = budget_terms(dataset)
     if spec.training.per_label:
+        if population is not None:
+            raise DpsynthError(ErrorCode.INVALID_SPEC,
+                               f"dataset {dataset.id} charges the budget of dataset "
+                               f"{budget_id}; per-label jobs run only on the dataset that "
+                               "owns its budget (the budget's class partitions and sizes are "
+                               "that dataset's)", dataset_id=dataset.id, budget_id=budget_id)
         shapes = per_label_shapes(dataset, spec)
-        reserve = ReserveRequest(job_id=job_id, dataset_id=dataset.id,
+        reserve = ReserveRequest(job_id=job_id, dataset_id=budget_id,
                                  target_epsilon=spec.privacy.target_epsilon, per_label=shapes)
         return _Resolved(dataset=dataset, model_id=base.id, reserve=reserve,
                          steps=sum(shape.steps for shape in shapes.values()))
@@ -101,10 +111,21 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
                            "must be at most 1)", declared_size=dataset.declared_size)
     steps = steps_for(epochs=spec.training.epochs, expected_batch_size=batch,
                       declared_size=dataset.declared_size)
-    reserve = ReserveRequest(job_id=job_id, dataset_id=dataset.id,
+    reserve = ReserveRequest(job_id=job_id, dataset_id=budget_id,
                              target_epsilon=spec.privacy.target_epsilon,
-                             expected_batch_size=batch, steps=steps)
+                             expected_batch_size=batch, steps=steps, population_size=population)
     return _Resolved(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve)
+
+
+def budget_terms(dataset: Dataset) -> tuple[str, int | None]:
+    """The ledger budget a job on ``dataset`` charges and the population it samples from.
+
+    A derived or linked dataset charges its parent's budget (``budget_id``) with its own
+    public size N̂ (``population_size``: the ledger sets q = expected_batch_size / N̂ of the
+    child); a dataset that owns its budget passes None (the budget's declared size).
+    """
+    budget_id = dataset.budget_id or dataset.id
+    return budget_id, (dataset.declared_size if budget_id != dataset.id else None)
 
 
 def per_label_shapes(dataset: Dataset, spec: FinetuneSpec) -> dict[str, LabelShape]:

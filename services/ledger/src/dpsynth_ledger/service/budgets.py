@@ -167,11 +167,20 @@ def plan_runs(budget: Budget, request: PlanRequest, ctx: LedgerContext) -> list[
         DpsynthError: ``invalid_spec`` for a per-label job on a dataset without declared
             class sizes; ``invalid_request`` for a class outside the declared labels.
     """
+    population = request.population_size
+    if population is not None and budget.delta >= 1.0 / population:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, "delta must be below 1/population_size "
+                           "(the public size of the derived or linked dataset sampled from)")
     if request.per_label is None:
         assert request.expected_batch_size is not None and request.steps is not None
+        # q = b / N̂: a derived or linked dataset samples from its own public size N̂_child
         return [_run(budget, partition=WHOLE_DATASET, target=request.target_epsilon,
                      batch=request.expected_batch_size, steps=request.steps,
-                     size=budget.declared_size, ctx=ctx)]
+                     size=population or budget.declared_size, ctx=ctx)]
+    if population is not None:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, "a per-label job samples each class "
+                           "at its declared class size; population_size is for whole-dataset "
+                           "jobs")
     sizes = budget.class_sizes
     if not sizes:
         raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label job needs public class sizes: "

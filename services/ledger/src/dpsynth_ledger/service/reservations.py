@@ -124,7 +124,7 @@ def reserve(session: Session, *, request: ReserveRequest,
     plan, runs_ = plan_with_runs(session, request=PlanRequest(
         dataset_id=request.dataset_id, target_epsilon=request.target_epsilon,
         expected_batch_size=request.expected_batch_size, steps=request.steps,
-        per_label=request.per_label), ctx=ctx)
+        per_label=request.per_label, population_size=request.population_size), ctx=ctx)
     if request.dry_run:
         return plan
     session.commit()  # end the read transaction: the decision is taken under the lock only
@@ -144,6 +144,8 @@ def reserve(session: Session, *, request: ReserveRequest,
                "event": plan.event.model_dump(mode="json"),
                "target_epsilon": request.target_epsilon, "job_epsilon": plan.job_epsilon,
                "rdp_requested": plan.rdp_total}
+    if request.population_size is not None:  # a derived or linked dataset's public N̂
+        details["population_size"] = request.population_size
     if not admitted:
         numbers = refusal_numbers(budget, accs, target=request.target_epsilon,
                                   job_epsilon=plan.job_epsilon, new=new)

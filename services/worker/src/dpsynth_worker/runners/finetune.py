@@ -30,6 +30,7 @@ from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.hooks import LeasedHooks
 from dpsynth_worker.runners.outcome import Outcome, close_reservation, fail, propose, stopped
 from dpsynth_worker.runners.publish import publish_model
+from dpsynth_worker.runners.selection import fetch_dataset
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def _fetch_private_data(ctx: JobContext, inputs: _Inputs) -> None:
     """Read grant (the reservation becomes "touched"), then the private dataset with it."""
     grant = ctx.ledger.read_grant(inputs.reservation.reservation_id, attempt=ctx.attempt,
                                   worker_id=ctx.worker_id)
-    ctx.store.get_file(inputs.dataset.object_key, inputs.data_path, grant=grant.token)
+    fetch_dataset(ctx, inputs.dataset, inputs.data_path, grant=grant.token)  # + selection
 
 
 def _dp_ancestors(base: ModelRef, dataset_id: str, base_dir: Path) -> list[str]:
@@ -259,8 +260,8 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
     rid, dataset_id = inputs.reservation.reservation_id, inputs.dataset.dataset_id
     reservation_ids = [*inputs.ancestors, rid]
     steps_used = _steps_used(inputs, result)
-    eps = ctx.ledger.job_epsilon(dataset_id=dataset_id, reservation_ids=reservation_ids,
-                                 steps_used=steps_used)
+    eps = ctx.ledger.job_epsilon(dataset_id=inputs.dataset.budget_id or dataset_id,
+                                 reservation_ids=reservation_ids, steps_used=steps_used)
     event, plan = inputs.reservation.event, inputs.reservation.plan
     job_ids = [*(inputs.base.job_ids if inputs.ancestors else []), ctx.job_id]
     record: dict[str, Any] = {

@@ -44,6 +44,7 @@ from dpsynth_worker.runners.artifacts import (
 )
 from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
+from dpsynth_worker.runners.selection import fetch_dataset
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ def _download_layouts(ctx: JobContext, spec: GenerateSpec) -> tuple[DatasetInfo,
 
     ctx.heartbeat.phase("downloading layouts")
     path = ctx.work_dir / "layouts.npz"
-    ctx.store.get_file(dataset.object_key, path)  # public data: no read grant
+    fetch_dataset(ctx, dataset, path)  # public data: no read grant (+ a derived selection)
     layouts = load_layouts(path, per_class=source.per_class)
     path.unlink()
     return dataset, layouts

@@ -12,6 +12,7 @@ from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.hooks import PlainHooks
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
 from dpsynth_worker.runners.publish import publish_model
+from dpsynth_worker.runners.selection import fetch_dataset
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ def run_pretrain(ctx: JobContext) -> Outcome:
         raise DpsynthError(ErrorCode.VISIBILITY_MISMATCH, "a pretrain needs a public dataset")
     ctx.heartbeat.phase("downloading dataset")
     data_path = ctx.work_dir / "data.npz"
-    ctx.store.get_file(dataset.object_key, data_path)
+    fetch_dataset(ctx, dataset, data_path)  # public data, with a derived dataset's selection
     arch = spec.architecture
     training = TrainingSpec(kind="pretrain", preset=spec.preset, image_size=spec.image_size,
                             architecture=Architecture(unet_class=arch.unet_class,

@@ -1,0 +1,210 @@
+"""Derived datasets: class subsets and random splits as SELECTIONS over a parent's records.
+
+The api never reads private data after ingest (private objects open only with a ledger read
+grant), so a derived dataset is not a copy: it is the parent's canonical object plus a
+selection the worker applies when it loads the data inside the job
+(``DatasetInfo.selection`` of the claim):
+
+* ``classes``: keep the records whose label is one of these classes (labels are renumbered
+  to the child's ``class_names``, in the parent's order);
+* ``indices_key``: then keep the records at these positions (an ``.npy`` of int64 indices
+  into the class-filtered records), written by the api under the budget's private prefix
+  ``private/datasets/<budget_id>/derived/<child_id>/indices.npy``, which the job's read
+  grant covers.
+
+A split's indices are a permutation of ``range(true_size)`` drawn from OS entropy: they do
+not depend on the data. The seed is recorded in the derivation, and the second part of a
+split of the same parent at the same fraction reuses it, so ``train`` and ``holdout`` are
+complementary. A private child charges its parent's budget (``budget_id``), with its own
+public size N̂_child setting the job's sample rate q = b / N̂_child; every record of the
+child is a record of the budget, already covered by the parent's record hashes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import secrets
+
+import numpy as np
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.ids import new_dataset_id
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dpsynth_api.datasets import repository as repo
+from dpsynth_api.datasets.schemas import DeriveIn
+from dpsynth_api.ports import ObjectStore
+from dpsynth_api.tables import Dataset
+from dpsynth_api.tenants.security import Principal
+
+SELECTING_KINDS = frozenset({"subset", "split"})
+"""Derivations that read their parent's object (a link stores its own object)."""
+
+
+def check_not_deleted(dataset: Dataset) -> None:
+    """Refuse new work on a deleted dataset.
+
+    Raises:
+        DpsynthError: 410 ``dataset_deleted``.
+    """
+    if dataset.deleted_at is not None:
+        raise DpsynthError(ErrorCode.DATASET_DELETED,
+                           f"dataset {dataset.id} was deleted; its budget and ledger remain "
+                           "readable, but no new job or derived dataset can use it",
+                           dataset_id=dataset.id, deleted_at=dataset.deleted_at.isoformat())
+
+
+def selection_of(dataset: Dataset) -> dict[str, object] | None:
+    """The selection a worker applies to the dataset's object, or None (the whole object)."""
+    derivation = dataset.derivation or {}
+    if derivation.get("kind") not in SELECTING_KINDS:
+        return None
+    selection = derivation.get("selection")
+    return dict(selection) if isinstance(selection, dict) else None
+
+
+def derive_dataset(session: Session, *, principal: Principal, store: ObjectStore,
+                   dataset_id: str, body: DeriveIn) -> Dataset:
+    """Create a subset or split of the tenant's dataset (no data copied or read).
+
+    Raises:
+        DpsynthError: 404 for another tenant's id, 410 ``dataset_deleted``, 422
+            ``invalid_request`` for a selection that cannot be expressed or a size below
+            the child's true count or with delta ≥ 1/N̂_child.
+    """
+    parent = repo.lock_for_tenant(session, tenant_id=principal.tenant_id,
+                                  dataset_id=dataset_id)
+    if parent is None:
+        raise NotFound("dataset", dataset_id)
+    check_not_deleted(parent)
+    parent_selection = selection_of(parent) or {}
+    if "indices_key" in parent_selection:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                           f"dataset {parent.id} is a split; derive subsets and splits from "
+                           "the dataset it was split from (a subset first, then its split)")
+    if parent.privacy_unit == "subject" and body.kind == "split":
+        raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                           "a split draws images, and this dataset's privacy unit is the "
+                           "subject: one subject's images could fall in both parts")
+    child_id = new_dataset_id()
+    if body.kind == "subset":
+        child = _subset(parent, body, child_id, parent_selection)
+    else:
+        child = _split(session, store, parent, body, child_id, parent_selection)
+    _check_size(child)
+    child.uploaded_by = principal.key_id
+    try:
+        repo.add(session, child)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        key = (child.derivation or {}).get("selection", {}).get("indices_key")
+        if key:
+            store.delete(str(key))
+        raise
+    return child
+
+
+def _base(parent: Dataset, child_id: str, name: str) -> Dataset:
+    return Dataset(
+        id=child_id, tenant_id=parent.tenant_id, name=name, visibility=parent.visibility,
+        object_key=parent.object_key, source_format=parent.source_format,
+        true_size=parent.true_size, declared_size=parent.declared_size,
+        class_names=list(parent.class_names), class_counts=dict(parent.class_counts),
+        image_shape=list(parent.image_shape), has_masks=parent.has_masks, delta=parent.delta,
+        epsilon_limit=parent.epsilon_limit, neighbouring=parent.neighbouring,
+        class_sizes=None, class_sizes_source=None,
+        declared_public_by=parent.declared_public_by, uploaded_by="", sha256=parent.sha256,
+        size_bytes=parent.size_bytes, budget_id=parent.budget_id, parent_id=parent.id,
+        privacy_unit=parent.privacy_unit, subject_count=None,
+        partitions_disjoint=parent.partitions_disjoint,
+        warning_fraction=parent.warning_fraction)
+
+
+def _subset(parent: Dataset, body: DeriveIn, child_id: str,
+            parent_selection: dict[str, object]) -> Dataset:
+    assert body.classes is not None
+    unknown = sorted(set(body.classes) - set(parent.class_names))
+    if unknown:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, f"classes {unknown} are not classes of "
+                           f"dataset {parent.id}", classes=unknown)
+    kept = [c for c in parent.class_names if c in set(body.classes)]  # the parent's order
+    child = _base(parent, child_id, body.name)
+    child.class_names = kept
+    child.class_counts = {c: int(parent.class_counts.get(c, 0)) for c in kept}
+    child.true_size = sum(child.class_counts.values())
+    sizes = parent.class_sizes
+    if sizes:
+        child.class_sizes = {c: int(sizes[c]) for c in kept}
+        child.class_sizes_source = parent.class_sizes_source
+    default = sum(int(sizes[c]) for c in kept) if sizes else parent.declared_size
+    child.declared_size = body.declared_size or min(default, parent.declared_size)
+    child.derivation = {"kind": "subset", "parent": parent.id, "classes": kept,
+                        "selection": {**parent_selection, "classes": kept}}
+    return child
+
+
+def _sibling_seed(session: Session, parent: Dataset, fraction: float) -> int | None:
+    """The seed of an earlier split of ``parent`` at ``fraction`` (complementary parts)."""
+    rows = session.scalars(select(Dataset).where(Dataset.parent_id == parent.id,
+                                                 Dataset.tenant_id == parent.tenant_id))
+    for row in rows:
+        d = row.derivation or {}
+        if d.get("kind") == "split" and d.get("fraction") == fraction and "seed" in d:
+            return int(d["seed"])
+    return None
+
+
+def split_indices(seed: int, n: int, fraction: float, part: str) -> np.ndarray:
+    """The sorted positions of one part: the first ``floor(fraction·n)`` of a permutation of
+    ``range(n)`` drawn with ``seed`` (train), or the rest (holdout)."""
+    order = np.random.default_rng(seed).permutation(n)
+    k = math.floor(fraction * n)
+    return np.sort(order[:k] if part == "train" else order[k:]).astype(np.int64)
+
+
+def _split(session: Session, store: ObjectStore, parent: Dataset, body: DeriveIn,
+           child_id: str, parent_selection: dict[str, object]) -> Dataset:
+    assert body.fraction is not None and body.part is not None
+    seed = _sibling_seed(session, parent, body.fraction)
+    if seed is None:
+        seed = secrets.randbits(63)  # OS entropy: the split does not depend on the data
+    indices = split_indices(seed, parent.true_size, body.fraction, body.part)
+    if parent.visibility == "private":
+        assert parent.budget_id is not None
+        key = f"private/datasets/{parent.budget_id}/derived/{child_id}/indices.npy"
+    else:
+        key = f"public/datasets/{parent.id}/derived/{child_id}/indices.npy"
+    buffer = io.BytesIO()
+    np.save(buffer, indices, allow_pickle=False)
+    store.put_bytes(key, buffer.getvalue())
+    child = _base(parent, child_id, body.name)
+    child.true_size = int(indices.shape[0])
+    child.class_counts = {}  # unknown to the api: it never reads the labels again
+    n_hat, f = parent.declared_size, body.fraction
+    default = max(1, math.ceil(f * n_hat)) if body.part == "train" else \
+        n_hat - math.floor(f * n_hat)
+    child.declared_size = body.declared_size or default
+    child.derivation = {"kind": "split", "parent": parent.id, "fraction": f,
+                        "part": body.part, "seed": seed,
+                        "selection": {**parent_selection, "indices_key": key}}
+    return child
+
+
+def _check_size(child: Dataset) -> None:
+    """N̂_child bounds the child's true count; delta stays below 1/N̂_child.
+
+    Raises:
+        DpsynthError: 422 ``invalid_request`` (the detail never states the true count).
+    """
+    if child.declared_size < child.true_size:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                           f"declared_size {child.declared_size} is smaller than the number "
+                           "of records the selection keeps; the public size N̂ must be at "
+                           "least the true count")
+    if child.delta is not None and child.delta >= 1.0 / child.declared_size:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                           f"the budget's delta {child.delta:g} is not below 1/N̂ = "
+                           f"{1.0 / child.declared_size:g} of the derived dataset; declare a "
+                           "smaller size", delta=child.delta)

@@ -1,0 +1,101 @@
+"""Loading a dataset for a job, with the selection of a derived dataset applied.
+
+A derived dataset (a class subset or a random split, docs/privacy.md "Records, overlap and
+derived data") is its parent's canonical object plus a selection (``DatasetInfo.selection``):
+``classes`` keeps the records of those classes (labels renumbered to the kept classes, in
+the parent's order), then ``indices_key`` (an ``.npy`` of int64 positions into the
+class-filtered records) keeps those positions. Every per-record array (images, labels,
+masks, subjects) is selected together: a record's mask and subject are part of the record.
+The selection is applied here, inside the job and after the read grant, because the api
+never reads private data after ingest. Errors never name a record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.worker_contract import DatasetInfo
+
+from dpsynth_worker.runners.context import JobContext
+
+
+def fetch_dataset(ctx: JobContext, dataset: DatasetInfo, dest: Path, *,
+                  grant: str | None = None) -> Path:
+    """Download the dataset's object to ``dest``, narrowed to its selection if it has one.
+
+    Args:
+        ctx: the job's context (its object store).
+        dataset: the claim's dataset.
+        dest: where the (selected) canonical ``.npz`` is written.
+        grant: the ledger's read grant (private data); the indices sit under the same
+            budget prefix and are read with it.
+
+    Returns:
+        ``dest``.
+    """
+    selection = dataset.selection
+    if not selection:
+        ctx.store.get_file(dataset.object_key, dest, grant=grant)
+        return dest
+    whole = dest.with_name(f"{dest.stem}-parent.npz")
+    ctx.store.get_file(dataset.object_key, whole, grant=grant)
+    indices = None
+    if selection.get("indices_key"):
+        index_path = dest.with_name(f"{dest.stem}-indices.npy")
+        ctx.store.get_file(str(selection["indices_key"]), index_path, grant=grant)
+        indices = np.load(index_path, allow_pickle=False)
+        index_path.unlink()
+    classes = selection.get("classes")
+    apply_selection(whole, dest, classes=[str(c) for c in classes] if classes else None,
+                    indices=indices)
+    whole.unlink()
+    return dest
+
+
+def apply_selection(source: Path, dest: Path, *, classes: list[str] | None,
+                    indices: np.ndarray | None) -> None:
+    """Write ``source``'s records kept by the selection to ``dest`` (canonical npz).
+
+    Raises:
+        DpsynthError: ``invalid_dataset`` when the selection does not fit the object.
+    """
+    with np.load(source, allow_pickle=False) as npz:
+        arrays: dict[str, Any] = {name: npz[name] for name in npz.files}
+    n = int(arrays["images"].shape[0])
+    names = [str(c) for c in arrays["class_names"].tolist()]
+    labels = arrays["labels"].astype(np.int64)
+    keep = np.arange(n)
+    remap = None
+    if classes is not None:
+        if not set(classes) <= set(names):
+            raise DpsynthError(ErrorCode.INVALID_DATASET, "the derived dataset's classes are "
+                               "not classes of its parent's data")
+        wanted = [names.index(c) for c in classes]
+        keep = np.flatnonzero(np.isin(labels, wanted))
+        remap = np.full(len(names), -1, dtype=np.int64)
+        remap[wanted] = np.arange(len(wanted))
+    if indices is not None:
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.ndim != 1 or (indices.size and (int(indices.min()) < 0
+                                                   or int(indices.max()) >= keep.size)):
+            raise DpsynthError(ErrorCode.INVALID_DATASET, "the derived dataset's indices do "
+                               "not fit its parent's data")
+        keep = keep[indices]
+    out: dict[str, Any] = {}
+    for name, array in arrays.items():
+        if name == "class_names":
+            continue
+        out[name] = array[keep] if array.ndim >= 1 and array.shape[0] == n else array
+    if remap is not None and classes is not None:
+        out["labels"] = remap[out["labels"].astype(np.int64)]
+        out["class_names"] = np.asarray(classes, dtype=str)
+    else:
+        out["class_names"] = arrays["class_names"]
+    if "subjects" in out:  # dense again: 0..S'-1 over the subjects kept
+        _, dense = np.unique(out["subjects"], return_inverse=True)
+        out["subjects"] = dense.astype(np.int64)
+    with dest.open("wb") as fh:
+        np.savez(fh, **out)

@@ -1,0 +1,415 @@
+"""The budget belongs to the records (issue 4, item 1), at the api on real PostgreSQL.
+
+Re-uploads of a tenant's private records are refused (``private_data_overlap``) or linked to
+their budget; private records cannot be re-declared public (``public_private_overlap``);
+deletion removes the data but keeps the budget, its ledger and the record hashes; derived
+datasets (subsets, splits) are selections charged to the parent's budget with q = b / N̂_child.
+Most tests use the in-memory ledger; the budget-sharing ones use the REAL ledger app on its
+own database over HTTP.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from dpsynth_api.adapters.ledger_http import HttpLedger
+from dpsynth_api.app import create_app
+from dpsynth_api.db import make_session_factory
+from dpsynth_api.fakes import RecordingSender
+from dpsynth_api.tables import RecordHash
+from dpsynth_ledger.app import create_app as create_ledger_app
+from dpsynth_ledger.migrate import upgrade as upgrade_ledger
+from dpsynth_shared.stores.local import LocalDirStore
+from fastapi.testclient import TestClient
+from PIL import Image
+from sqlalchemy import create_engine, func, select
+
+from tests.integration.api.conftest import Api, admin_token, auth, make_settings
+from tests.integration.ledger.conftest import TOKEN as LEDGER_TOKEN
+from tests.integration.ledger.conftest import make_settings as ledger_settings
+from tests.unit.api import builders as b
+
+DOMAIN = ["x", "y", "z"]
+
+
+def _images(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 8, 8), dtype=np.uint8)
+
+
+def _npz(images: np.ndarray, k: int = 3) -> bytes:
+    return b.npz_bytes(images=images, labels=np.arange(len(images)) % k)
+
+
+def _private(api: Api, token: str, images: np.ndarray, **meta: Any) -> Any:
+    body = {"name": "priv", "visibility": "private", "epsilon_limit": 10.0,
+            "label_domain": DOMAIN, **meta}
+    return api.upload(token, _npz(images), {k: v for k, v in body.items() if v is not None},
+                      filename="d.npz")
+
+
+def _hash_rows(api: Api, dataset_id: str) -> int:
+    engine = create_engine(api.settings.database.url)
+    try:
+        with make_session_factory(engine)() as session:
+            return int(session.scalar(select(func.count()).select_from(RecordHash).where(
+                RecordHash.dataset_id == dataset_id)) or 0)
+    finally:
+        engine.dispose()
+
+
+def test_every_record_is_hashed_in_the_upload_transaction(api: Api) -> None:
+    _, token = api.tenant()
+    r = _private(api, token, _images(1, 12))
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["budget_id"] == body["dataset_id"] and body["derivation"] is None
+    assert _hash_rows(api, body["dataset_id"]) == 12
+    public = api.public_dataset(token)
+    assert _hash_rows(api, public) == 6
+    api.ledger.fail_create = True  # the ledger refuses: no row, no hash, no object
+    r = _private(api, token, _images(2, 12))
+    assert r.status_code == 503
+    engine = create_engine(api.settings.database.url)
+    with make_session_factory(engine)() as session:
+        assert session.scalar(select(func.count()).select_from(RecordHash)) == 18
+    engine.dispose()
+
+
+def test_reuploading_private_records_is_refused(api: Api) -> None:
+    _, token = api.tenant()
+    images = _images(3, 12)
+    first = _private(api, token, images).json()["dataset_id"]
+    again = _private(api, token, images)
+    assert again.status_code == 409, again.text
+    problem = again.json()
+    assert problem["code"] == "private_data_overlap"
+    assert problem["datasets"] == [first] and problem["overlapping_records"] == 12
+    # a subset of it, mixed with new records: only the shared ones are counted
+    mixed = np.concatenate([images[:5], _images(4, 7)])
+    r = _private(api, token, mixed)
+    assert r.status_code == 409
+    assert r.json()["code"] == "private_data_overlap"
+    assert r.json()["overlapping_records"] == 5
+    assert "index" not in r.text and "record 0" not in r.text
+
+
+def test_private_images_cannot_be_redeclared_public(api: Api) -> None:
+    _, token = api.tenant()
+    images = _images(5, 12)
+    first = _private(api, token, images).json()["dataset_id"]
+    r = api.upload(token, _npz(images[:4]), {"name": "leak", "visibility": "public"},
+                   filename="d.npz")
+    assert r.status_code == 409, r.text
+    assert r.json()["code"] == "public_private_overlap"
+    assert r.json()["datasets"] == [first] and r.json()["overlapping_records"] == 4
+
+
+def test_a_private_upload_of_public_records_is_accepted(api: Api) -> None:
+    _, token = api.tenant()
+    images = _images(6, 12)
+    r = api.upload(token, _npz(images), {"name": "pub", "visibility": "public"},
+                   filename="d.npz")
+    assert r.status_code == 201
+    assert _private(api, token, images).status_code == 201
+
+
+def test_overlap_is_checked_within_the_tenant_only(api: Api) -> None:
+    _, alice = api.tenant("alice")
+    _, bob = api.tenant("bob")
+    images = _images(7, 12)
+    assert _private(api, alice, images).status_code == 201
+    r = _private(api, bob, images)  # bob learns nothing about alice's data
+    assert r.status_code == 201, r.text
+    assert r.json()["budget_id"] == r.json()["dataset_id"]
+
+
+def _png_folder(images: np.ndarray) -> bytes:
+    members = {}
+    for i, image in enumerate(images):
+        buf = io.BytesIO()
+        Image.fromarray(image, mode="L").save(buf, format="PNG")
+        members[f"data/{DOMAIN[i % 3]}/{i}.png"] = buf.getvalue()
+    return b.zip_bytes(members)
+
+
+def test_a_png_folder_and_an_npz_of_the_same_images_overlap(api: Api) -> None:
+    _, token = api.tenant()
+    images = _images(8, 9)
+    r = api.upload(token, _png_folder(images), {
+        "name": "folder", "visibility": "private", "epsilon_limit": 5.0,
+        "label_domain": DOMAIN})
+    assert r.status_code == 201, r.text
+    folder = r.json()["dataset_id"]
+    r = _private(api, token, images[::-1].copy())
+    assert r.status_code == 409
+    assert r.json()["datasets"] == [folder] and r.json()["overlapping_records"] == 9
+
+
+def test_link_mode_charges_the_existing_budget(api: Api) -> None:
+    _, token = api.tenant()
+    images = _images(9, 12)
+    parent = _private(api, token, images, delta=1e-3).json()
+    more = np.concatenate([images[:6], _images(10, 10)])
+    r = _private(api, token, more, on_overlap="link", epsilon_limit=None,
+                 label_domain=["x", "y"] + ["z"])
+    assert r.status_code == 201, r.text
+    linked = r.json()
+    assert linked["budget_id"] == parent["dataset_id"]
+    assert linked["parent_id"] == parent["dataset_id"]
+    assert linked["derivation"] == {"kind": "link", "parent": parent["dataset_id"],
+                                    "overlapping_records": 6}
+    assert linked["delta"] == parent["delta"] == 1e-3
+    assert linked["epsilon_limit"] == parent["epsilon_limit"]
+    assert linked["declared_size"] == 16
+    assert set(api.ledger.budgets) == {parent["dataset_id"]}  # no new ledger budget
+    # its object sits under the budget's prefix (the budget's read grant covers it)
+    key = f"private/datasets/{parent['dataset_id']}/linked/{linked['dataset_id']}/data.npz"
+    assert api.store.stat(key) is not None
+    budget = api.client.get(f"/v1/datasets/{linked['dataset_id']}/budget",
+                            headers=auth(token)).json()
+    assert budget["dataset_id"] == parent["dataset_id"]
+    # a job on it charges the parent's budget, sampled at q = b / N̂_linked
+    model = api.model(token)
+    r = api.finetune(token, linked["dataset_id"], model, batch=4)
+    assert r.status_code == 201, r.text
+    (entry,) = api.ledger.reservations.values()
+    assert entry.reservation.dataset_id == parent["dataset_id"]
+    assert entry.reservation.plan is not None
+    assert entry.reservation.plan.event.sample_rate == 4 / 16
+    # the linked dataset's own records now belong to the budget too
+    r = _private(api, token, _images(10, 10))
+    assert r.status_code == 409
+    assert r.json()["datasets"] == sorted([linked["dataset_id"]])
+
+
+def test_link_refusals(api: Api) -> None:
+    _, token = api.tenant()
+    a, c = _images(11, 12), _images(12, 12)
+    _private(api, token, a)
+    _private(api, token, c)
+    both = np.concatenate([a[:3], c[:3]])
+    r = _private(api, token, both, on_overlap="link")
+    assert r.status_code == 409 and r.json()["link_refused"] == "several_budgets"
+    r = api.upload(token, _npz(a[:3]), {"name": "l", "visibility": "private",
+                                        "on_overlap": "link", "label_domain": ["x", "y", "w"]},
+                   filename="d.npz")
+    assert r.status_code == 409 and r.json()["link_refused"] == "label_domain"
+    # nothing to link to: a private dataset then needs its own limit
+    r = _private(api, token, _images(13, 12), on_overlap="link", epsilon_limit=None)
+    assert r.status_code == 422 and r.json()["code"] == "invalid_dataset"
+
+
+def test_link_refused_when_delta_is_not_below_one_over_the_new_size(api: Api) -> None:
+    _, token = api.tenant()
+    images = _images(14, 12)
+    _private(api, token, images, delta=0.05)  # < 1/12
+    r = _private(api, token, np.concatenate([images, _images(15, 20)]), on_overlap="link")
+    assert r.status_code == 409 and r.json()["link_refused"] == "delta"
+
+
+def test_deleting_keeps_the_budget_the_entries_and_the_hashes(api: Api) -> None:
+    _, token = api.tenant()
+    images = _images(16, 12)
+    ds = _private(api, token, images).json()["dataset_id"]
+    model = api.model(token)
+    job = api.finetune(token, ds, model).json()
+    r = api.client.delete(f"/v1/datasets/{ds}", headers=auth(token))
+    assert r.status_code == 409 and r.json()["code"] == "conflict"  # a job is queued
+    assert r.json()["job_ids"] == [job["job_id"]]
+    r = api.client.post(f"/v1/jobs/{job['job_id']}/cancel", headers=auth(token))
+    assert r.status_code in (200, 202), r.text
+    r = api.client.delete(f"/v1/datasets/{ds}", headers=auth(token))
+    assert r.status_code == 200, r.text
+    assert r.json()["deleted_at"] is not None
+    assert api.store.stat(f"private/datasets/{ds}/data.npz") is None
+    shown = api.client.get(f"/v1/datasets/{ds}", headers=auth(token)).json()
+    assert shown["deleted_at"] is not None and shown["budget_id"] == ds
+    budget = api.client.get(f"/v1/datasets/{ds}/budget", headers=auth(token))
+    assert budget.status_code == 200 and budget.json()["dataset_id"] == ds
+    assert _hash_rows(api, ds) == 12
+    r = api.finetune(token, ds, model)
+    assert r.status_code == 410 and r.json()["code"] == "dataset_deleted"
+    r = _private(api, token, images)  # no fresh budget for the same records
+    assert r.status_code == 409 and r.json()["code"] == "private_data_overlap"
+    assert r.json()["datasets"] == [ds]
+    r = _private(api, token, images, on_overlap="link")
+    assert r.status_code == 201 and r.json()["budget_id"] == ds  # the old, charged budget
+    assert api.client.delete(f"/v1/datasets/{ds}", headers=auth(token)).status_code == 200
+
+
+def test_delete_needs_the_owner_scope(api: Api) -> None:
+    tenant, token = api.tenant()
+    ds = _private(api, token, _images(17, 12)).json()["dataset_id"]
+    r = api.client.post(f"/v1/tenants/{tenant}/keys", headers=auth(api.admin),
+                        json={"scopes": ["read", "submit"]})
+    assert r.status_code == 201, r.text
+    submitter = r.json()["api_key"]
+    assert api.client.delete(f"/v1/datasets/{ds}", headers=auth(submitter)).status_code == 403
+    _, other = api.tenant("other")
+    assert api.client.delete(f"/v1/datasets/{ds}", headers=auth(other)).status_code == 404
+
+
+def _derive(api: Api, token: str, dataset_id: str, **body: Any) -> Any:
+    return api.client.post(f"/v1/datasets/{dataset_id}/derive", headers=auth(token),
+                           json={"name": "child", **body})
+
+
+def test_a_class_subset_is_a_selection_charged_to_the_parent(api: Api) -> None:
+    _, token = api.tenant()
+    parent = _private(api, token, _images(18, 12),
+                      class_sizes={"x": 5, "y": 6, "z": 7}).json()
+    r = _derive(api, token, parent["dataset_id"], kind="subset", classes=["z", "x"])
+    assert r.status_code == 201, r.text
+    child = r.json()
+    assert child["class_names"] == ["x", "z"]  # the parent's order
+    assert child["budget_id"] == parent["dataset_id"] and child["parent_id"] == parent["dataset_id"]
+    assert child["true_size"] == 8 and child["declared_size"] == 5 + 7
+    assert child["class_sizes"] == {"x": 5, "z": 7}
+    assert child["derivation"]["selection"] == {"classes": ["x", "z"]}
+    assert child["delta"] == parent["delta"]
+    model = api.model(token)
+    r = api.finetune(token, child["dataset_id"], model, batch=3)
+    assert r.status_code == 201, r.text
+    (entry,) = api.ledger.reservations.values()
+    assert entry.reservation.dataset_id == parent["dataset_id"]
+    assert entry.reservation.plan is not None
+    assert entry.reservation.plan.event.sample_rate == 3 / 12
+    claim = api.worker(f"{r.json()['job_id']}/claim", {"attempt": 1, "worker_id": "w"}).json()
+    assert claim["dataset"]["object_key"] == parent_key(parent)
+    assert claim["dataset"]["selection"] == {"classes": ["x", "z"]}
+    assert claim["dataset"]["budget_id"] == parent["dataset_id"]
+    assert claim["dataset"]["class_names"] == ["x", "z"]
+    per_label = {"type": "finetune", "dataset_id": child["dataset_id"], "base_model_id": model,
+                 "privacy": {"target_epsilon": 1.0},
+                 "training": {"expected_batch_size": 2, "epochs": 1, "per_label": True}}
+    r = api.client.post("/v1/jobs", json=per_label, headers=auth(token))
+    assert r.status_code == 422 and r.json()["code"] == "invalid_spec"
+
+
+def parent_key(parent: dict[str, Any]) -> str:
+    return f"private/datasets/{parent['dataset_id']}/data.npz"
+
+
+def test_a_split_writes_data_independent_indices_under_the_budget_prefix(api: Api) -> None:
+    _, token = api.tenant()
+    parent = _private(api, token, _images(19, 20), declared_size=30).json()
+    train = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.75,
+                    part="train")
+    assert train.status_code == 201, train.text
+    train = train.json()
+    holdout = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.75,
+                      part="holdout").json()
+    assert train["derivation"]["seed"] == holdout["derivation"]["seed"]
+    assert train["true_size"] == 15 and holdout["true_size"] == 5
+    assert train["declared_size"] == math.ceil(0.75 * 30) == 23
+    assert holdout["declared_size"] == 30 - math.floor(0.75 * 30) == 8
+    parts = []
+    for child in (train, holdout):
+        key = child["derivation"]["selection"]["indices_key"]
+        assert key == (f"private/datasets/{parent['dataset_id']}/derived/"
+                       f"{child['dataset_id']}/indices.npy")
+        # private: the store serves it only with a grant; the test reads the directory
+        parts.append(np.load(Path(str(api.settings.object_store.root)) / key).tolist())
+    assert sorted(parts[0] + parts[1]) == list(range(20))
+    r = _derive(api, token, train["dataset_id"], kind="split", fraction=0.5, part="train")
+    assert r.status_code == 400  # a split of a split: derive from the parent instead
+    r = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.5, part="train",
+                declared_size=3)
+    assert r.status_code == 400 and "true count" in r.json()["detail"]
+    # deleting the split removes its indices only, never the parent's data
+    assert api.client.delete(f"/v1/datasets/{holdout['dataset_id']}",
+                             headers=auth(token)).status_code == 200
+    assert api.store.stat(holdout["derivation"]["selection"]["indices_key"]) is None
+    assert api.store.stat(parent_key(parent)) is not None
+    # deleting the parent deletes the data every derived dataset reads
+    assert api.client.delete(f"/v1/datasets/{parent['dataset_id']}",
+                             headers=auth(token)).status_code == 200
+    shown = api.client.get(f"/v1/datasets/{train['dataset_id']}", headers=auth(token)).json()
+    assert shown["deleted_at"] is not None
+    r = _derive(api, token, parent["dataset_id"], kind="subset", classes=["x"])
+    assert r.status_code == 410
+
+
+def test_public_datasets_derive_without_a_budget(api: Api) -> None:
+    _, token = api.tenant()
+    public = api.public_dataset(token, {"a": 3, "b": 4})
+    r = _derive(api, token, public, kind="subset", classes=["b"])
+    assert r.status_code == 201, r.text
+    child = r.json()
+    assert child["visibility"] == "public" and child["budget_id"] is None
+    assert child["declared_size"] == 7 and child["true_size"] == 4
+    split = _derive(api, token, public, kind="split", fraction=0.5, part="train").json()
+    assert split["derivation"]["selection"]["indices_key"].startswith(
+        f"public/datasets/{public}/derived/")
+
+
+@pytest.fixture()
+def real_ledger_api(migrated_url: str, pg: Any, tmp_path: Path) -> Iterator[Api]:
+    """The api on its database, the real ledger app on another, joined over HTTP."""
+    lset = ledger_settings(pg.url(pg.create_database()))
+    upgrade_ledger(lset)
+    with TestClient(create_ledger_app(lset)) as ledger_client:
+        def forward(request: httpx.Request) -> httpx.Response:
+            r = ledger_client.request(request.method, str(request.url.copy_with(
+                scheme="http", host="testserver")), content=request.read(),
+                headers=dict(request.headers))
+            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
+
+        ledger = HttpLedger("http://ledger", LEDGER_TOKEN, transport=httpx.MockTransport(forward))
+        settings = make_settings(migrated_url, tmp_path)
+        sender, store = RecordingSender(), LocalDirStore(tmp_path / "objects")
+        app = create_app(settings, store=store, ledger=ledger, task_sender=sender)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            yield Api(client, settings, ledger, sender, store,  # type: ignore[arg-type]
+                      admin_token(settings))
+
+
+def test_a_split_job_is_planned_at_q_b_over_its_size_against_the_parent_budget(
+        real_ledger_api: Api) -> None:
+    api = real_ledger_api
+    _, token = api.tenant()
+    parent = _private(api, token, _images(20, 40), declared_size=100, delta=1e-4).json()
+    child = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.25,
+                    part="train").json()
+    assert child["declared_size"] == 25
+    model = api.model(token)
+    r = api.finetune(token, child["dataset_id"], model, batch=5, epsilon=2.0, dry_run=True)
+    assert r.status_code == 200, r.text
+    plan = r.json()["plan"]
+    assert plan["sample_rate"] == 5 / 25  # q = b / N̂_child, not b / N̂_parent
+    assert plan["steps"] == math.ceil(2 * 25 / 5)
+    assert plan["admissible"] is True
+    r = api.finetune(token, child["dataset_id"], model, batch=5, epsilon=2.0)
+    assert r.status_code == 201, r.text
+    parent_budget = api.client.get(f"/v1/datasets/{parent['dataset_id']}/budget",
+                                   headers=auth(token)).json()
+    assert parent_budget["rdp_reserved"] > 0  # the child's job holds the PARENT's budget
+    child_budget = api.client.get(f"/v1/datasets/{child['dataset_id']}/budget",
+                                  headers=auth(token)).json()
+    assert child_budget == parent_budget
+
+
+def test_a_linked_dataset_shares_the_real_budget(real_ledger_api: Api) -> None:
+    api = real_ledger_api
+    _, token = api.tenant()
+    images = _images(21, 30)
+    parent = _private(api, token, images, delta=1e-4).json()
+    linked = _private(api, token, np.concatenate([images[:10], _images(22, 30)]),
+                      on_overlap="link", epsilon_limit=None).json()
+    assert linked["budget_id"] == parent["dataset_id"]
+    model = api.model(token)
+    r = api.finetune(token, linked["dataset_id"], model, batch=5, epsilon=1.0)
+    assert r.status_code == 201, r.text
+    assert r.json()["privacy"]["sample_rate"] == 5 / 40
+    view = api.client.get(f"/v1/datasets/{linked['dataset_id']}/budget",
+                          headers=auth(token)).json()
+    assert view["dataset_id"] == parent["dataset_id"] and view["rdp_reserved"] > 0
+    assert view == api.client.get(f"/v1/datasets/{parent['dataset_id']}/budget",
+                                  headers=auth(token)).json()
