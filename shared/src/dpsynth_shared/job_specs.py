@@ -152,6 +152,11 @@ class FinetuneTraining(BaseModel):
         "embedding is re-initialised and trained under DP.",
     )
     checkpoint_every: int = Field(10, ge=1)
+    max_images_per_subject: int = Field(
+        8, ge=1, le=4096, description="datasets whose privacy unit is 'subject' (user-level "
+        "DP-SGD): each sampled subject contributes the mean gradient of up to this many of "
+        "its images, chosen uniformly each step, clipped once; it bounds compute, not privacy "
+        "(a subject's sensitivity is the clip norm whatever its image count)")
 
     @model_validator(mode="after")
     def _consistent(self) -> FinetuneTraining:

@@ -23,12 +23,17 @@ class ImageDataset:
         masks: optional layout masks, uint8 [N, H, W, 1] (0 background, 255 text line),
             one per image (DP-DocLDM layout conditioning). Masks of a private dataset are
             private: they are read only inside the DP finetune, like the images.
+        subjects: optional int64 [N]: each image's subject as a dense index 0..S-1 (a
+            dataset whose privacy unit is ``subject``; trained with user-level DP-SGD).
+        num_subjects: S (None without subjects); a class subset keeps its dataset's S.
     """
 
     images: np.ndarray
     labels: np.ndarray
     class_names: tuple[str, ...]
     masks: np.ndarray | None = None
+    subjects: np.ndarray | None = None
+    num_subjects: int | None = None
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -39,8 +44,9 @@ def load_dataset(path: Path) -> ImageDataset:
 
     Args:
         path: an ``.npz`` with ``images`` (uint8 [N,H,W,C]), ``labels`` (int64 [N]) and
-            ``class_names`` (unicode [K]), optionally ``masks`` (uint8 [N,H,W,1]). Loaded
-            with ``allow_pickle=False``.
+            ``class_names`` (unicode [K]), optionally ``masks`` (uint8 [N,H,W,1]) and
+            ``subjects`` (integer [N], dense subject indices). Loaded with
+            ``allow_pickle=False``.
 
     Returns:
         The validated dataset.
@@ -54,6 +60,7 @@ def load_dataset(path: Path) -> ImageDataset:
             raise InvalidSpecError(f"dataset misses arrays: {sorted(missing)}")
         images, labels, names = npz["images"], npz["labels"], npz["class_names"]
         masks = npz["masks"] if "masks" in npz.files else None
+        subjects = npz["subjects"] if "subjects" in npz.files else None
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
         raise InvalidSpecError("images must be uint8 [N, H, W, C] with C in (1, 3)")
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
@@ -67,8 +74,17 @@ def load_dataset(path: Path) -> ImageDataset:
     if masks is not None and (masks.dtype != np.uint8 or masks.ndim != 4
                               or masks.shape[0] != images.shape[0] or masks.shape[-1] != 1):
         raise InvalidSpecError("masks must be uint8 [N, H, W, 1] with one mask per image")
+    num_subjects = None
+    if subjects is not None:
+        if (subjects.ndim != 1 or subjects.shape[0] != images.shape[0]
+                or not np.issubdtype(subjects.dtype, np.integer)
+                or (subjects.size and subjects.min() < 0)):
+            raise InvalidSpecError("subjects must be non-negative integers [N], one per image")
+        subjects = subjects.astype(np.int64)
+        num_subjects = int(subjects.max()) + 1 if subjects.size else 0
     return ImageDataset(images=images, labels=labels.astype(np.int64),
-                        class_names=tuple(str(n) for n in names), masks=masks)
+                        class_names=tuple(str(n) for n in names), masks=masks,
+                        subjects=subjects, num_subjects=num_subjects)
 
 
 def training_view(dataset: ImageDataset, target: str) -> ImageDataset:
@@ -88,7 +104,8 @@ def training_view(dataset: ImageDataset, target: str) -> ImageDataset:
     if dataset.masks is None:
         raise InvalidSpecError("target 'masks' needs a dataset with layout masks")
     return ImageDataset(images=dataset.masks, labels=dataset.labels,
-                        class_names=dataset.class_names, masks=None)
+                        class_names=dataset.class_names, masks=None,
+                        subjects=dataset.subjects, num_subjects=dataset.num_subjects)
 
 
 def images_to_tensor(images: np.ndarray, *, image_size: int, channels: int) -> torch.Tensor:

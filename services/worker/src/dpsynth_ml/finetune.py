@@ -13,6 +13,11 @@ noise once and divides by ``expected_batch_size`` (``DpSgdEngine``). The optimis
 follows a linear warm-up over logical steps; with ``ema_decay`` an EMA of the trained
 weights (diffusers ``EMAModel``) is what the model and checkpoints release, while
 checkpoints also keep the raw weights to resume from (post-processing of DP outputs, free).
+
+With ``privacy_unit: subject`` the step is user-level DP-SGD (:func:`_subject_step`):
+Poisson sampling over subjects, up to ``max_images_per_subject`` images of each sampled
+subject chosen uniformly, their per-example gradients averaged into ONE contribution per
+subject, clipped once; the noised sum is divided by the expected number of subjects.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from dpsynth_ml.checkpoint import (
 )
 from dpsynth_ml.data import ImageDataset, load_dataset, training_view
 from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
-from dpsynth_ml.dp import DpSgdEngine, PoissonSampler
+from dpsynth_ml.dp import DpSgdEngine, PoissonSampler, SubjectPoissonSampler
 from dpsynth_ml.hooks import TrainingHooks
 from dpsynth_ml.model_io import load_model, model_hash, save_model
 from dpsynth_ml.models import (
@@ -74,7 +79,7 @@ class _Run:
     latents: torch.Tensor
     labels: torch.Tensor
     engine: DpSgdEngine
-    sampler: PoissonSampler
+    sampler: PoissonSampler | SubjectPoissonSampler
     trainable_names: list[str]
     generator: torch.Generator
     out_dir: Path
@@ -140,6 +145,8 @@ def _logical_step(run: _Run) -> dict[str, float]:
     Only the examples of the Poisson batch are drawn for (label dropout, K diffusion draws);
     the rest of the dataset is not touched. Returns owner-only, non-DP statistics.
     """
+    if isinstance(run.sampler, SubjectPoissonSampler):
+        return _subject_step(run, run.sampler)
     indices = run.sampler.sample()
     # Label dropout: one draw per sampled example per step, shared by its K diffusion draws
     # (the example is (x, y) or (x, null) for this step; K averages the diffusion objective
@@ -177,6 +184,77 @@ def _logical_step(run: _Run) -> dict[str, float]:
     if size:
         stats["loss"] = loss_sum / size
     return stats
+
+
+def _subject_step(run: _Run, sampler: SubjectPoissonSampler) -> dict[str, float]:
+    """One user-level DP-SGD step: Poisson over subjects → each sampled subject's (capped)
+    images → per-example gradients (K draws each) → ONE clipped contribution per subject
+    (the mean of its images' gradients) → noise once → update.
+
+    The subjects' images are laid out contiguously and cut into micro-batches of
+    ``max_physical_batch_size`` images; a subject cut by a boundary carries its partial
+    (unclipped) contribution into the next micro-batch, so it is still clipped once.
+    """
+    batch = sampler.sample()
+    indices, groups = batch.indices, batch.groups
+    labels = drop_labels(run.labels[indices], probability=run.spec.label_dropout,
+                         null_class=run.info.null_class, generator=run.generator)
+    # the mean over the subject's sampled images: weight 1/n_j for each of its n_j images
+    weights = (1.0 / batch.counts.to(torch.float64))[groups] if indices.numel() else (
+        torch.zeros(0, dtype=torch.float64))
+    size, step_size = int(indices.numel()), run.spec.max_physical_batch_size
+    loss_sum, clipped = 0.0, 0
+    for start in range(0, size, step_size):
+        end = min(start + step_size, size)
+        chunk, chunk_labels = indices[start:end], labels[start:end]
+        latents = run.latents[chunk]
+        layout = run.layouts[chunk] if run.layouts is not None else None
+        carry_in = start > 0 and bool(groups[start] == groups[start - 1])
+        carry_out = end < size and bool(groups[end] == groups[end - 1])
+
+        def draw(latents: torch.Tensor = latents, chunk_labels: torch.Tensor = chunk_labels,
+                 layout: torch.Tensor | None = layout) -> torch.Tensor:
+            return per_sample_diffusion_loss(run.engine.module, run.bundle.scheduler,
+                                             latents, chunk_labels, run.generator,
+                                             layout=layout)
+
+        chunk_clipped, losses = run.engine.accumulate_subject_draws(
+            draw, run.spec.noise_multiplicity, groups[start:end] - groups[start],
+            weights[start:end], carry_in=carry_in, carry_out=carry_out)
+        clipped += chunk_clipped
+        loss_sum += float(losses.sum())
+    run.engine.privatize()
+    run.engine.apply_update()
+    if run.lr_schedule is not None:
+        run.lr_schedule.step()
+    if run.ema is not None:
+        run.ema.step(run.engine.params)
+    subjects = batch.num_subjects
+    stats = {"batch_size": float(subjects), "images": float(size),
+             "fraction_clipped": clipped / subjects if subjects else 0.0}
+    if size:
+        stats["loss"] = loss_sum / size
+    return stats
+
+
+def _sampler(spec: TrainingSpec, dp: DpSpec, dataset: ImageDataset,
+             generator: torch.Generator) -> PoissonSampler | SubjectPoissonSampler:
+    """The Poisson sampler of the spec's privacy unit (images, or subjects).
+
+    Raises:
+        InvalidSpecError: a subject-unit job on a dataset without subjects, or an image-unit
+            job on a dataset that carries them (its budget counts subjects).
+    """
+    if spec.privacy_unit == "subject":
+        if dataset.subjects is None or dataset.num_subjects is None:
+            raise InvalidSpecError("privacy_unit 'subject' needs a dataset with subjects")
+        return SubjectPoissonSampler(dataset.subjects, dataset.num_subjects, dp.sample_rate,
+                                     generator,
+                                     max_images_per_subject=spec.max_images_per_subject)
+    if dataset.subjects is not None:
+        raise InvalidSpecError("the dataset's privacy unit is 'subject': it trains only "
+                               "with user-level DP-SGD (privacy_unit 'subject')")
+    return PoissonSampler(len(dataset), dp.sample_rate, generator)
 
 
 def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
@@ -217,7 +295,7 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     engine = DpSgdEngine(denoiser, optimizer, noise_multiplier=dp.noise_multiplier,
                          max_grad_norm=dp.max_grad_norm,
                          expected_batch_size=dp.expected_batch_size, generator=generator)
-    sampler = PoissonSampler(len(dataset), dp.sample_rate, generator)
+    sampler = _sampler(spec, dp, dataset, generator)
     return _Run(spec=spec, dp=dp, bundle=bundle, info=info, latents=latents, labels=labels,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
                 out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts)
@@ -348,13 +426,22 @@ def _trainer_state(run: _Run, step: int) -> dict[str, object]:
             "sampler": {"sample_rate": run.sampler.sample_rate,
                         "sample_rate_hex": float(run.sampler.sample_rate).hex(),
                         "num_records": run.sampler.num_records,
-                        "draws_this_attempt": run.sampler.draws},
+                        "draws_this_attempt": run.sampler.draws,
+                        **_unit_record(run)},
             "start_step": run.start_step, "trainable_parameter_names": run.trainable_names,
             "noise_multiplicity": run.spec.noise_multiplicity,
             "lr_schedule": (schedule_state(run.lr_schedule)
                             if run.lr_schedule is not None else None),
             "ema": ({"decay": run.ema.decay, "optimization_step": run.ema.optimization_step}
                     if run.ema is not None else None)}
+
+
+def _unit_record(run: _Run) -> dict[str, object]:
+    """What the sampler ranges over: images, or subjects with the per-subject image cap."""
+    if isinstance(run.sampler, SubjectPoissonSampler):
+        return {"unit": "subject", "max_images_per_subject":
+                run.sampler.max_images_per_subject}
+    return {"unit": "image"}
 
 
 def _attach_schedule_and_ema(run: _Run, resume_from: Path | None) -> None:

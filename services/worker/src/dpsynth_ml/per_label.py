@@ -10,6 +10,12 @@ the ledger keeps one accumulator per class and step leases name their partition
 class). Only the records of the class are read by its run: its Poisson sampler ranges over
 them, so a record outside the class is never sampled there.
 
+Subject datasets (user-level DP-SGD): class c's run samples subjects at q_c = B_c / N̂_c
+(N̂_c counts the subjects with an image in c) and each sampled subject contributes the
+mean gradient of its class-c images only. When a subject has images in several classes the
+classes are NOT disjoint in the unit: the ledger then sums the classes' runs (sequential
+composition) instead of taking their max; the training itself is the same.
+
 Outputs: ``out_dir/model`` is one per-label bundle (:func:`model_io.save_per_label_model`);
 ``out_dir/per_label/<index>/`` holds each class's ordinary finetune directory. A checkpoint
 ``out_dir/checkpoints/step-NNNNNNN/`` (NNNNNNN = steps done over all classes) holds::
@@ -211,9 +217,13 @@ class _ClassHooks:
 def _class_subset(dataset: ImageDataset, index: int) -> ImageDataset:
     """The records labelled ``index`` (with their masks), keeping the label domain."""
     keep = np.flatnonzero(dataset.labels == index)
+    # subject datasets: the class's images keep their subjects (and the dataset's S); a
+    # subject without an image in the class is never part of the class's batches.
     return ImageDataset(images=dataset.images[keep], labels=dataset.labels[keep],
                         class_names=dataset.class_names,
-                        masks=dataset.masks[keep] if dataset.masks is not None else None)
+                        masks=dataset.masks[keep] if dataset.masks is not None else None,
+                        subjects=(dataset.subjects[keep] if dataset.subjects is not None
+                                  else None), num_subjects=dataset.num_subjects)
 
 
 def _scalars(part_dir: Path) -> int:

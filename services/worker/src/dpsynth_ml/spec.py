@@ -19,6 +19,7 @@ RngKind = Literal["os", "test"]
 SamplerKind = Literal["ddpm", "ddim", "dpm_solver++"]
 TrainingTarget = Literal["images", "masks"]
 UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
+PrivacyUnit = Literal["image", "subject"]
 
 #: Version of the on-disk model directory format (``dpsynth_model.json``).
 MODEL_FORMAT_VERSION = 1
@@ -103,6 +104,12 @@ class TrainingSpec:
     ``target`` (both kinds): "images", or "masks" to train a layout generator on the
     dataset's layout masks in place of its images (same labels, same DP machinery; the
     model's info records ``extra.target = "masks"``).
+
+    ``privacy_unit`` (finetunes): "image" (record-level DP-SGD) or "subject" (user-level
+    DP-SGD over the dataset's ``subjects``: Poisson sampling over subjects at the DpSpec's
+    q, one clipped contribution per subject = the mean gradient of up to
+    ``max_images_per_subject`` of its images, chosen uniformly each step; the DpSpec's
+    ``expected_batch_size`` is then the expected number of SUBJECTS per step).
     """
 
     kind: TrainingKind
@@ -132,8 +139,16 @@ class TrainingSpec:
     seed: int = 0
     dp: DpSpec | None = None
     per_label_dp: Mapping[str, DpSpec] | None = None
+    privacy_unit: PrivacyUnit = "image"
+    max_images_per_subject: int = 8
 
     def __post_init__(self) -> None:
+        if self.privacy_unit not in ("image", "subject"):
+            raise InvalidSpecError(f"unknown privacy_unit {self.privacy_unit!r}")
+        if self.privacy_unit == "subject" and self.kind != "finetune":
+            raise InvalidSpecError("privacy_unit 'subject' applies to DP finetunes only")
+        if self.max_images_per_subject < 1:
+            raise InvalidSpecError("max_images_per_subject must be >= 1")
         private = self.dp is not None or self.per_label_dp is not None
         if self.kind == "finetune" and (self.dp is None) == (self.per_label_dp is None):
             raise InvalidSpecError("a finetune needs exactly one of dp / per_label_dp")

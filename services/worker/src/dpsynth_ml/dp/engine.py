@@ -22,6 +22,14 @@ accumulate_draws` instead runs K forward/backward passes over the same micro-bat
 each pass's per-sample gradients into a running sum (each pass back-propagates loss / K), so
 at most two [b, ...] per-sample gradients exist at a time, whatever K is. The K rows are never
 clipped separately (that would give each example sensitivity K * C).
+
+User-level DP-SGD (privacy unit ``subject``; McMahan et al. 2018, Chua et al. 2024 "Mind the
+Privacy Unit!"): Poisson sampling runs over subjects (``SubjectPoissonSampler``), each
+sampled subject's contribution is the mean of the per-example gradients of up to
+``max_images_per_subject`` of its images, clipped ONCE (:meth:`DpSgdEngine.
+accumulate_subject_draws`), and the sum over subjects gets N(0, sigma^2 C^2 I) and is divided
+by the expected number of SUBJECTS per step. A subject's sensitivity is C whatever its number
+of images; K draws per image fold in before the subject's single clip.
 """
 
 from __future__ import annotations
@@ -73,6 +81,8 @@ class DpSgdEngine:
                                      max_grad_norm=max_grad_norm,
                                      expected_batch_size=expected_batch_size,
                                      loss_reduction="mean", generator=generator)
+        # user-level DP-SGD: a subject's partial contribution carried across micro-batches
+        self._carried: list[torch.Tensor] | None = None
 
     @property
     def params(self) -> Sequence[nn.Parameter]:
@@ -113,6 +123,65 @@ class DpSgdEngine:
         Raises:
             ValueError: if ``draws < 1``.
         """
+        mean_loss = self._draw_passes(draw_losses, draws)
+        return self._clip_and_sum(), mean_loss
+
+    def accumulate_subject_draws(self, draw_losses: Callable[[], torch.Tensor], draws: int,
+                                 groups: torch.Tensor, weights: torch.Tensor, *,
+                                 carry_in: bool = False,
+                                 carry_out: bool = False) -> tuple[int, torch.Tensor]:
+        """User-level DP-SGD: fold a micro-batch's per-example gradients into per-SUBJECT
+        contributions, clip each subject's contribution ONCE to C and add it to the sum.
+
+        Each example's gradient is first its K-draw mean (as :meth:`accumulate_draws`);
+        then subject j's contribution is ``sum_{i in j} weights[i] * g_i`` (the caller
+        passes ``1 / n_j`` for the mean over the subject's n_j sampled images), and only
+        that vector is clipped. Removing a subject therefore changes the clipped sum by at
+        most C, however many images it has.
+
+        A subject's images may span consecutive micro-batches: ``carry_out`` keeps the last
+        group's partial contribution (one row per parameter) unclipped for the next call,
+        whose ``carry_in`` adds it to its first group. Per-sample-gradient memory is the
+        micro-batch's [b, ...] rows, its [g <= b, ...] subject rows and one carried row.
+
+        Args:
+            draw_losses: computes one draw of the micro-batch's per-example losses [b].
+            draws: K >= 1.
+            groups: [b] ascending subject ordinals local to this micro-batch (0..g-1).
+            weights: [b] each example's weight in its subject's contribution.
+            carry_in: the first group continues the previous call's carried subject.
+            carry_out: the last group continues in the next call (not clipped yet).
+
+        Returns:
+            (how many subjects completed here had a contribution norm above C, the K-draw
+            mean loss per example [b], detached). Both are private statistics.
+        """
+        if groups.numel() == 0:
+            raise ValueError("a micro-batch needs at least one example")
+        mean_loss = self._draw_passes(draw_losses, draws)
+        num_groups = int(groups.max().item()) + 1
+        carried: list[torch.Tensor] = []
+        for index, p in enumerate(self.params):
+            gs = p.grad_sample
+            assert isinstance(gs, torch.Tensor)
+            w = weights.to(device=gs.device, dtype=gs.dtype).view(-1, *([1] * (gs.dim() - 1)))
+            grouped = torch.zeros((num_groups, *gs.shape[1:]), dtype=gs.dtype,
+                                  device=gs.device)
+            grouped.index_add_(0, groups.to(gs.device), gs * w)
+            if carry_in:
+                if self._carried is None:
+                    raise RuntimeError("carry_in without a carried subject")
+                grouped[0] += self._carried[index]
+            if carry_out:
+                carried.append(grouped[-1].clone())
+                grouped = grouped[:-1]
+            p.grad_sample = grouped
+        self._carried = carried if carry_out else None
+        return self._clip_and_sum(), mean_loss
+
+    def _draw_passes(self, draw_losses: Callable[[], torch.Tensor], draws: int) -> torch.Tensor:
+        """K forward/backward passes folded into one per-example gradient (the K-draw mean
+        gradient in ``p.grad_sample``); returns the K-draw mean loss per example."""
         if draws < 1:
             raise ValueError("draws must be >= 1")
         mean_loss: torch.Tensor | None = None
@@ -124,7 +193,7 @@ class DpSgdEngine:
             detached = losses.detach() / draws
             mean_loss = detached if mean_loss is None else mean_loss + detached
         assert mean_loss is not None
-        return self._clip_and_sum(), mean_loss
+        return mean_loss
 
     def _backward(self, loss: torch.Tensor) -> None:
         with warnings.catch_warnings():
@@ -159,7 +228,9 @@ class DpSgdEngine:
 
     def per_sample_norms(self) -> torch.Tensor:
         """Flat L2 norm of each example's gradient over all trainable parameters."""
-        flat = [g.reshape(len(g), -1) for g in self.optimizer.grad_samples]
+        # no rows (a micro-batch whose only subject carries on): norms of shape [0]
+        flat = [g.reshape(len(g), -1) if g.numel() else g.new_zeros((len(g), 0))
+                for g in self.optimizer.grad_samples]
         return torch.cat(flat, dim=1).norm(2, dim=1)
 
     def privatize(self) -> None:
@@ -169,6 +240,8 @@ class DpSgdEngine:
         clipped sum is then zero and the step is pure noise (it is still a step that the
         accountant counts, so it must be taken).
         """
+        if self._carried is not None:
+            raise RuntimeError("a subject's contribution was carried but never completed")
         for p in self.params:
             # An empty per-sample gradient makes DPOptimizer treat "no more examples" and
             # "empty Poisson batch" alike: clip_and_accumulate adds a zero-sized sum.
@@ -185,6 +258,7 @@ class DpSgdEngine:
         """Drop the accumulated (unreleased) state without updating (tests, aborts)."""
         for p in self.params:
             p.summed_grad = None
+        self._carried = None
         self.optimizer.zero_grad(set_to_none=True)
 
     def close(self) -> None:

@@ -198,7 +198,11 @@ def training_spec(ctx: JobContext, inputs: _Inputs) -> Any:
                         learning_rate=t.learning_rate, label_dropout=t.label_dropout,
                         max_physical_batch_size=t.max_physical_batch_size,
                         class_map=class_map, checkpoint_every=t.checkpoint_every, dp=dp,
-                        per_label_dp=by_label, target=t.target)
+                        per_label_dp=by_label, target=t.target,
+                        # the dataset's unit (from its row, via the claim): 'subject' trains
+                        # user-level DP-SGD; q and the batch size then count subjects
+                        privacy_unit=inputs.dataset.privacy_unit,
+                        max_images_per_subject=t.max_images_per_subject)
 
 
 def _upload_private_stats(ctx: JobContext, hooks: LeasedHooks) -> None:
