@@ -44,6 +44,8 @@ class ServicePlatform:
         self.api_port = free_port()
         self.signing_key = generate_signing_key()
         self.public_key = public_key_of(self.signing_key)
+        self.chain_signing_key = generate_signing_key()
+        self.anchor_path = self.workdir / "ledger-anchor.jsonl"
         self.api_ledger_token = secrets.token_urlsafe(24)
         self.worker_ledger_token = secrets.token_urlsafe(24)
         self.worker_token = secrets.token_urlsafe(24)
@@ -79,6 +81,8 @@ class ServicePlatform:
             "DPSYNTH_LEDGER_SERVICE_TOKENS": json.dumps(
                 [self.api_ledger_token, self.worker_ledger_token]),
             "DPSYNTH_LEDGER_GRANT_SIGNING_KEY": self.signing_key,
+            "DPSYNTH_LEDGER_CHAIN_SIGNING_KEY": self.chain_signing_key,
+            "DPSYNTH_LEDGER_ANCHOR__PATH": str(self.anchor_path),
             "DPSYNTH_LEDGER_HOST": "127.0.0.1",
             "DPSYNTH_LEDGER_PORT": str(self.ledger_port),
             "DPSYNTH_API_DATABASE__URL": self.database_url,
@@ -111,12 +115,18 @@ class ServicePlatform:
         return proc
 
     def start(self, *, workers: int = 1) -> None:
-        self._spawn("ledger", "dpsynth_ledger")
-        self._wait_ready(self.ledger_url, "ledger")
+        self.start_ledger()
         self._spawn("api", "dpsynth_api")
         self._wait_ready(self.api_url, "api")
         for i in range(workers):
             self.start_worker(i)
+
+    def start_ledger(self, *, wait: bool = True) -> subprocess.Popen[bytes]:
+        """Start (or restart, after :meth:`kill`) the ledger; wait for ``/readyz`` if asked."""
+        proc = self._spawn("ledger", "dpsynth_ledger")
+        if wait:
+            self._wait_ready(self.ledger_url, "ledger")
+        return proc
 
     def start_worker(self, index: int = 0) -> subprocess.Popen[bytes]:
         return self._spawn(f"worker-{index}", "dpsynth_worker")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from dpsynth_ledger.app import create_app
 from dpsynth_ledger.migrate import upgrade
-from dpsynth_ledger.settings import LedgerSettings
+from dpsynth_ledger.settings import AnchorSettings, LedgerSettings
 from dpsynth_shared.grants import generate_signing_key
 from dpsynth_shared.settings import DatabaseSettings
 from fastapi.testclient import TestClient
@@ -18,11 +20,15 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def make_settings(database_url: str, **overrides: object) -> LedgerSettings:
-    """Ledger settings for a test database (a fresh signing key each time)."""
+    """Ledger settings for a test database (fresh grant and chain keys each time, and an
+    anchor file of its own in a fresh temporary folder)."""
+    anchor = Path(tempfile.mkdtemp(prefix="ledger-anchor-")) / "anchor.jsonl"
     values: dict[str, object] = {
         "database": DatabaseSettings(url=database_url),
         "service_tokens": [SecretStr(TOKEN)],
         "grant_signing_key": SecretStr(generate_signing_key()),
+        "chain_signing_key": SecretStr(generate_signing_key()),
+        "anchor": AnchorSettings(path=str(anchor)),
         "lease_ttl_s": 60,
     }
     values.update(overrides)

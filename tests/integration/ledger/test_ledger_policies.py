@@ -136,8 +136,8 @@ def test_recompute_and_verify_name_an_altered_charge(client: TestClient,
     the database, as a stand-in for an accountant upgrade) is listed, and nothing changes."""
     new_budget(client, DATASET, epsilon_limit=8.0)
     _spend(client, "job_1", 1.0)
-    lease = [e for e in client.get("/v1/entries", params={"dataset_id": DATASET}).json()
-             if e["kind"] == "lease_granted"][0]
+    lease = next(e for e in client.get("/v1/entries", params={"dataset_id": DATASET}).json()
+                 if e["kind"] == "lease_granted")
     engine = create_engine(settings.database.url)
     try:
         with engine.begin() as conn:

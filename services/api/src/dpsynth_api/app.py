@@ -21,6 +21,7 @@ from dpsynth_api.errors import install_error_handlers
 from dpsynth_api.internal.router import router as internal_router
 from dpsynth_api.jobs.reaper import Reaper
 from dpsynth_api.jobs.router import router as jobs_router
+from dpsynth_api.ledger_views.router import router as ledger_views_router
 from dpsynth_api.metrics import ApiMetrics
 from dpsynth_api.middleware import GuardMiddleware, ObservabilityMiddleware
 from dpsynth_api.models.router import router as models_router
@@ -84,6 +85,7 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
                    models_router, jobs_router, artifacts_router, internal_router):
         app.include_router(router)
     app.include_router(dashboard_router)
+    app.include_router(ledger_views_router)
     app.add_middleware(GuardMiddleware,
                        max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES)
     app.add_middleware(ObservabilityMiddleware, metrics=ctx.metrics)

@@ -12,21 +12,26 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, ParallelEvent
+from dpsynth_shared.dp_events import GENESIS_HASH, DpSgdEvent, GaussianEvent, ParallelEvent
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_id, new_reservation_id
 from dpsynth_shared.ledger_contract import (
     BudgetView,
+    ChainKey,
     CreateBudget,
     HistogramRelease,
     HistogramRequest,
     LabelPlan,
     LabelReservation,
+    LedgerEntry,
+    LimitUpdate,
     Plan,
+    RecomputeReport,
     Reservation,
     ReservationState,
     ReserveRequest,
     SetClassSizes,
+    VerifyReport,
 )
 
 
@@ -79,7 +84,7 @@ class FakeLedger:
             dataset_epsilon_reserved=0.0,
             dataset_epsilon_remaining=max(0.0, budget.epsilon_limit - spent),
             dataset_tight_epsilon=spent, partitions={p: spent for p in budget.partitions},
-            class_sizes=budget.class_sizes,
+            class_sizes=budget.class_sizes, warning_fraction=budget.warning_fraction,
         )
 
     def plan(self, request: ReserveRequest) -> Plan:
@@ -219,6 +224,45 @@ class FakeLedger:
     def ready(self) -> bool:
         """Whether the fake reports ready."""
         return self.is_ready
+
+    # -- export, verification and policies (issue 4) --------------------------------------
+    def entries(self, dataset_id: str) -> list[LedgerEntry]:
+        """The fake keeps no chain: an empty history."""
+        if dataset_id not in self.budgets:
+            raise NotFound("budget", dataset_id)
+        return []
+
+    def chain_key(self) -> ChainKey | None:
+        """The fake signs nothing."""
+        return None
+
+    def verify_budget(self, dataset_id: str) -> VerifyReport:
+        """Nothing to verify in the fake: ok, no entries."""
+        if dataset_id not in self.budgets:
+            raise NotFound("budget", dataset_id)
+        return VerifyReport(ok=True, entries=0, head=GENESIS_HASH)
+
+    def recompute(self, dataset_id: str) -> RecomputeReport:
+        """The additive fake recomputes to what it recorded."""
+        budget = self.get_budget(dataset_id)
+        figures = {"dataset_epsilon_spent": budget.dataset_epsilon_spent}
+        return RecomputeReport(dataset_id=dataset_id, accountant="fake-additive",
+                               conversion="fake", admission_order=8, delta=budget.delta,
+                               epsilon_limit=budget.epsilon_limit, recorded=figures,
+                               recomputed=figures)
+
+    def update_limit(self, dataset_id: str, request: LimitUpdate) -> BudgetView:
+        """Lower the limit (a raise is 422 ``policy_violation``) / set the fraction."""
+        with self._lock:
+            budget = self.budgets.get(dataset_id)
+            if budget is None:
+                raise NotFound("budget", dataset_id)
+            if request.epsilon_limit is not None and request.epsilon_limit > budget.epsilon_limit:
+                raise DpsynthError(ErrorCode.POLICY_VIOLATION, "a limit is only ever lowered",
+                                   epsilon_limit=budget.epsilon_limit)
+            update = request.model_dump(exclude_none=True)
+            self.budgets[dataset_id] = budget.model_copy(update=update)
+        return self.get_budget(dataset_id)
 
 
 @dataclass

@@ -12,13 +12,18 @@ from typing import Literal, Protocol
 
 from dpsynth_shared.ledger_contract import (
     BudgetView,
+    ChainKey,
     CreateBudget,
     HistogramRelease,
     HistogramRequest,
+    LedgerEntry,
+    LimitUpdate,
     Plan,
+    RecomputeReport,
     Reservation,
     ReserveRequest,
     SetClassSizes,
+    VerifyReport,
 )
 from dpsynth_shared.object_store import ObjectStore
 
@@ -53,6 +58,27 @@ class LedgerPort(Protocol):
         ...
 
     def ready(self) -> bool: ...
+
+    # -- export, verification and policies (issue 4) --------------------------------------
+    def entries(self, dataset_id: str) -> list[LedgerEntry]:
+        """The budget's hash-chained entries in seq order (every page)."""
+        ...
+
+    def chain_key(self) -> ChainKey | None:
+        """The chain-signing key's public half (None: the ledger publishes none)."""
+        ...
+
+    def verify_budget(self, dataset_id: str) -> VerifyReport:
+        """The chain verification filtered to the budget, with its epsilons recomputed."""
+        ...
+
+    def recompute(self, dataset_id: str) -> RecomputeReport:
+        """Charges and figures recomputed with the current accountant code (a report)."""
+        ...
+
+    def update_limit(self, dataset_id: str, request: LimitUpdate) -> BudgetView:
+        """Lower the limit (a raise is 422 ``policy_violation``) / set the warning fraction."""
+        ...
 
 
 class TaskSender(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,34 +11,63 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import create_engine, text
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from dpsynth_ledger import problems
+from dpsynth_ledger.anchor import RECONCILE_HINT, ChainKeeper, build_anchor
 from dpsynth_ledger.auth import ServiceTokens
+from dpsynth_ledger.chain import adopt_existing_chain, anchor_status, install_anchor_hooks
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.metrics import LedgerMetrics
 from dpsynth_ledger.router import router
 from dpsynth_ledger.settings import LedgerSettings
+
+log = logging.getLogger(__name__)
+
+
+def check_anchor_at_startup(sessions: sessionmaker[Session], keeper: ChainKeeper) -> None:
+    """At start-up: anchor an existing, never-anchored chain once, then log where the
+    database stands against the anchor (behind: every write is refused until
+    reconciliation; ``/readyz`` says so). A database without the ledger's tables is skipped.
+    """
+    try:
+        with sessions() as session:
+            if adopt_existing_chain(session, keeper):
+                log.warning("anchored an existing, unanchored chain at its current head",
+                            extra={"anchor": keeper.anchor.location})
+            status = anchor_status(session, keeper)
+    except Exception as exc:  # noqa: BLE001 - readiness reports it; start anyway
+        log.warning("could not compare the chain with its anchor at start-up: %s",
+                    type(exc).__name__)
+        return
+    if status.behind or status.diverged:
+        log.error(RECONCILE_HINT, extra={"local_seq": status.local_seq,
+                                         "anchored_seq": status.anchored_seq})
 
 
 def create_app(settings: LedgerSettings) -> FastAPI:
     """Build the ledger app: engine, session factory, context, routes, problem handlers."""
     engine = create_engine(settings.database.url, pool_size=settings.database.pool_size,
                            max_overflow=20, echo=settings.database.echo, pool_pre_ping=True)
+    keeper = ChainKeeper(settings.chain_signing_key.get_secret_value(), build_anchor(settings))
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    install_anchor_hooks(sessions, keeper)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        check_anchor_at_startup(sessions, keeper)
         yield
         engine.dispose()
 
     app = FastAPI(title="dpsynth ledger", version="0.1.0", lifespan=lifespan,
                   description="Privacy budgets, RDP-filter admission, step leases, audit chain.")
     app.state.engine = engine
-    app.state.sessions = sessionmaker(engine, expire_on_commit=False)
+    app.state.sessions = sessions
     metrics = LedgerMetrics()
     app.state.ctx = LedgerContext(
         lease_ttl_s=settings.lease_ttl_s,
         signing_key=settings.grant_signing_key.get_secret_value(),
-        discretization=settings.pld_discretization, metrics=metrics)
+        discretization=settings.pld_discretization, metrics=metrics, chain=keeper)
     auth = ServiceTokens([t.get_secret_value() for t in settings.service_tokens])
     app.include_router(router, dependencies=[Depends(auth)])
     problems.install(app)
@@ -55,6 +85,17 @@ def create_app(settings: LedgerSettings) -> FastAPI:
             return problems.problem_response(
                 DpsynthError(ErrorCode.SERVICE_UNAVAILABLE,
                              f"database not ready: {type(exc).__name__}"))
+        try:
+            with request.app.state.sessions() as session:
+                status = anchor_status(session, keeper)
+        except Exception as exc:  # noqa: BLE001 - an unreadable anchor means "not ready"
+            return problems.problem_response(
+                DpsynthError(ErrorCode.SERVICE_UNAVAILABLE,
+                             f"anchor not readable: {type(exc).__name__}"))
+        if status.behind or status.diverged:
+            return problems.problem_response(DpsynthError(
+                ErrorCode.LEDGER_BEHIND_ANCHOR, RECONCILE_HINT,
+                **status.model_dump(mode="json")), "/readyz")
         return JSONResponse({"status": "ready"})
 
     metrics.track_budgets(app.state.sessions, settings.metrics_max_datasets)

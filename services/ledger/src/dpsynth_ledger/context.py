@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dpsynth_ledger.anchor import ChainKeeper
 from dpsynth_ledger.metrics import LedgerMetrics
 
 
@@ -15,3 +16,5 @@ class LedgerContext:
     signing_key: str
     discretization: float
     metrics: LedgerMetrics
+    chain: ChainKeeper | None = None
+    """The chain key and anchor (None only in code paths that never write entries)."""

@@ -95,10 +95,11 @@ def lock_chain_head(session: Session) -> ChainHead:
 
 
 def insert_entry(session: Session, head: ChainHead, *, seq: int, at: datetime, dataset_id: str,
-                 kind: str, payload: dict[str, object], prev_hash: str, digest: str) -> Entry:
-    """Append one entry and move the head to it."""
+                 kind: str, payload: dict[str, object], prev_hash: str, digest: str,
+                 signature: str | None = None, key_id: str | None = None) -> Entry:
+    """Append one entry (with its chain-key signature) and move the head to it."""
     entry = Entry(seq=seq, at=at, dataset_id=dataset_id, kind=kind, payload=payload,
-                  prev_hash=prev_hash, hash=digest)
+                  prev_hash=prev_hash, hash=digest, signature=signature, key_id=key_id)
     session.add(entry)
     head.seq, head.hash = seq, digest
     session.flush()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from dpsynth_shared.errors import problem_schema_fields
+from dpsynth_shared.errors import DpsynthError, ErrorCode, problem_schema_fields
 from dpsynth_shared.ledger_contract import (
+    AnchorStatus,
     BudgetView,
     ChainKey,
     CloseRequest,
@@ -25,6 +26,8 @@ from dpsynth_shared.ledger_contract import (
     ReadGrant,
     ReadGrantRequest,
     RecomputeReport,
+    ReconcileReport,
+    ReconcileRequest,
     Reservation,
     ReserveRequest,
     SetClassSizes,
@@ -34,9 +37,10 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
-from dpsynth_ledger.chain import verify_chain
+from dpsynth_ledger.chain import anchor_status, verify_chain
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.service import budgets, histograms, leases, policies, reservations
+from dpsynth_ledger.service import reconcile as reconciliation
 
 
 def _session(request: Request) -> Iterator[Session]:
@@ -176,3 +180,20 @@ def chain_key(session: SessionDep) -> ChainKey:
     """The public half of the chain-signing key (an auditor checks entry signatures with it)."""
     return policies.chain_key(session)
 
+
+# -- anchored history and restore (anchor.py, service/reconcile.py) ----------------------
+
+@router.get("/anchor", response_model=AnchorStatus)
+def anchor(session: SessionDep, ctx: CtxDep) -> AnchorStatus:
+    """The database's chain head against the newest head in the append-only anchor."""
+    if ctx.chain is None:
+        raise DpsynthError(ErrorCode.SERVICE_UNAVAILABLE, "the ledger has no anchor configured")
+    return anchor_status(session, ctx.chain)
+
+
+@router.post("/admin/reconcile", response_model=ReconcileReport)
+def reconcile(body: ReconcileRequest, session: SessionDep, ctx: CtxDep) -> ReconcileReport:
+    """After a restore: re-charge what the anchor and the api's jobs know and the database
+    lost, close what cannot resume, and re-base the anchor (``dpsynth ledger
+    reconcile-after-restore`` calls this through the api's admin endpoint)."""
+    return reconciliation.reconcile(session, request=body, ctx=ctx)

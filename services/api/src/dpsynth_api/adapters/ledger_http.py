@@ -8,15 +8,23 @@ import httpx
 from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
 from dpsynth_shared.ledger_contract import (
     BudgetView,
+    ChainKey,
     CloseRequest,
     CreateBudget,
     HistogramRelease,
     HistogramRequest,
+    LedgerEntry,
+    LimitUpdate,
     Plan,
+    RecomputeReport,
     Reservation,
     ReserveRequest,
     SetClassSizes,
+    VerifyReport,
 )
+
+#: Entries asked of the ledger per page when exporting a budget's history.
+ENTRIES_PAGE = 1000
 
 #: How often a reservation is sent when the ledger's answer is lost (idempotent on job_id).
 RESERVE_ATTEMPTS = 3
@@ -120,3 +128,41 @@ class HttpLedger:
     def close(self) -> None:
         """Close the connection pool."""
         self._client.close()
+
+    # -- export, verification and policies (issue 4) --------------------------------------
+    def entries(self, dataset_id: str) -> list[LedgerEntry]:
+        """``GET /v1/entries?dataset_id=`` page by page, in seq order."""
+        out: list[LedgerEntry] = []
+        after = 0
+        while True:
+            page = self._call("GET", f"/v1/entries?dataset_id={dataset_id}&after_seq={after}"
+                              f"&limit={ENTRIES_PAGE}")
+            rows = [LedgerEntry.model_validate(row) for row in page or []]
+            out.extend(rows)
+            if len(rows) < ENTRIES_PAGE:
+                return out
+            after = rows[-1].seq
+
+    def chain_key(self) -> ChainKey | None:
+        """``GET /v1/chain/key`` (None when the ledger signs nothing: 404)."""
+        try:
+            return ChainKey.model_validate(self._call("GET", "/v1/chain/key"))
+        except DpsynthError as err:
+            if err.code == ErrorCode.NOT_FOUND:
+                return None
+            raise
+
+    def verify_budget(self, dataset_id: str) -> VerifyReport:
+        """``GET /v1/budgets/{dataset_id}/verify``."""
+        return VerifyReport.model_validate(self._call("GET", f"/v1/budgets/{dataset_id}/verify"))
+
+    def recompute(self, dataset_id: str) -> RecomputeReport:
+        """``GET /v1/budgets/{dataset_id}/recompute`` (a report; nothing is written)."""
+        return RecomputeReport.model_validate(
+            self._call("GET", f"/v1/budgets/{dataset_id}/recompute"))
+
+    def update_limit(self, dataset_id: str, request: LimitUpdate) -> BudgetView:
+        """``POST /v1/budgets/{dataset_id}/limit``."""
+        return BudgetView.model_validate(self._call(
+            "POST", f"/v1/budgets/{dataset_id}/limit", request.model_dump(mode="json",
+                                                                          exclude_none=True)))

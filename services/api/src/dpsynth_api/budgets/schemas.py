@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 from dpsynth_shared.ledger_contract import BudgetView
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class BudgetOut(BudgetView):
     warning: bool = Field(description="dataset_epsilon_spent >= warning_fraction (default "
                           "80%) of epsilon_limit")
+
+
+class BudgetPatch(BaseModel):
+    """``PATCH /v1/datasets/{id}/budget``: lower the limit and/or set the warning fraction.
+
+    A limit is set at upload and only ever lowered (a raise is 422 ``policy_violation``); a
+    limit below the figure already spent is allowed and only blocks new work. The admission
+    order stays the one chosen at upload; the RDP budget becomes the conversion of the new
+    limit at that order.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    epsilon_limit: float | None = Field(None, gt=0, le=100, description="the new, lower limit")
+    warning_fraction: float | None = Field(None, gt=0, le=1, description="warn when spent "
+                                           "reaches this fraction of the limit")

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from dpsynth_api import policies
 from dpsynth_api.archives import ArchiveLimits
 from dpsynth_api.datasets import derive, overlap, units
 from dpsynth_api.datasets import repository as repo
@@ -130,6 +131,7 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
             (datasets/overlap.py), 422 ``invalid_dataset``, the ledger's errors.
     """
     meta = parse_metadata(metadata)
+    policies.check_upload(session, principal, meta)
     name = safe_filename(filename, "upload.zip")
     private = meta.visibility == "private"
     dataset_id = new_dataset_id()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from dpsynth_api import policies
 from dpsynth_api.deps import AdminDep, SessionDep
+from dpsynth_api.policies import TenantPolicyIn, TenantPolicyOut
 from dpsynth_api.tenants import service
 from dpsynth_api.tenants.schemas import CreatedKey, CreatedTenant, CreateKey, CreateTenant, KeyOut
 
@@ -29,3 +31,11 @@ def revoke_key(key_id: str, session: SessionDep, _: AdminDep) -> KeyOut:
     key = service.revoke_key(session, key_id=key_id)
     return KeyOut(key_id=key.id, tenant_id=key.tenant_id, scopes=key.scopes, name=key.name,
                   created_at=key.created_at, revoked_at=key.revoked_at)
+
+
+@router.put("/admin/tenants/{tenant_id}/policy", response_model=TenantPolicyOut)
+def set_tenant_policy(tenant_id: str, body: TenantPolicyIn, session: SessionDep,
+                      _: AdminDep) -> TenantPolicyOut:
+    """Set (or clear, with null) the tenant's cap on any single dataset's epsilon limit;
+    lists the tenant's existing datasets above the new cap (the cap binds new uploads)."""
+    return policies.set_tenant_policy(session, tenant_id=tenant_id, body=body)

@@ -7,7 +7,9 @@ only through their documented env variables (docs/architecture.md, "Settings").
 
 Layout of ``home``: ``pg/`` (pgdata), ``redis/`` (AOF), ``objects/``, ``work/``,
 ``logs/<name>.log``, ``secrets.json`` and ``credentials.json`` (0600), ``platform.json``
-(pids, ports, urls of the running platform).
+(pids, ports, urls of the running platform), ``ledger-anchor.jsonl`` (the ledger's
+append-only anchor of signed entries: outside ``pg/``, so a restored database cannot
+rewind it).
 """
 
 from __future__ import annotations
@@ -289,6 +291,8 @@ def service_env(*, home: Path, state: PlatformState, secrets: PlatformSecrets,
         "DPSYNTH_LEDGER_SERVICE_TOKENS": json.dumps([secrets.ledger_token_api,
                                                      secrets.ledger_token_worker]),
         "DPSYNTH_LEDGER_GRANT_SIGNING_KEY": secrets.grant_signing_key,
+        "DPSYNTH_LEDGER_CHAIN_SIGNING_KEY": secrets.chain_signing_key,
+        "DPSYNTH_LEDGER_ANCHOR__PATH": str(home / "ledger-anchor.jsonl"),
         "DPSYNTH_LEDGER_HOST": "127.0.0.1",
         "DPSYNTH_LEDGER_PORT": str(ledger_port),
     }

@@ -1,11 +1,14 @@
 """The embedded platform's secrets: generated once, kept in ``<home>/secrets.json`` (0600).
 
 They must survive ``down``/``up``: the grant signing key signs grants the ledger has
-recorded, and the service tokens are what the processes present to one another.
+recorded, the chain signing key signs every ledger entry and anchor record (verification
+checks old entries with it), and the service tokens are what the processes present to one
+another.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -26,6 +29,7 @@ class PlatformSecrets:
     api_worker_token: str
     grant_signing_key: str
     grant_public_key: str
+    chain_signing_key: str
 
     @classmethod
     def generate(cls) -> PlatformSecrets:
@@ -37,13 +41,16 @@ class PlatformSecrets:
             api_worker_token=secrets.token_urlsafe(32),
             grant_signing_key=signing,
             grant_public_key=public_key_of(signing),
+            chain_signing_key=generate_signing_key(),
         )
 
 
 def load_or_create_secrets(home: Path) -> PlatformSecrets:
     """Read ``<home>/secrets.json``, creating it (mode 0600, exclusively) on first use.
 
-    An existing file is never rewritten; its mode is tightened to 0600 if it drifted.
+    An existing file keeps its secrets; its mode is tightened to 0600 if it drifted. A file
+    written before the chain key existed gets one added, once (under an exclusive lock, by
+    an atomic replace that keeps every other secret).
     """
     path = Path(home) / SECRETS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,4 +66,30 @@ def load_or_create_secrets(home: Path) -> PlatformSecrets:
                 handle.flush()
                 os.fsync(handle.fileno())
     os.chmod(path, 0o600)
-    return PlatformSecrets(**json.loads(path.read_text()))
+    values = json.loads(path.read_text())
+    if "chain_signing_key" not in values:
+        values = _add_chain_key(path)
+    return PlatformSecrets(**values)
+
+
+def _add_chain_key(path: Path) -> dict[str, str]:
+    """Add a chain signing key to an older secrets file, atomically and only once."""
+    with open(path, "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent `up` waits, then sees the key
+        values: dict[str, str] = json.loads(path.read_text())
+        if "chain_signing_key" in values:
+            return values
+        values["chain_signing_key"] = generate_signing_key()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(values, handle, indent=2)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return values

@@ -210,8 +210,8 @@ def verify_dataset(session: Session, *, dataset_id: str, ctx: LedgerContext) -> 
             problems.append(f"entry {entry.seq}: precedes the dataset's budget_created entry")
             continue
         replay.apply(entry, problems)
-        checked += 1 if (entry.payload.get("figures") or {}).get("dataset_epsilon_spent") \
-            is not None else 0
+        recorded: Any = entry.payload.get("figures") or {}
+        checked += 1 if recorded.get("dataset_epsilon_spent") is not None else 0
     view = budget_view(session, budget, ctx.discretization, with_history=False)
     details: dict[str, Any] = {"chain_entries": chain.entries, "dataset_entries": len(entries),
                                "figures_checked": checked,
@@ -275,7 +275,8 @@ def recompute(session: Session, *, dataset_id: str, ctx: LedgerContext) -> Recom
     if budget is None:
         raise NotFound("budget", dataset_id)
     entries = repo.entries(session, dataset_id=dataset_id)
-    created = next((e.payload for e in entries if e.kind == "budget_created"), {})
+    created: dict[str, Any] = next((e.payload for e in entries if e.kind == "budget_created"),
+                                   {})
     order, delta = budget.admission_order, budget.delta
     committed = {p: 0.0 for p in created.get("partitions", [WHOLE_DATASET])}
     charges: list[RecomputedCharge] = []

@@ -1,0 +1,1 @@
+"""A private dataset's ledger history: export (JSON, CSV), verify and recompute reports."""
