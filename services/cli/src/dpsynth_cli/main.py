@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from dpsynth_cli import admin, jobs, resources
+from dpsynth_cli import admin, jobs, ledger, resources
 from dpsynth_cli.common import CliState, console, err_console, print_json, state_of
 from dpsynth_cli.config import resolve_home
 
@@ -21,6 +21,7 @@ app.add_typer(admin.app, name="admin")
 app.add_typer(resources.datasets, name="datasets")
 app.add_typer(resources.models, name="models")
 app.add_typer(jobs.app, name="jobs")
+app.add_typer(ledger.app, name="ledger")
 app.command("budget")(resources.budget)
 app.command("download")(resources.download)
 

@@ -274,6 +274,48 @@ class Client:
             raise
         return dest
 
+    # -- ledger history and budget policies (issue 4) ------------------------------------
+    def ledger_export(self, dataset_id: str, *, fmt: str = "json") -> Any:
+        """``GET /v1/datasets/{id}/ledger``: the dataset's signed, hash-chained entries and
+        the chain key (a dict), or with ``fmt="csv"`` the CSV text."""
+        if fmt == "json":
+            return self._request("GET", f"/v1/datasets/{dataset_id}/ledger")
+        try:
+            response = self._http.get(f"/v1/datasets/{dataset_id}/ledger",
+                                      params={"format": fmt}, headers={"Accept": "text/csv"})
+        except httpx.TransportError as exc:
+            raise unreachable(self.base_url, exc) from exc
+        raise_for_problem(response)
+        return response.text
+
+    def ledger_verify(self, dataset_id: str) -> dict[str, Any]:
+        """``GET /v1/datasets/{id}/ledger/verify``: the server-side verify report."""
+        return self._request(  # type: ignore[no-any-return]
+            "GET", f"/v1/datasets/{dataset_id}/ledger/verify")
+
+    def ledger_recompute(self, dataset_id: str) -> dict[str, Any]:
+        """``GET /v1/datasets/{id}/ledger/recompute``: charges and figures recomputed with
+        the ledger's current accountant code (a report; nothing changes)."""
+        return self._request(  # type: ignore[no-any-return]
+            "GET", f"/v1/datasets/{dataset_id}/ledger/recompute")
+
+    def update_budget(self, dataset_id: str, *, epsilon_limit: float | None = None,
+                      warning_fraction: float | None = None) -> dict[str, Any]:
+        """``PATCH /v1/datasets/{id}/budget``: lower the limit (never raised) and/or set the
+        warning fraction; returns the budget view."""
+        body = {k: v for k, v in {"epsilon_limit": epsilon_limit,
+                                  "warning_fraction": warning_fraction}.items() if v is not None}
+        return self._request(  # type: ignore[no-any-return]
+            "PATCH", f"/v1/datasets/{dataset_id}/budget", json=body)
+
+    def set_tenant_policy(self, tenant_id: str, *,
+                          max_dataset_epsilon_limit: float | None) -> dict[str, Any]:
+        """``PUT /v1/admin/tenants/{id}/policy`` (admin): the cap on any single dataset's
+        limit (None clears it); lists the tenant's datasets above the new cap."""
+        return self._request(  # type: ignore[no-any-return]
+            "PUT", f"/v1/admin/tenants/{tenant_id}/policy",
+            json={"max_dataset_epsilon_limit": max_dataset_epsilon_limit})
+
 
 def _items(body: Any) -> list[dict[str, Any]]:
     """Lists may come bare or wrapped as ``{"items": [...]}``."""

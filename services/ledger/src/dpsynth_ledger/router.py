@@ -155,7 +155,7 @@ def entries(session: SessionDep, dataset_id: str | None = None,
 # -- budget policies and per-dataset audits (service/policies.py) ------------------------
 
 @router.post("/budgets/{dataset_id}/limit", response_model=BudgetView,
-             responses={422: problem_schema_fields()})  # type: ignore[dict-item]
+             responses={422: problem_schema_fields()})
 def update_limit(dataset_id: str, body: LimitUpdate, session: SessionDep,
                  ctx: CtxDep) -> BudgetView:
     """Lower the epsilon limit (a raise is 422 ``policy_violation``) or set the warning

@@ -1,0 +1,180 @@
+"""``dpsynth ledger ...``: a private dataset's privacy ledger, checked from outside.
+
+``export`` downloads the dataset's hash-chained, signed entries (JSON or CSV). ``verify``
+checks an export INDEPENDENTLY of the servers: it recomputes every entry's hash from its
+content and ``prev_hash`` (sha256 over canonical JSON, :func:`dpsynth_shared.dp_events.
+chain_hash`), checks every Ed25519 signature over ``signed_message(seq, hash)`` with the chain
+key (pin it with ``--key-id`` / ``--public-key`` to the one your operator publishes), then
+shows the server-side verify report (chain, signatures, anchor, every epsilon recomputed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from dpsynth_shared.dp_events import chain_hash
+from dpsynth_shared.grants import key_id_of, verify_message
+from dpsynth_shared.ledger_contract import signed_message
+
+from dpsynth_cli.common import cli_errors, console, err_console, print_json, state_of
+
+app = typer.Typer(help="The privacy ledger: export, verify, recompute.", no_args_is_help=True)
+
+
+def entry_hash(entry: dict[str, Any]) -> str:
+    """An entry's hash recomputed from its content (the ledger's rule, reimplemented)."""
+    content = {"seq": entry["seq"], "dataset_id": entry["dataset_id"], "kind": entry["kind"],
+               "payload": entry["payload"]}
+    return chain_hash(str(entry["prev_hash"]), content)
+
+
+def _key_problems(export: dict[str, Any], public_key: str | None,
+                  key_id: str | None) -> tuple[str | None, list[str]]:
+    """The public key to verify with, and problems with the export's key."""
+    problems: list[str] = []
+    key = public_key or export.get("public_key")
+    if not key:
+        return None, ["export: no chain public key to check signatures with"]
+    try:
+        actual = key_id_of(key)
+    except (ValueError, TypeError):
+        return None, ["export: the public key is not valid urlsafe base64"]
+    if public_key and export.get("public_key") and export["public_key"] != public_key:
+        problems.append("export: its public key is not the one you pinned")
+    if export.get("key_id") and export["key_id"] != actual:
+        problems.append(f"export: key_id {export['key_id']} is not the public key's ({actual})")
+    if key_id and key_id != actual:
+        problems.append(f"export: the chain key's id {actual} is not the pinned {key_id}")
+    return key, problems
+
+
+def verify_export(export: dict[str, Any], *, public_key: str | None = None,
+                  key_id: str | None = None) -> tuple[list[str], int]:
+    """Check an export locally; returns (problems naming the entries, signatures checked).
+
+    Per entry: the hash recomputed from its content and ``prev_hash``; the signature over
+    ``signed_message(seq, hash)``; its key id; its budget. Across entries: increasing seq,
+    adjacent sequence numbers linked by ``prev_hash`` (the chain is global: entries of other
+    datasets sit between the others), a ``budget_created`` first, and a recorded filter
+    figure (``figures.dataset_epsilon_spent``) that never decreases.
+    """
+    key, problems = _key_problems(export, public_key, key_id)
+    entries: list[dict[str, Any]] = list(export.get("entries") or [])
+    budget = export.get("budget_id") or export.get("dataset_id")
+    if not entries:
+        problems.append("export: no entries")
+        return problems, 0
+    if entries[0].get("kind") != "budget_created":
+        problems.append(f"entry {entries[0].get('seq')}: the first entry is not budget_created")
+    checked, signed_seen = 0, False
+    previous: dict[str, Any] | None = None
+    spent = 0.0
+    for e in entries:
+        seq = e.get("seq")
+        try:
+            if entry_hash(e) != e.get("hash"):
+                problems.append(f"entry {seq}: hash mismatch (content altered)")
+        except (KeyError, TypeError, ValueError):
+            problems.append(f"entry {seq}: malformed (cannot recompute its hash)")
+            continue
+        if e.get("dataset_id") != budget:
+            problems.append(f"entry {seq}: belongs to {e.get('dataset_id')}, not {budget}")
+        signature = e.get("signature")
+        if signature:
+            signed_seen = True
+            if key is not None:
+                checked += 1
+                if not verify_message(signed_message(int(e["seq"]), str(e["hash"])),
+                                      str(signature), key):
+                    problems.append(f"entry {seq}: signature invalid")
+                elif export.get("key_id") and e.get("key_id") != export["key_id"]:
+                    problems.append(f"entry {seq}: signed by key {e.get('key_id')}, not the "
+                                    f"chain key {export['key_id']}")
+        elif signed_seen:
+            problems.append(f"entry {seq}: not signed (after signed entries)")
+        if previous is not None:
+            if int(seq) <= int(previous["seq"]):
+                problems.append(f"entry {seq}: out of order after entry {previous['seq']}")
+            elif int(seq) == int(previous["seq"]) + 1 and e.get("prev_hash") != previous["hash"]:
+                problems.append(f"entry {seq}: prev_hash does not link to entry {previous['seq']}")
+        figures = e.get("payload", {}).get("figures")
+        if isinstance(figures, dict) and figures.get("dataset_epsilon_spent") is not None:
+            now = float(figures["dataset_epsilon_spent"])
+            if now < spent:
+                problems.append(f"entry {seq}: dataset_epsilon_spent {now} is below an "
+                                f"earlier {spent} (spent never decreases)")
+            spent = max(spent, now)
+        previous = e
+    return problems, checked
+
+
+@app.command("export")
+@cli_errors
+def export(ctx: typer.Context, dataset_id: str,
+           fmt: Annotated[str, typer.Option("--format", help="json | csv")] = "json",
+           output: Annotated[Path | None, typer.Option("-o", "--output",
+                                                       help="write here (default stdout)")]
+           = None) -> None:
+    """Export a private dataset's ledger history (signed, hash-chained entries)."""
+    if fmt not in {"json", "csv"}:
+        raise typer.BadParameter("must be json or csv", param_hint="--format")
+    body = state_of(ctx).client().ledger_export(dataset_id, fmt=fmt)
+    text = body if isinstance(body, str) else json.dumps(body, indent=2, sort_keys=True)
+    if output is None:
+        typer.echo(text, nl=not text.endswith("\n"))
+        return
+    output.write_text(text if text.endswith("\n") else text + "\n")
+    count = len(body["entries"]) if isinstance(body, dict) else max(0, text.count("\n") - 1)
+    console.print(f"saved {output} ({count} entries)", highlight=False)
+
+
+@app.command("verify")
+@cli_errors
+def verify(ctx: typer.Context, dataset_id: str,
+           export_file: Annotated[Path | None, typer.Option(
+               "--export", exists=True, dir_okay=False,
+               help="check this JSON export instead of downloading one")] = None,
+           public_key: Annotated[str | None, typer.Option(
+               help="pin the chain public key (else the export's)")] = None,
+           key_id: Annotated[str | None, typer.Option(
+               help="pin the chain key id your operator publishes")] = None,
+           local_only: Annotated[bool, typer.Option(
+               "--local-only", help="skip the server-side report")] = False) -> None:
+    """Recompute every entry's hash and signature locally, then show the server's report
+    (chain, signatures, anchor, every epsilon); exit 1 on any problem."""
+    client = state_of(ctx).client()
+    body = (json.loads(export_file.read_text()) if export_file is not None
+            else client.ledger_export(dataset_id))
+    problems, checked = verify_export(body, public_key=public_key, key_id=key_id)
+    entries = len(body.get("entries") or [])
+    console.print(f"local: {entries} entries, hashes recomputed, {checked} signatures checked "
+                  f"(key {body.get('key_id') or '-'})", highlight=False)
+    for line in problems:
+        err_console.print(f"[bold red]problem[/] {line}", highlight=False)
+    ok = not problems
+    if not local_only:
+        report = client.ledger_verify(dataset_id)
+        console.print(f"server: {'ok' if report.get('ok') else 'NOT OK'}, "
+                      f"{report.get('entries')} entries, "
+                      f"{report.get('signatures_checked', 0)} signatures", highlight=False)
+        for line in report.get("problems") or []:
+            err_console.print(f"[bold red]server problem[/] {line}", highlight=False)
+        print_json(report)
+        ok = ok and bool(report.get("ok"))
+    if not ok:
+        raise typer.Exit(1)
+    console.print("verified", style="bold green", highlight=False)
+
+
+@app.command("recompute")
+@cli_errors
+def recompute(ctx: typer.Context, dataset_id: str) -> None:
+    """Recompute every charge and figure with the ledger's current accountant code next to
+    the recorded ones (a report: nothing stored changes, nothing is re-admitted)."""
+    report = state_of(ctx).client().ledger_recompute(dataset_id)
+    print_json(report)
+    for line in report.get("differences") or []:
+        err_console.print(f"[yellow]difference[/] {line}", highlight=False)
