@@ -41,3 +41,18 @@ def create_key(ctx: typer.Context, tenant: Annotated[str, typer.Option(help="ten
 def revoke_key(ctx: typer.Context, key_id: str) -> None:
     """Revoke a key."""
     print_json(state_of(ctx).client().revoke_key(key_id))
+
+
+@tenant.command("set-policy")
+@cli_errors
+def set_policy(ctx: typer.Context, tenant_id: str,
+               max_dataset_epsilon_limit: Annotated[float | None, typer.Option(
+                   help="cap on any single private dataset's epsilon limit")] = None,
+               clear: Annotated[bool, typer.Option("--clear", help="remove the cap")] = False
+               ) -> None:
+    """Set a tenant's cap on dataset limits (uploads above it are refused); lists the
+    tenant's existing datasets above the new cap."""
+    if (max_dataset_epsilon_limit is None) != clear:
+        raise typer.BadParameter("give --max-dataset-epsilon-limit or --clear")
+    print_json(state_of(ctx).client().set_tenant_policy(
+        tenant_id, max_dataset_epsilon_limit=max_dataset_epsilon_limit))

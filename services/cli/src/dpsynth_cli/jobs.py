@@ -13,7 +13,7 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from dpsynth_cli.common import cli_errors, console, print_json, print_table, state_of
-from dpsynth_cli.views import progress_text
+from dpsynth_cli.views import progress_text, spent_after_warning
 
 app = typer.Typer(help="Submit and follow jobs.", no_args_is_help=True)
 
@@ -37,10 +37,26 @@ def submit(ctx: typer.Context, spec_file: Annotated[Path, typer.Argument(exists=
            watch_: Annotated[bool, typer.Option("--watch")] = False) -> None:
     """Submit SPEC_FILE (.yaml or .json); --dry-run shows the plan and budget impact."""
     client = state_of(ctx).client()
-    result = client.submit_job(load_spec(spec_file), dry_run=dry_run)
+    spec = load_spec(spec_file)
+    result = client.submit_job(spec, dry_run=dry_run)
     print_json(result)
+    _warn_spent_after(client, spec, result)
     if watch_ and not dry_run:
         raise typer.Exit(watch_job(client, result["id"]))
+
+
+def _warn_spent_after(client: Client, spec: dict[str, Any], result: dict[str, Any]) -> None:
+    """Print a WARNING when the job takes the dataset past its warning fraction."""
+    dataset_id = spec.get("dataset_id")
+    if not isinstance(dataset_id, str) or not isinstance(result, dict):
+        return
+    try:
+        budget = client.get_budget(dataset_id)
+    except DpsynthError:
+        return  # a public dataset (no budget) or no access: nothing to warn about
+    warning = spent_after_warning(result, budget)
+    if warning:
+        console.print(warning, style="bold yellow", highlight=False, soft_wrap=True)
 
 
 @app.command("list")

@@ -122,6 +122,26 @@ def release_class_sizes(
                                                           dry_run=dry_run))
 
 
+@datasets.command("set-limit")
+@cli_errors
+def set_limit(
+    ctx: typer.Context, dataset_id: str,
+    epsilon_limit: Annotated[float | None, typer.Option(
+        help="the new, LOWER limit (a limit is never raised; below what is spent it only "
+        "blocks new work)")] = None,
+    warning_fraction: Annotated[float | None, typer.Option(
+        help="warn when spent reaches this fraction of the limit (default 0.8)")] = None,
+) -> None:
+    """Lower a private dataset's epsilon limit and/or set its warning fraction."""
+    if epsilon_limit is None and warning_fraction is None:
+        raise typer.BadParameter("give --epsilon-limit and/or --warning-fraction")
+    body = state_of(ctx).client().update_budget(dataset_id, epsilon_limit=epsilon_limit,
+                                                warning_fraction=warning_fraction)
+    for label, value in budget_lines(body):
+        console.print(f"{label}: {value}", style="bold yellow" if label == "warning" else "",
+                      highlight=False, soft_wrap=True)
+
+
 @cli_errors
 def budget(ctx: typer.Context, dataset_id: str) -> None:
     """A private dataset's privacy budget: limit, spent, tight figure, reserved, remaining."""

@@ -6,6 +6,7 @@ from typing import Any
 
 TIGHT_LABEL = "if the sequence had been fixed in advance; not a guarantee under adaptive use"
 LOW_BUDGET_FRACTION = 0.1
+DEFAULT_WARNING_FRACTION = 0.8
 
 
 def _num(value: Any, fmt: str = ".4f") -> str:
@@ -18,7 +19,14 @@ def _num(value: Any, fmt: str = ".4f") -> str:
 
 
 def budget_warning(budget: dict[str, Any]) -> str | None:
-    """The api's warning if it sent one, else ours when the budget is gone or nearly so."""
+    """The api's warning if it sent one, else ours when the budget is gone or nearly so.
+
+    The api's ``warning`` is a flag (spent ≥ ``warning_fraction`` of the limit): it becomes a
+    clear ``WARNING`` line with the figures.
+    """
+    if budget.get("warning") is True:
+        return warning_text(budget.get("dataset_epsilon_spent"), budget.get("epsilon_limit"),
+                            budget.get("warning_fraction"))
     if budget.get("warning"):
         return str(budget["warning"])
     limit, remaining = budget.get("epsilon_limit"), budget.get("dataset_epsilon_remaining")
@@ -61,3 +69,24 @@ def progress_text(job: dict[str, Any]) -> str:
     if p.get("eta_s") is not None:
         parts.append(f"ETA {_num(p['eta_s'], '.0f')}s")
     return "  ".join(parts)
+
+
+def warning_text(spent: Any, limit: Any, fraction: Any, *, after_job: bool = False) -> str:
+    """``WARNING: ...``: the filter figure has reached the warning fraction of the limit."""
+    share = float(fraction) if fraction is not None else DEFAULT_WARNING_FRACTION
+    when = "after this job, spent" if after_job else "spent"
+    return (f"WARNING: {when} (RDP filter) {_num(spent)} is at or above {share:.0%} of the "
+            f"epsilon limit {_num(limit)}")
+
+
+def spent_after_warning(result: dict[str, Any], budget: dict[str, Any] | None) -> str | None:
+    """The submit/dry-run warning: the plan's ``dataset_epsilon_spent_after`` crosses the
+    dataset's warning fraction of its limit (None otherwise, or without the figures)."""
+    privacy = result.get("plan") or result.get("privacy") or {}
+    after = privacy.get("dataset_epsilon_spent_after") if isinstance(privacy, dict) else None
+    if after is None or not budget or budget.get("epsilon_limit") is None:
+        return None
+    fraction = budget.get("warning_fraction") or DEFAULT_WARNING_FRACTION
+    if float(after) < float(fraction) * float(budget["epsilon_limit"]):
+        return None
+    return warning_text(after, budget["epsilon_limit"], fraction, after_job=True)
