@@ -27,6 +27,7 @@ from dpsynth_api.middleware import GuardMiddleware, ObservabilityMiddleware
 from dpsynth_api.models.router import router as models_router
 from dpsynth_api.ports import LedgerPort, ObjectStore, TaskSender
 from dpsynth_api.settings import ApiSettings
+from dpsynth_api.tenants.ledger_admin import router as ledger_admin_router
 from dpsynth_api.tenants.router import router as tenants_router
 
 MULTIPART_OVERHEAD_BYTES = 1 << 20
@@ -86,6 +87,7 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
         app.include_router(router)
     app.include_router(dashboard_router)
     app.include_router(ledger_views_router)
+    app.include_router(ledger_admin_router)
     app.add_middleware(GuardMiddleware,
                        max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES)
     app.add_middleware(ObservabilityMiddleware, metrics=ctx.metrics)

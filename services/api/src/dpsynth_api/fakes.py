@@ -16,6 +16,7 @@ from dpsynth_shared.dp_events import GENESIS_HASH, DpSgdEvent, GaussianEvent, Pa
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_id, new_reservation_id
 from dpsynth_shared.ledger_contract import (
+    AnchorStatus,
     BudgetView,
     ChainKey,
     CreateBudget,
@@ -27,6 +28,8 @@ from dpsynth_shared.ledger_contract import (
     LimitUpdate,
     Plan,
     RecomputeReport,
+    ReconcileReport,
+    ReconcileRequest,
     Reservation,
     ReservationState,
     ReserveRequest,
@@ -51,6 +54,7 @@ class FakeLedger:
     closed: list[tuple[str, str]] = field(default_factory=list)
     releases: dict[str, list[HistogramRelease]] = field(default_factory=dict)
     fail_create: bool = False
+    reconciled: list[ReconcileRequest] = field(default_factory=list)
     is_ready: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -263,6 +267,19 @@ class FakeLedger:
             update = request.model_dump(exclude_none=True)
             self.budgets[dataset_id] = budget.model_copy(update=update)
         return self.get_budget(dataset_id)
+
+    def reconcile(self, request: ReconcileRequest) -> ReconcileReport:
+        """The fake loses nothing: it records the request and reports no change."""
+        with self._lock:
+            self.reconciled.append(request)
+            spent = {d: self._spent(d) for d in self.budgets}
+        return ReconcileReport(ok=True, anchored_seq=0, head_seq_before=0, head_seq_after=0,
+                               entries_replayed=0, spent_before=spent, spent_after=spent)
+
+    def anchor_status(self) -> AnchorStatus:
+        """The fake anchors nothing: never behind."""
+        return AnchorStatus(location="memory", local_seq=0, local_hash="", anchored_seq=0,
+                            anchored_hash="", behind=False, public_key="", key_id="")
 
 
 @dataclass

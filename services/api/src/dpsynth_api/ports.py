@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Literal, Protocol
 
 from dpsynth_shared.ledger_contract import (
+    AnchorStatus,
     BudgetView,
     ChainKey,
     CreateBudget,
@@ -20,6 +21,8 @@ from dpsynth_shared.ledger_contract import (
     LimitUpdate,
     Plan,
     RecomputeReport,
+    ReconcileReport,
+    ReconcileRequest,
     Reservation,
     ReserveRequest,
     SetClassSizes,
@@ -78,6 +81,15 @@ class LedgerPort(Protocol):
 
     def update_limit(self, dataset_id: str, request: LimitUpdate) -> BudgetView:
         """Lower the limit (a raise is 422 ``policy_violation``) / set the warning fraction."""
+        ...
+
+    def reconcile(self, request: ReconcileRequest) -> ReconcileReport:
+        """After a ledger restore: re-charge what its database lost (the api's DP jobs in
+        ``request``) and re-base its anchor (``POST /v1/admin/reconcile``)."""
+        ...
+
+    def anchor_status(self) -> AnchorStatus:
+        """The ledger's chain head against its anchored head (``GET /v1/anchor``)."""
         ...
 
 

@@ -178,3 +178,39 @@ def recompute(ctx: typer.Context, dataset_id: str) -> None:
     print_json(report)
     for line in report.get("differences") or []:
         err_console.print(f"[yellow]difference[/] {line}", highlight=False)
+
+
+@app.command("reconcile-after-restore")
+@cli_errors
+def reconcile_after_restore(ctx: typer.Context) -> None:
+    """After restoring the ledger's database from a backup: re-charge every job found in the
+    ledger's anchor log or in the api, re-base the anchor, and print the report (spent
+    epsilon per dataset before and after). Admin scope. Safe to run again."""
+    report = state_of(ctx).client().ledger_reconcile()
+    print_json(report)
+    before, after = report.get("spent_before") or {}, report.get("spent_after") or {}
+    for dataset_id in sorted(after):
+        console.print(f"{dataset_id}: spent {before.get(dataset_id, 0.0):.6g} -> "
+                      f"{after[dataset_id]:.6g}", highlight=False)
+    for line in report.get("notes") or []:
+        err_console.print(f"[yellow]note[/] {line}", highlight=False)
+    if not report.get("ok"):
+        err_console.print("[bold red]reconciliation left problems[/] (see the notes)",
+                          highlight=False)
+        raise typer.Exit(1)
+    console.print(f"reconciled: {report.get('entries_replayed', 0)} anchored entries "
+                  f"re-applied, {len(report.get('jobs_recharged') or [])} api jobs re-charged",
+                  style="bold green", highlight=False)
+
+
+@app.command("anchor-status")
+@cli_errors
+def anchor_status(ctx: typer.Context) -> None:
+    """Show the ledger's chain head against its append-only anchor; exit 1 when the ledger
+    is behind or diverged (admissions are refused until reconcile-after-restore). Admin."""
+    status = state_of(ctx).client().ledger_anchor()
+    print_json(status)
+    if status.get("behind") or status.get("diverged"):
+        err_console.print("[bold red]the ledger is behind its anchor[/]: run `dpsynth ledger "
+                          "reconcile-after-restore`", highlight=False)
+        raise typer.Exit(1)

@@ -316,6 +316,17 @@ class Client:
             "PUT", f"/v1/admin/tenants/{tenant_id}/policy",
             json={"max_dataset_epsilon_limit": max_dataset_epsilon_limit})
 
+    def ledger_reconcile(self) -> dict[str, Any]:
+        """``POST /v1/admin/ledger/reconcile`` (admin): after a ledger restore, re-charge what
+        the ledger's database lost (its anchor log and the api's DP jobs); the report."""
+        return self._request(  # type: ignore[no-any-return]
+            "POST", "/v1/admin/ledger/reconcile")
+
+    def ledger_anchor(self) -> dict[str, Any]:
+        """``GET /v1/admin/ledger/anchor`` (admin): the ledger's head against its anchor."""
+        return self._request(  # type: ignore[no-any-return]
+            "GET", "/v1/admin/ledger/anchor")
+
 
 def _items(body: Any) -> list[dict[str, Any]]:
     """Lists may come bare or wrapped as ``{"items": [...]}``."""

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import httpx
 from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
 from dpsynth_shared.ledger_contract import (
+    AnchorStatus,
     BudgetView,
     ChainKey,
     CloseRequest,
@@ -17,6 +18,8 @@ from dpsynth_shared.ledger_contract import (
     LimitUpdate,
     Plan,
     RecomputeReport,
+    ReconcileReport,
+    ReconcileRequest,
     Reservation,
     ReserveRequest,
     SetClassSizes,
@@ -166,3 +169,13 @@ class HttpLedger:
         return BudgetView.model_validate(self._call(
             "POST", f"/v1/budgets/{dataset_id}/limit", request.model_dump(mode="json",
                                                                           exclude_none=True)))
+
+    def reconcile(self, request: ReconcileRequest) -> ReconcileReport:
+        """``POST /v1/admin/reconcile`` (never retried: it writes; running it again is safe,
+        it re-charges nothing twice)."""
+        return ReconcileReport.model_validate(self._call(
+            "POST", "/v1/admin/reconcile", request.model_dump(mode="json")))
+
+    def anchor_status(self) -> AnchorStatus:
+        """``GET /v1/anchor``."""
+        return AnchorStatus.model_validate(self._call("GET", "/v1/anchor"))
