@@ -94,9 +94,10 @@ def test_released_sizes_drive_per_label_plans(real_ledger_api: Api) -> None:  # 
 def test_two_datasets_with_the_same_data_get_fresh_noise(real_ledger_api: Api) -> None:  # noqa: F811
     api = real_ledger_api
     _, token = api.tenant()
-    first, second = _private(api, token, n=300), _private(api, token, n=300)
+    _, other = api.tenant("other")  # one tenant's re-upload of the same records is refused
+    first, second = _private(api, token, n=300), _private(api, other, n=300)
     a = _release(api, token, first, 0.2).json()
-    c = _release(api, token, second, 0.2).json()
+    c = _release(api, other, second, 0.2).json()
     assert a["sigma"] == c["sigma"] > 10  # same calibration ...
     assert a["class_sizes"] != c["class_sizes"]  # ... fresh noise (P(equal) ~ 1e-5)
     # far from the clamps, sizes scatter around the true counts (100 per class) with σ

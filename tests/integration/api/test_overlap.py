@@ -11,6 +11,7 @@ own database over HTTP.
 from __future__ import annotations
 
 import io
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -413,3 +414,46 @@ def test_a_linked_dataset_shares_the_real_budget(real_ledger_api: Api) -> None:
     assert view["dataset_id"] == parent["dataset_id"] and view["rdp_reserved"] > 0
     assert view == api.client.get(f"/v1/datasets/{parent['dataset_id']}/budget",
                                   headers=auth(token)).json()
+
+
+def test_the_cli_uploads_with_link_derives_and_deletes(api: Api, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsynth_cli import common
+    from dpsynth_cli.main import app
+    from dpsynth_client import Client
+    from typer.testing import CliRunner
+
+    _, token = api.tenant()
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        r = api.client.request(request.method, str(request.url.copy_with(
+            scheme="http", host="testserver")), content=request.read(),
+            headers=dict(request.headers))
+        return httpx.Response(r.status_code, headers=r.headers, content=r.content)
+
+    monkeypatch.setattr(common.CliState, "client", lambda self: Client(
+        "http://api.test", token, transport=httpx.MockTransport(forward)))
+    runner = CliRunner()
+    images = _images(23, 12)
+    path = tmp_path / "d.npz"
+    path.write_bytes(_npz(images))
+    upload = ["datasets", "upload", str(path), "--name", "p", "--visibility", "private",
+              "--epsilon-limit", "4", "--label-domain", "x,y,z"]
+    first = runner.invoke(app, upload)
+    assert first.exit_code == 0, first.output
+    parent = json.loads(first.output)["dataset_id"]
+    again = runner.invoke(app, upload)
+    assert again.exit_code != 0 and "private_data_overlap" in again.output
+    linked = runner.invoke(app, [*upload, "--on-overlap", "link"])
+    assert linked.exit_code == 0, linked.output
+    assert json.loads(linked.output)["budget_id"] == parent
+    split = runner.invoke(app, ["datasets", "derive", parent, "--name", "train",
+                                "--split", "0.5", "--part", "train"])
+    assert split.exit_code == 0, split.output
+    assert json.loads(split.output)["derivation"]["kind"] == "split"
+    subset = runner.invoke(app, ["datasets", "derive", parent, "--name", "xz",
+                                 "--classes", "x,z"])
+    assert json.loads(subset.output)["class_names"] == ["x", "z"]
+    deleted = runner.invoke(app, ["datasets", "delete", parent, "--yes"])
+    assert deleted.exit_code == 0, deleted.output
+    assert json.loads(deleted.output)["deleted_at"] is not None

@@ -51,14 +51,19 @@ def upload_dataset(
     class_sizes: Annotated[str | None, typer.Option(
         help="private: public per-class sizes for per-label training, e.g. "
         "'cat=500,dog=400' (each ≥ the true count)")] = None,
+    on_overlap: Annotated[str | None, typer.Option(
+        help="private: 'link' charges the budget of your private dataset this upload shares "
+        "records with (default: such an upload is refused)")] = None,
 ) -> None:
     """Upload a zip/tar image folder, .npz or Parquet file."""
     if visibility not in {"public", "private"}:
         raise typer.BadParameter("must be public or private", param_hint="--visibility")
+    if on_overlap not in {None, "refuse", "link"}:
+        raise typer.BadParameter("must be refuse or link", param_hint="--on-overlap")
     result = state_of(ctx).client().upload_dataset(
         path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
         label_domain=_split(label_domain), declared_size=declared_size,
-        class_sizes=_sizes(class_sizes))
+        class_sizes=_sizes(class_sizes), on_overlap=on_overlap)
     print_json(result)
 
 
@@ -120,6 +125,49 @@ def release_class_sizes(
     """Release the class sizes (per-label training) through a charged DP histogram."""
     print_json(state_of(ctx).client().release_class_sizes(dataset_id, epsilon=epsilon,
                                                           dry_run=dry_run))
+
+
+@datasets.command("derive")
+@cli_errors
+def derive_dataset(
+    ctx: typer.Context, dataset_id: str,
+    name: Annotated[str, typer.Option(help="the derived dataset's display name")],
+    classes: Annotated[str | None, typer.Option(
+        help="a class subset: the class names kept, comma separated")] = None,
+    split: Annotated[float | None, typer.Option(
+        help="a random split: the train part's fraction of the records, in (0, 1)")] = None,
+    part: Annotated[str, typer.Option(help="split: train | holdout")] = "train",
+    declared_size: Annotated[int | None, typer.Option(
+        help="the child's public size N̂ (≥ its true count; default: a bound from the "
+        "parent's public sizes)")] = None,
+) -> None:
+    """Derive a class subset or a train/holdout split (a selection, no copy; a private one
+    charges its parent's budget, sampled at q = batch / N̂ of the child)."""
+    if (classes is None) == (split is None):
+        raise typer.BadParameter("give either --classes (a subset) or --split (a split)")
+    if split is not None and part not in {"train", "holdout"}:
+        raise typer.BadParameter("must be train or holdout", param_hint="--part")
+    client = state_of(ctx).client()
+    if classes is not None:
+        result = client.derive_dataset(dataset_id, name=name, kind="subset",
+                                       classes=_split(classes), declared_size=declared_size)
+    else:
+        result = client.derive_dataset(dataset_id, name=name, kind="split", fraction=split,
+                                       part=part, declared_size=declared_size)
+    print_json(result)
+
+
+@datasets.command("delete")
+@cli_errors
+def delete_dataset(
+    ctx: typer.Context, dataset_id: str,
+    yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
+) -> None:
+    """Delete a dataset's data (owner scope). Its budget, ledger entries and record hashes
+    remain: a re-upload of its records is still refused, or linked to the same budget."""
+    if not yes:
+        typer.confirm(f"Delete the data of dataset {dataset_id}?", abort=True)
+    print_json(state_of(ctx).client().delete_dataset(dataset_id))
 
 
 @datasets.command("set-limit")

@@ -99,17 +99,20 @@ class Client:
                        epsilon_limit: float | None = None, delta: float | None = None,
                        label_domain: list[str] | None = None,
                        declared_size: int | None = None,
-                       class_sizes: dict[str, int] | None = None) -> dict[str, Any]:
+                       class_sizes: dict[str, int] | None = None,
+                       on_overlap: str | None = None) -> dict[str, Any]:
         """Upload a dataset file (zip/tar image folder, ``.npz`` or Parquet).
 
         Sent as multipart: ``file`` and ``metadata`` (a JSON string). Optional privacy
         fields left ``None`` are omitted so the api applies its defaults (e.g. delta).
         ``class_sizes`` declares public per-class sizes (each ≥ the true count), which
-        per-label training needs.
+        per-label training needs. ``on_overlap="link"``: a private upload sharing records
+        with one of your private datasets charges that dataset's budget instead of being
+        refused (409 ``private_data_overlap``).
         """
         metadata = {"name": name, "visibility": visibility, "epsilon_limit": epsilon_limit,
                     "delta": delta, "label_domain": label_domain, "declared_size": declared_size,
-                    "class_sizes": class_sizes}
+                    "class_sizes": class_sizes, "on_overlap": on_overlap}
         metadata = {k: v for k, v in metadata.items() if v is not None}
         path = Path(path)
         with path.open("rb") as handle:
@@ -138,6 +141,25 @@ class Client:
         return self._request(  # type: ignore[no-any-return]
             "POST", f"/v1/datasets/{dataset_id}/class-sizes/release",
             json={"target_epsilon": epsilon, "dry_run": dry_run})
+
+    def derive_dataset(self, dataset_id: str, *, name: str, kind: str,
+                       classes: list[str] | None = None, fraction: float | None = None,
+                       part: str | None = None,
+                       declared_size: int | None = None) -> dict[str, Any]:
+        """``POST /v1/datasets/{id}/derive``: a class subset (``kind="subset"``, ``classes``)
+        or a random split (``kind="split"``, ``fraction`` of the records in ``part``
+        "train", the rest in "holdout"). A private child charges its parent's budget."""
+        body = {"name": name, "kind": kind, "classes": classes, "fraction": fraction,
+                "part": part, "declared_size": declared_size}
+        return self._request(  # type: ignore[no-any-return]
+            "POST", f"/v1/datasets/{dataset_id}/derive",
+            json={k: v for k, v in body.items() if v is not None})
+
+    def delete_dataset(self, dataset_id: str) -> dict[str, Any]:
+        """``DELETE /v1/datasets/{id}`` (owner scope): delete the stored data; the budget,
+        its ledger entries and the record hashes remain."""
+        return self._request(  # type: ignore[no-any-return]
+            "DELETE", f"/v1/datasets/{dataset_id}")
 
     # -- models --------------------------------------------------------------------------
     def upload_model(self, path: Path | str, *, name: str,
