@@ -47,8 +47,22 @@ def client(platform: ServicePlatform) -> Client:
     return Client(platform.api_url, platform.admin_key())
 
 
+_PRIVATE_CURSOR = {"next": 0}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_private_records() -> None:
+    """Each module's private uploads start at the private part's first record again."""
+    _PRIVATE_CURSOR["next"] = 0
+
+
 def digits_npz(path: Path, *, part: str, n: int | None = None) -> tuple[Path, np.ndarray]:
-    """A seeded split of sklearn's digits: 'public', 'private' or 'test'."""
+    """A seeded split of sklearn's digits: 'public', 'private' or 'test'.
+
+    Successive 'private' calls of one module take the NEXT ``n`` records of the private part
+    (cycling): a tenant's re-upload of its private records is refused (409
+    ``private_data_overlap``), so the tests' private datasets must not share records.
+    """
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -56,6 +70,10 @@ def digits_npz(path: Path, *, part: str, n: int | None = None) -> tuple[Path, np
     order = np.random.default_rng(7).permutation(len(d.target))
     parts = {"test": order[:200], "public": order[200:900], "private": order[900:]}
     idx = parts[part][:n] if n else parts[part]
+    if part == "private" and n:
+        start = _PRIVATE_CURSOR["next"]
+        idx = np.take(parts[part], np.arange(start, start + n), mode="wrap")
+        _PRIVATE_CURSOR["next"] = (start + n) % len(parts[part])
     np.savez(path, images=images[idx], labels=d.target[idx].astype(np.int64))
     return path, d.target[idx]
 
