@@ -8,6 +8,7 @@ Uploads use the in-memory ledger where only the api is under test and the real l
 
 from __future__ import annotations
 
+import io
 import math
 from typing import Any
 
@@ -91,6 +92,23 @@ def test_an_image_folder_carries_its_subjects_in_a_csv(api: Api) -> None:
     r = _upload(api, token, b.zip_bytes(members), "d.zip", label_domain=["x", "y"])
     assert r.status_code == 201, r.text
     assert (r.json()["declared_size"], r.json()["partitions_disjoint"]) == (3, True)
+
+
+def test_a_parquet_upload_carries_its_subjects_in_a_column(api: Api) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, token = api.tenant()
+    sink = io.BytesIO()
+    pq.write_table(pa.table({
+        "image": [{"bytes": b.png(value=7 * i), "path": None} for i in range(4)],
+        "label": ["x", "x", "y", "y"], "patient": [11, 11, 12, 11]}), sink)
+    r = _upload(api, token, sink.getvalue(), "d.parquet", label_domain=["x", "y"],
+                subject_column="patient")
+    assert r.status_code == 201, r.text
+    ds = r.json()
+    assert ds["source_format"] == "parquet"
+    assert (ds["declared_size"], ds["partitions_disjoint"]) == (2, False)
 
 
 def test_subject_uploads_are_refused_without_naming_a_subject(api: Api) -> None:
