@@ -54,16 +54,25 @@ def upload_dataset(
     on_overlap: Annotated[str | None, typer.Option(
         help="private: 'link' charges the budget of your private dataset this upload shares "
         "records with (default: such an upload is refused)")] = None,
+    privacy_unit: Annotated[str | None, typer.Option(
+        help="private: image (default) | subject (every image of one subject is one record: "
+        "user-level DP, N̂ counts subjects)")] = None,
+    subject_column: Annotated[str | None, typer.Option(
+        help="subject unit: the npz array / Parquet column of subject ids (default "
+        "'subjects'); an image folder carries subjects.csv (path,subject) instead")] = None,
 ) -> None:
     """Upload a zip/tar image folder, .npz or Parquet file."""
     if visibility not in {"public", "private"}:
         raise typer.BadParameter("must be public or private", param_hint="--visibility")
     if on_overlap not in {None, "refuse", "link"}:
         raise typer.BadParameter("must be refuse or link", param_hint="--on-overlap")
+    if privacy_unit not in {None, "image", "subject"}:
+        raise typer.BadParameter("must be image or subject", param_hint="--privacy-unit")
     result = state_of(ctx).client().upload_dataset(
         path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
         label_domain=_split(label_domain), declared_size=declared_size,
-        class_sizes=_sizes(class_sizes), on_overlap=on_overlap)
+        class_sizes=_sizes(class_sizes), on_overlap=on_overlap, privacy_unit=privacy_unit,
+        subject_column=subject_column)
     print_json(result)
 
 

@@ -100,7 +100,8 @@ class Client:
                        label_domain: list[str] | None = None,
                        declared_size: int | None = None,
                        class_sizes: dict[str, int] | None = None,
-                       on_overlap: str | None = None) -> dict[str, Any]:
+                       on_overlap: str | None = None, privacy_unit: str | None = None,
+                       subject_column: str | None = None) -> dict[str, Any]:
         """Upload a dataset file (zip/tar image folder, ``.npz`` or Parquet).
 
         Sent as multipart: ``file`` and ``metadata`` (a JSON string). Optional privacy
@@ -108,11 +109,15 @@ class Client:
         ``class_sizes`` declares public per-class sizes (each ≥ the true count), which
         per-label training needs. ``on_overlap="link"``: a private upload sharing records
         with one of your private datasets charges that dataset's budget instead of being
-        refused (409 ``private_data_overlap``).
+        refused (409 ``private_data_overlap``). ``privacy_unit="subject"``: one record is
+        every image of one subject (user-level DP; N̂ counts subjects), with the subject ids
+        in ``subject_column`` (npz array / Parquet column, default ``subjects``) or, for an
+        image folder, a ``subjects.csv`` (``path,subject``) at the archive root.
         """
         metadata = {"name": name, "visibility": visibility, "epsilon_limit": epsilon_limit,
                     "delta": delta, "label_domain": label_domain, "declared_size": declared_size,
-                    "class_sizes": class_sizes, "on_overlap": on_overlap}
+                    "class_sizes": class_sizes, "on_overlap": on_overlap,
+                    "privacy_unit": privacy_unit, "subject_column": subject_column}
         metadata = {k: v for k, v in metadata.items() if v is not None}
         path = Path(path)
         with path.open("rb") as handle:
