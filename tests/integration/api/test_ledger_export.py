@@ -193,3 +193,27 @@ def test_verify_and_recompute_reports(both: Both) -> None:
     assert rec["recomputed"]["dataset_epsilon_spent"] == budget["dataset_epsilon_spent"]
     assert rec["recorded"]["dataset_epsilon_spent"] == budget["dataset_epsilon_spent"]
     assert rec["admission_order"] == budget["admission_order"]
+
+
+def test_a_derived_dataset_exports_its_parents_budget_and_deletion_keeps_it(both: Both) -> None:
+    api = both.api
+    token, parent = _history(both)
+    r = api.client.post(f"/v1/datasets/{parent}/derive", headers=auth(token),
+                        json={"name": "xy", "kind": "subset", "classes": ["x", "y"]})
+    assert r.status_code == 201, r.text
+    child = r.json()["dataset_id"]
+    body = api.client.get(f"/v1/datasets/{child}/ledger", headers=auth(token)).json()
+    assert body["dataset_id"] == child and body["budget_id"] == parent
+    assert [e["dataset_id"] for e in body["entries"]] == [parent] * 4
+    r = api.client.patch(f"/v1/datasets/{child}/budget", headers=auth(token),
+                         json={"epsilon_limit": 9.0})  # the shared budget is lowered
+    assert r.status_code == 200 and r.json()["dataset_id"] == parent, r.text
+    assert api.client.get(f"/v1/datasets/{parent}", headers=auth(token)).json()[
+        "epsilon_limit"] == 9.0
+    r = api.client.delete(f"/v1/datasets/{child}", headers=auth(token))
+    assert r.status_code == 200, r.text
+    after = api.client.get(f"/v1/datasets/{child}/ledger", headers=auth(token))
+    assert after.status_code == 200  # the history outlives the data
+    assert [e["kind"] for e in after.json()["entries"]][-1] == "limit_lowered"
+    assert api.client.get(f"/v1/datasets/{child}/ledger/verify",
+                          headers=auth(token)).json()["ok"] is True
