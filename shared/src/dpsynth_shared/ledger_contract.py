@@ -141,6 +141,12 @@ class _Shape(_Body):
         return self
 
 
+_RELATION = ("the neighbouring relation the job's mechanism is analysed under (DP-SGD with "
+             "Poisson sampling: add_remove). An add_remove job enters a replace_one dataset "
+             "through group privacy at distance 2 (Mironov 2017, Prop. 2); a replace_one job "
+             "never enters an add_remove dataset (422 unsupported_neighbouring)")
+
+
 _POPULATION = ("public size N̂ of the dataset the job reads when it is not the budget's own "
                "upload but a dataset derived from or linked to it (it sets q = "
                "expected_batch_size / N̂); None: the budget's declared_size")
@@ -150,6 +156,7 @@ class PlanRequest(_Shape):
     dataset_id: str
     target_epsilon: float = Field(gt=0, le=100)
     population_size: int | None = Field(None, ge=1, description=_POPULATION)
+    neighbouring: Neighbouring = Field(Neighbouring.ADD_REMOVE, description=_RELATION)
 
 
 class LabelPlan(BaseModel):
@@ -202,6 +209,7 @@ class ReserveRequest(_Shape):
     target_epsilon: float = Field(gt=0, le=100)
     dry_run: bool = False
     population_size: int | None = Field(None, ge=1, description=_POPULATION)
+    neighbouring: Neighbouring = Field(Neighbouring.ADD_REMOVE, description=_RELATION)
 
 
 class ReservationState(StrEnum):

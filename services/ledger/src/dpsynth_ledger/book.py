@@ -74,30 +74,45 @@ def flt(budget: Budget) -> RdpFilter:
                      delta=budget.delta)
 
 
-def touched(partition: str, partitions: Iterable[str]) -> list[str]:
-    """The partitions a reservation on ``partition`` adds to (all, for a whole-dataset job)."""
+def touched(partition: str, partitions: Iterable[str], disjoint: bool = True) -> list[str]:
+    """The partitions a run on ``partition`` adds to: all, for a whole-dataset job; its class
+    only, for one class of a per-label job on a dataset whose labels are disjoint in the
+    privacy unit (parallel composition, McSherry 2009).
+
+    When the labels are NOT disjoint (``disjoint=False``: a subject with images in two
+    classes), a class's run may touch any unit of the dataset, so it adds to EVERY partition
+    (``"*"`` and every label): a per-label job's classes are summed (sequential composition).
+    """
     names = sorted(partitions)
-    return names if partition == WHOLE_DATASET else [partition]
+    return names if partition == WHOLE_DATASET or not disjoint else [partition]
+
+
+def disjoint_of(budget: Budget) -> bool:
+    """The budget's ``partitions_disjoint`` (True for rows from before the column)."""
+    return budget.partitions_disjoint is not False
 
 
 def refresh_reserved(accs: Mapping[str, Accumulator],
-                     reservations: Iterable[ReservationRow]) -> None:
-    """Set each partition's reserved RDP to the sum of the open reservations' holds on it."""
+                     reservations: Iterable[ReservationRow], disjoint: bool = True) -> None:
+    """Set each partition's reserved RDP to the sum of the open reservations' holds on it
+    (``disjoint``: the budget's ``partitions_disjoint``, see :func:`touched`)."""
     holds: dict[str, list[float]] = {p: [] for p in accs}
     for res in reservations:
         if res.state == ReservationState.CLOSED:
             continue
         for run in runs(res):
-            for p in touched(run.partition, accs):
+            for p in touched(run.partition, accs, disjoint):
                 holds[p].append(run.rdp_outstanding)
     for p, acc in accs.items():
         acc.reserved = sum_up(holds[p])
 
 
-def charge(accs: Mapping[str, Accumulator], partition: str, amount: float) -> dict[str, float]:
-    """Add ``amount`` to the committed RDP of every partition the charge touches."""
+def charge(accs: Mapping[str, Accumulator], partition: str, amount: float,
+           disjoint: bool = True) -> dict[str, float]:
+    """Add ``amount`` to the committed RDP of every partition the charge touches
+    (:func:`touched`; ``disjoint``: the budget's ``partitions_disjoint``)."""
     delta: dict[str, float] = {}
-    for p in touched(partition, accs):
+    for p in touched(partition, accs, disjoint):
         accs[p].committed = add_up(accs[p].committed, amount)
         delta[p] = amount
     return delta

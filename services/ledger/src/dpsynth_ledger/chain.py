@@ -27,6 +27,7 @@ from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import (
     WHOLE_DATASET,
     add_up,
+    charge_step,
     mul_up,
     rdp_at_order,
     rdp_step,
@@ -124,7 +125,13 @@ class _Replay:
 
     Holds are kept per (reservation, run): a whole-dataset reservation has one run on
     ``"*"`` (it holds on every partition); a per-label one has one run per class, each
-    holding only on its class (``label_rdp_outstanding`` in its entries).
+    holding only on its class (``label_rdp_outstanding`` in its entries), or on every
+    partition when the dataset's labels are not disjoint in its privacy unit.
+
+    The ``budget_created`` entry fixes how charges are routed: ``neighbouring`` (a DP-SGD
+    step on a replace-one dataset is charged through group privacy at distance 2,
+    :func:`~dpsynth_ledger.accounting.charge_step`) and ``partitions_disjoint`` (absent in
+    entries from before it: True).
     """
 
     def __init__(self, payload: dict[str, Any]) -> None:
@@ -133,11 +140,21 @@ class _Replay:
         self.holds: dict[tuple[str, str], float] = {}
         self.releases: set[str] = set()
         self.sized = payload.get("class_sizes") is not None
+        self.relation = str(payload.get("neighbouring", "add_remove"))
+        self.disjoint = payload.get("partitions_disjoint", True) is not False
+
+    def charge_of(self, event: dict[str, Any]) -> float:
+        """The RDP a recorded DP-SGD event (σ, q, steps) charges to each partition it
+        touches: ``steps`` times the dataset's step charge at its order (group privacy on a
+        replace-one dataset), rounded up exactly as the ledger charged it."""
+        return mul_up(int(event["steps"]), charge_step(float(event["noise_multiplier"]),
+                                                       float(event["sample_rate"]), self.order,
+                                                       self.relation))
 
     def reserved(self) -> dict[str, float]:
         out: dict[str, list[float]] = {p: [] for p in self.committed}
         for (_, partition), amount in self.holds.items():
-            for p in touched(partition, self.committed):
+            for p in touched(partition, self.committed, self.disjoint):
                 out[p].append(amount)
         return {p: sum_up(v) for p, v in out.items()}
 
@@ -154,11 +171,10 @@ class _Replay:
         if kind in ("reservation_accepted", "extension_accepted"):
             self._hold(rid, payload)
         elif kind == "lease_granted":
-            ev = payload["event"]
-            amount = mul_up(int(ev["steps"]), rdp_step(float(ev["noise_multiplier"]),
-                                                       float(ev["sample_rate"]), self.order))
+            amount = self.charge_of(payload["event"])
             run = payload.get("label") if payload.get("per_label") else WHOLE_DATASET
-            expected = set(touched(run, self.committed)) if run is not None else set()
+            expected = (set(touched(run, self.committed, self.disjoint)) if run is not None
+                        else set())
             if set(payload["rdp_delta"]) != expected:
                 problems.append(f"entry {seq}: charged partitions {sorted(payload['rdp_delta'])}"
                                 f" != those its run touches {sorted(expected)}")
@@ -168,7 +184,8 @@ class _Replay:
                 self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
             self._hold(rid, payload)
         elif kind == "histogram_released":  # one Gaussian: every partition, full RDP once
-            amount = rdp_at_order(GaussianEvent.model_validate(payload["event"]), self.order)
+            amount = rdp_at_order(GaussianEvent.model_validate(payload["event"]), self.order,
+                                  self.relation)
             if set(payload["rdp_delta"]) != set(self.committed):
                 problems.append(f"entry {seq}: a histogram release must charge every partition"
                                 f", not {sorted(payload['rdp_delta'])}")

@@ -109,6 +109,10 @@ def privacy_block(plan: Plan, *, reservation_id: str | None, steps: int) -> dict
         "dataset_tight_epsilon_label": plan.dataset_tight_epsilon_label or TIGHT_LABEL,
         "admissible": plan.admissible,
         "max_admissible_target_epsilon": plan.max_admissible_target_epsilon,
+        # how the runs enter the budget (single / parallel / sequential per-label) and what
+        # the plan assumed in words (group privacy on replace-one datasets, the privacy unit)
+        "composition": plan.composition,
+        "notes": list(plan.notes),
         **({} if plan.per_label is None else {"per_label": {
             name: {"noise_multiplier": part.event.noise_multiplier,
                    "sample_rate": part.event.sample_rate, "steps": part.event.steps,

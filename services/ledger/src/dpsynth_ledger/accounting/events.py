@@ -81,14 +81,23 @@ def partition_events(
     return out
 
 
-def check_neighbouring(event: DpEvent, dataset_relation: Neighbouring) -> None:
+REPLACE_INTO_ADD_REMOVE = (
+    "a mechanism analysed only under replace-one cannot enter an add/remove dataset: group "
+    "privacy runs from add/remove to replace-one (a replaced record is one removal plus one "
+    "addition), never back; a mechanism that releases the dataset's size, for instance, is "
+    "replace-one private and not add/remove private at all")
+
+
+def check_neighbouring(event: DpEvent, dataset_relation: Neighbouring | str) -> None:
     """Refuse an event whose neighbouring relation cannot enter the dataset's.
 
-    A mechanism analysed only under replace-one never enters an add/remove dataset (group
-    privacy does not run that way). An add/remove event could enter a replace-one dataset at
-    group distance 2 (Mironov 2017, "Rényi Differential Privacy", Prop. 2: (α, ε)-RDP gives
-    (α/2, 3ε)-RDP for pairs at distance 2); that bound is not implemented yet, so such events are
-    refused too, with a message that says so.
+    * same relation: admitted as analysed;
+    * an add/remove event into a replace-one dataset: admitted through group privacy at
+      distance 2 (Mironov 2017, "Rényi Differential Privacy", Prop. 2; the charge is
+      :func:`dpsynth_ledger.accounting.rdp.group_rdp` of the RDP at twice the order);
+    * a replace-one event into an add/remove dataset: refused. Group privacy does not run
+      that way: an add/remove neighbour is not a bounded number of replacements away (the
+      dataset's size differs), so a replace-one analysis says nothing about it.
 
     Raises:
         DpsynthError: ``unsupported_neighbouring``.
@@ -96,16 +105,8 @@ def check_neighbouring(event: DpEvent, dataset_relation: Neighbouring) -> None:
     relations = {event.neighbouring}
     if isinstance(event, ParallelEvent):
         relations |= {sub.neighbouring for sub in event.partitions.values()}
-    for relation in relations:
-        if relation == dataset_relation:
-            continue
-        if relation == Neighbouring.REPLACE_ONE:
-            detail = ("a mechanism analysed under replace-one cannot enter an add/remove dataset "
-                      "(group privacy does not run that way)")
-        else:
-            detail = ("an add/remove mechanism may enter a replace-one dataset only through group "
-                      "privacy at distance 2 (Mironov 2017, Prop. 2), which this ledger does not "
-                      "implement yet")
-        raise DpsynthError(ErrorCode.UNSUPPORTED_NEIGHBOURING, detail,
-                           event_neighbouring=str(relation),
-                           dataset_neighbouring=str(dataset_relation))
+    dataset = Neighbouring(dataset_relation)
+    if dataset == Neighbouring.ADD_REMOVE and Neighbouring.REPLACE_ONE in relations:
+        raise DpsynthError(ErrorCode.UNSUPPORTED_NEIGHBOURING, REPLACE_INTO_ADD_REMOVE,
+                           event_neighbouring=str(Neighbouring.REPLACE_ONE),
+                           dataset_neighbouring=str(dataset))

@@ -18,10 +18,30 @@ from functools import lru_cache
 
 import dp_accounting
 from dp_accounting import pld as dp_pld
-from dpsynth_shared.dp_events import DpEvent, DpSgdEvent, GaussianEvent, ParallelEvent
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dpsynth_shared.dp_events import (
+    DpEvent,
+    DpSgdEvent,
+    GaussianEvent,
+    Neighbouring,
+    ParallelEvent,
+)
 
 from dpsynth_ledger.accounting.events import to_dp_accounting
-from dpsynth_ledger.accounting.rdp import mul_up, rdp_step
+from dpsynth_ledger.accounting.rdp import by_group, charge_step, mul_up
+
+Relation = Neighbouring | str | None
+"""A dataset's neighbouring relation (``None``: each event's own, i.e. add/remove)."""
+
+REPLACE_ONE_PLD_NAME = (
+    "pld(dp_accounting 0.6.0, REPLACE_ONE: Poisson-subsampled Gaussian with mixtures "
+    "q N(-1, s^2) + (1-q) N(0, s^2) vs q N(1, s^2) + (1-q) N(0, s^2), pessimistic)")
+"""The tight replace-one figure of a DP-SGD run on a replace-one dataset (an upper bound: the
+discretisation is pessimistic). It is NOT what the filter charges (group privacy is)."""
+
+
+def _replace_one(dataset: Relation) -> bool:
+    return dataset is not None and str(dataset) == Neighbouring.REPLACE_ONE
 
 DEFAULT_DISCRETIZATION = 1e-3
 MAX_NOISE_MULTIPLIER = 1e4
@@ -31,17 +51,28 @@ ACCOUNTANT_NAME = "rdp-filter(dp_accounting 0.6.0) + pld(dp_accounting 0.6.0)"
 _Key = tuple[tuple[str, float, float, int], ...]
 
 
-def _key(events: Iterable[DpSgdEvent | GaussianEvent]) -> _Key:
-    """A canonical, hashable multiset of events: DP-SGD runs of equal (σ, q) are merged."""
+def _key(events: Iterable[DpSgdEvent | GaussianEvent], dataset: Relation = None) -> _Key:
+    """A canonical, hashable multiset of events: DP-SGD runs of equal (σ, q) are merged.
+
+    On a replace-one dataset a DP-SGD run is keyed ``dp_sgd_ro`` (its replace-one PLD), and
+    an add/remove Gaussian of sensitivity s is a Gaussian of sensitivity 2s (a replaced
+    record is one removal and one addition: the exact distance-2 Gaussian).
+    """
+    events = list(events)
+    if dataset is None and any(ev.neighbouring == Neighbouring.REPLACE_ONE for ev in events):
+        dataset = Neighbouring.REPLACE_ONE  # a replace-one event only composes under it
     sgd: Counter[tuple[float, float]] = Counter()
     gauss: Counter[float] = Counter()
+    sgd_kind = "dp_sgd_ro" if _replace_one(dataset) else "dp_sgd"
     for ev in events:
         if isinstance(ev, DpSgdEvent):
+            by_group(dataset, ev.neighbouring)  # refuses replace-one into add/remove
             if ev.steps:
                 sgd[(ev.noise_multiplier, ev.sample_rate)] += ev.steps
         else:
-            gauss[ev.sigma / ev.sensitivity] += 1
-    items = [("dp_sgd", s, q, n) for (s, q), n in sgd.items()]
+            multiplier = ev.sigma / ev.sensitivity
+            gauss[multiplier / 2 if by_group(dataset, ev.neighbouring) else multiplier] += 1
+    items = [(sgd_kind, s, q, n) for (s, q), n in sgd.items()]
     items += [("gaussian", s, 1.0, n) for s, n in gauss.items()]
     return tuple(sorted(items))
 
@@ -50,6 +81,8 @@ def _key(events: Iterable[DpSgdEvent | GaussianEvent]) -> _Key:
 def _pld_of_key(key: _Key, delta: float, discretization: float) -> float:
     if not key:
         return 0.0
+    if any(kind == "dp_sgd_ro" for kind, *_ in key):
+        return _replace_one_pld(key, delta, discretization)
     parts: list[dp_accounting.DpEvent] = []
     for kind, sigma, q, count in key:
         if kind == "dp_sgd":
@@ -63,23 +96,64 @@ def _pld_of_key(key: _Key, delta: float, discretization: float) -> float:
     return float(acc.get_epsilon(delta))
 
 
+def _replace_one_pld(key: _Key, delta: float, discretization: float) -> float:
+    """The PLD of a key holding replace-one DP-SGD runs, composed part by part.
+
+    ``dp_accounting``'s PLD supports Poisson-subsampled Gaussians under REPLACE_ONE
+    (``from_gaussian_mechanism(..., sampling_prob=q, neighboring_relation=REPLACE_ONE)``:
+    the mixtures q·N(∓1, σ²) + (1−q)·N(0, σ²), i.e. the replaced record's clipped gradient
+    flips from one side to the other). Gaussians in the key are already in units of their
+    sensitivity (N(0, m²) vs N(1, m²)), so they are composed as add/remove Gaussians; a
+    ``PLDAccountant(REPLACE_ONE)`` would double their sensitivity once more.
+    """
+    total: pld_lib.PrivacyLossDistribution | None = None
+    for kind, sigma, q, count in key:
+        if kind == "dp_sgd_ro":
+            part = pld_lib.from_gaussian_mechanism(
+                sigma, value_discretization_interval=discretization, sampling_prob=q,
+                neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,
+            ).self_compose(count)
+        elif kind == "dp_sgd":
+            part = pld_lib.from_gaussian_mechanism(
+                sigma, value_discretization_interval=discretization,
+                sampling_prob=q).self_compose(count)
+        else:  # count Gaussians of multiplier m are one of multiplier m / sqrt(count)
+            part = pld_lib.from_gaussian_mechanism(
+                sigma / math.sqrt(count), value_discretization_interval=discretization)
+        total = part if total is None else total.compose(part)
+    assert total is not None
+    return float(total.get_epsilon_for_delta(delta))
+
+
 def pld_epsilon(events: Iterable[DpEvent], delta: float,
-                discretization: float = DEFAULT_DISCRETIZATION) -> float:
-    """Tight ε at ``delta`` of the composition of ``events`` (add/remove, PLD).
+                discretization: float = DEFAULT_DISCRETIZATION, *,
+                dataset: Relation = None, disjoint: bool = True) -> float:
+    """Tight ε at ``delta`` of the composition of ``events`` (PLD) on a dataset of relation
+    ``dataset`` (``None``/add/remove; replace-one: DP-SGD by its replace-one PLD, see
+    :func:`_replace_one_pld`).
 
     Parallel events are handled per partition: a record lives in exactly one partition, so the
-    figure is the max over partitions of the composition of the events that touch it.
+    figure is the max over partitions of the composition of the events that touch it. When
+    the labels are not disjoint in the privacy unit (``disjoint=False``: a subject with
+    images in two classes) a parallel event's parts all compose (sequentially).
 
     Args:
         events: dpsynth events in any order (composition is commutative).
         delta: the dataset's δ.
         discretization: PLD value discretisation interval (pessimistic; smaller is tighter and
             slower: ~0.08 s at 1e-3, ~0.7 s at 1e-4 for 10,000 steps on 2 cores).
+        dataset: the dataset's neighbouring relation.
+        disjoint: the dataset's ``partitions_disjoint``.
     """
     common: list[DpSgdEvent | GaussianEvent] = []
     per_partition: dict[str, list[DpSgdEvent | GaussianEvent]] = {}
     for ev in events:
-        if isinstance(ev, ParallelEvent):
+        if isinstance(ev, ParallelEvent) and not disjoint:
+            for sub in ev.partitions.values():
+                if isinstance(sub, ParallelEvent):
+                    raise ValueError("nested parallel events are not supported")
+                common.append(sub)
+        elif isinstance(ev, ParallelEvent):
             for name, sub in ev.partitions.items():
                 if isinstance(sub, ParallelEvent):
                     raise ValueError("nested parallel events are not supported")
@@ -87,15 +161,18 @@ def pld_epsilon(events: Iterable[DpEvent], delta: float,
         else:
             common.append(ev)
     if not per_partition:
-        return _pld_of_key(_key(common), delta, discretization)
-    return max(_pld_of_key(_key(common + subs), delta, discretization)
+        return _pld_of_key(_key(common, dataset), delta, discretization)
+    return max(_pld_of_key(_key(common + subs, dataset), delta, discretization)
                for subs in per_partition.values())
 
 
 def dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-                   discretization: float = DEFAULT_DISCRETIZATION) -> float:
-    """Standalone PLD ε of one DP-SGD run (cached)."""
-    key = (("dp_sgd", noise_multiplier, sample_rate, steps),) if steps else ()
+                   discretization: float = DEFAULT_DISCRETIZATION,
+                   dataset: Relation = None) -> float:
+    """Standalone PLD ε of one DP-SGD run (cached); on a replace-one dataset its tight
+    replace-one figure (:data:`REPLACE_ONE_PLD_NAME`)."""
+    kind = "dp_sgd_ro" if _replace_one(dataset) else "dp_sgd"
+    key = ((kind, noise_multiplier, sample_rate, steps),) if steps else ()
     return _pld_of_key(key, delta, discretization)
 
 
@@ -121,14 +198,19 @@ def _rdp_sigma_upper(target_epsilon: float, sample_rate: float, steps: int,
     return hi
 
 
-_SHAPE_LOCKS: dict[tuple[float, float, int, float, float], threading.Lock] = {}
+_SHAPE_LOCKS: dict[tuple[float, float, int, float, float, bool], threading.Lock] = {}
 _SHAPE_GUARD = threading.Lock()
 
 
 def calibrate_noise_multiplier(target_epsilon: float, sample_rate: float, steps: int,
                                delta: float,
-                               discretization: float = DEFAULT_DISCRETIZATION) -> float:
+                               discretization: float = DEFAULT_DISCRETIZATION,
+                               dataset: Relation = None) -> float:
     """The smallest σ (within relative tolerance 1e-3) with PLD ε(σ, q, steps, δ) ≤ target.
+
+    On a replace-one dataset the target is the job's standalone replace-one ε, by the
+    replace-one PLD of :func:`dp_sgd_epsilon` (the bracket starts at twice the add/remove
+    RDP σ and is doubled until it meets the target).
 
     Bisection on log σ between a bracket whose upper end satisfies the target; the UPPER end
     is returned so that the job never exceeds its target. The RDP bound brackets it from above
@@ -137,7 +219,8 @@ def calibrate_noise_multiplier(target_epsilon: float, sample_rate: float, steps:
     Raises:
         ValueError: when even σ = 1e4 does not reach the target.
     """
-    key = (target_epsilon, sample_rate, steps, delta, discretization)
+    key = (target_epsilon, sample_rate, steps, delta, discretization,
+           _replace_one(dataset))
     with _SHAPE_GUARD:  # concurrent requests of one shape compute it once, then hit the cache
         if len(_SHAPE_LOCKS) > 4096:
             _SHAPE_LOCKS.clear()
@@ -148,13 +231,16 @@ def calibrate_noise_multiplier(target_epsilon: float, sample_rate: float, steps:
 
 @lru_cache(maxsize=4096)
 def _calibrate(target_epsilon: float, sample_rate: float, steps: int, delta: float,
-               discretization: float) -> float:
+               discretization: float, replace_one: bool = False) -> float:
     hi = _rdp_sigma_upper(target_epsilon, sample_rate, steps, delta)
-    return _bisect(target_epsilon, sample_rate, steps, delta, discretization, hi / 2.0, hi)
+    if replace_one:
+        hi = min(2.0 * hi, MAX_NOISE_MULTIPLIER)
+    return _bisect(target_epsilon, sample_rate, steps, delta, discretization, hi / 2.0, hi,
+                   Neighbouring.REPLACE_ONE if replace_one else None)
 
 
 def _bisect(target_epsilon: float, sample_rate: float, steps: int, delta: float,
-            discretization: float, lo: float, hi: float) -> float:
+            discretization: float, lo: float, hi: float, dataset: Relation = None) -> float:
     """Smallest σ in a bracket [lo, hi] with ε(σ) ≤ target, to relative width 1e-3.
 
     Illinois-style false position on (log σ, log ε) (ε is smooth and decreasing in σ), then
@@ -162,7 +248,7 @@ def _bisect(target_epsilon: float, sample_rate: float, steps: int, delta: float,
     ~12 for plain bisection. The UPPER end of the final bracket is returned.
     """
     def f(sigma: float) -> float:
-        eps = dp_sgd_epsilon(sigma, sample_rate, steps, delta, discretization)
+        eps = dp_sgd_epsilon(sigma, sample_rate, steps, delta, discretization, dataset)
         return math.log(max(eps, 1e-300)) - math.log(target_epsilon)
 
     f_hi = f(hi)
@@ -255,13 +341,15 @@ def calibrate_gaussian_sigma(target_epsilon: float, delta: float,
 
 
 def min_noise_multiplier_for_room(room: float, sample_rate: float, steps: int,
-                                  order: int) -> float | None:
-    """The smallest σ (relative tolerance 1e-6, upper end) with steps·rdp_step(σ) ≤ ``room``.
+                                  order: int, dataset: Relation = None) -> float | None:
+    """The smallest σ (relative tolerance 1e-6, upper end) with steps·step charge ≤ ``room``.
 
-    Cheap RDP bisection at the filter's order; None when even σ = 1e4 does not fit.
+    Cheap RDP bisection at the filter's order (the step charge of
+    :func:`~dpsynth_ledger.accounting.rdp.charge_step`: group privacy on a replace-one
+    dataset); None when even σ = 1e4 does not fit.
     """
     def fits(sigma: float) -> bool:
-        return mul_up(steps, rdp_step(sigma, sample_rate, order)) <= room
+        return mul_up(steps, charge_step(sigma, sample_rate, order, dataset)) <= room
 
     if room <= 0 or not fits(MAX_NOISE_MULTIPLIER):
         return None
@@ -278,7 +366,8 @@ def min_noise_multiplier_for_room(room: float, sample_rate: float, steps: int,
 
 
 def max_admissible_target(room: float, sample_rate: float, steps: int, order: int, delta: float,
-                          discretization: float = DEFAULT_DISCRETIZATION) -> float | None:
+                          discretization: float = DEFAULT_DISCRETIZATION,
+                          dataset: Relation = None) -> float | None:
     """The largest ``target_epsilon`` of shape (q, steps) the filter would admit with ``room``.
 
     It is the PLD ε of the smallest σ that fits the room at the filter's order, taken at
@@ -287,8 +376,8 @@ def max_admissible_target(room: float, sample_rate: float, steps: int, order: in
     in σ; the pessimistic PLD's wiggles are far below the 0.2 % margin). One PLD evaluation.
     None when no σ ≤ 1e4 fits.
     """
-    sigma = min_noise_multiplier_for_room(room, sample_rate, steps, order)
+    sigma = min_noise_multiplier_for_room(room, sample_rate, steps, order, dataset)
     if sigma is None or sigma * (1 + 2 * CALIBRATION_RTOL) > MAX_NOISE_MULTIPLIER:
         return None
     return dp_sgd_epsilon(sigma * (1 + 2 * CALIBRATION_RTOL), sample_rate, steps, delta,
-                          discretization)
+                          discretization, dataset)

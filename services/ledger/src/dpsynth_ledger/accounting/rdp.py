@@ -13,7 +13,13 @@ from functools import lru_cache
 
 import mpmath
 import numpy as np
-from dpsynth_shared.dp_events import DpEvent, DpSgdEvent, GaussianEvent, ParallelEvent
+from dpsynth_shared.dp_events import (
+    DpEvent,
+    DpSgdEvent,
+    GaussianEvent,
+    Neighbouring,
+    ParallelEvent,
+)
 
 MIN_ORDER = 2
 MAX_ORDER = 256
@@ -96,19 +102,84 @@ def rdp_step(noise_multiplier: float, sample_rate: float, order: int) -> float:
         return nearest if mpmath.mpf(nearest) >= bound else up(nearest)
 
 
-def rdp_at_order(event: DpEvent, order: int) -> float:
-    """RDP of ``event`` at one integer ``order``, rounded upwards.
+GROUP_FACTOR = 3
+"""Mironov 2017, Prop. 2 at group distance 2 (c = 1): (2α, ε)-RDP gives (α, 3ε)-RDP."""
+GROUP_NAME = ("group privacy at distance 2 (Mironov 2017, \"Renyi Differential Privacy\", "
+              "Prop. 2): charge 3 x RDP_add/remove(2 alpha*)")
+
+
+def group_rdp(rdp_at_double_order: float) -> float:
+    """3 × the add/remove RDP at 2α, rounded up: an RDP bound at α for a replace-one pair.
+
+    Mironov 2017, "Rényi Differential Privacy", Prop. 2: if f is (α', ε)-RDP and
+    α' ≥ 2^(c+1), then for datasets at distance 2^c, D_{α'/2^c} ≤ 3^c ε. A replace-one pair
+    is at add/remove distance 2 (c = 1), so with α' = 2α (≥ 4 for every order α ≥ 2) the
+    RDP at α under replace-one is ≤ 3·RDP_add/remove(2α). ``ceil_float`` of the exact
+    rational 3·x (x already an upper bound) keeps it an upper bound to the last bit.
+    """
+    return ceil_float(GROUP_FACTOR * Fraction(rdp_at_double_order))
+
+
+def by_group(dataset: Neighbouring | str | None, event: Neighbouring | str) -> bool:
+    """True when an event analysed under ``event`` enters a ``dataset`` relation through group
+    privacy (an add/remove mechanism into a replace-one dataset).
+
+    Raises:
+        ValueError: a replace-one mechanism into an add/remove dataset (never admissible:
+            group privacy does not run that way; :func:`check_neighbouring` refuses it first).
+    """
+    if dataset is None or str(dataset) == str(event):
+        return False
+    if str(dataset) == Neighbouring.REPLACE_ONE:
+        return True
+    raise ValueError("a replace-one mechanism cannot enter an add/remove dataset")
+
+
+def charge_step(noise_multiplier: float, sample_rate: float, order: int,
+                dataset: Neighbouring | str | None = None) -> float:
+    """RDP at ``order`` of ONE DP-SGD step as charged to a dataset of relation ``dataset``.
+
+    DP-SGD (Poisson-subsampled Gaussian) is analysed add/remove (:func:`rdp_step`); on a
+    replace-one dataset it enters through group privacy at distance 2:
+    ``group_rdp(rdp_step(σ, q, 2·order))`` (Mironov 2017, Prop. 2). ``None`` or
+    ``"add_remove"``: the plain add/remove step.
+    """
+    if by_group(dataset, Neighbouring.ADD_REMOVE):
+        if order < MIN_ORDER:
+            raise ValueError("group privacy at distance 2 needs an order >= 2")
+        return group_rdp(rdp_step(noise_multiplier, sample_rate, 2 * order))
+    return rdp_step(noise_multiplier, sample_rate, order)
+
+
+def rdp_at_order(event: DpEvent, order: int, dataset: Neighbouring | str | None = None) -> float:
+    """RDP of ``event`` at one integer ``order``, rounded upwards, as charged to a dataset of
+    relation ``dataset`` (``None``: the event's own relation).
 
     A DP-SGD run is ``steps`` times one step (RDP composes additively, Mironov 2017, Prop. 1);
     a Gaussian of sensitivity ``s`` and std ``σ`` has RDP α s² / (2σ²) (Mironov 2017, Prop. 7);
-    a parallel event costs the max over its disjoint partitions.
+    a parallel event costs the max over its disjoint partitions. An add/remove event (every
+    DP-SGD run: its analysis is add/remove) on a replace-one dataset is charged through group
+    privacy at distance 2 (:func:`group_rdp`). A Gaussian recorded under the dataset's own
+    relation (the class-size histogram carries the replace-one sensitivity √2) is exact.
     """
     if isinstance(event, DpSgdEvent):
-        return mul_up(event.steps, rdp_step(event.noise_multiplier, event.sample_rate, order))
+        # the Poisson-subsampled Gaussian's RDP is the add/remove one (Mironov, Talwar &
+        # Zhang 2019), whatever relation the event is labelled with: under replace-one it is
+        # charged through group privacy (a replace-one label never lowers the charge)
+        if dataset is not None:
+            by_group(dataset, event.neighbouring)  # refuses replace-one into add/remove
+        relation = dataset if dataset is not None else event.neighbouring
+        if event.steps == 0:
+            return 0.0
+        return mul_up(event.steps, charge_step(event.noise_multiplier, event.sample_rate,
+                                               order, relation))
     if isinstance(event, GaussianEvent):
+        if by_group(dataset, event.neighbouring):
+            return group_rdp(gaussian_rdp(2 * order, event.sigma, event.sensitivity))
         return gaussian_rdp(order, event.sigma, event.sensitivity)
     if isinstance(event, ParallelEvent):
-        return max((rdp_at_order(sub, order) for sub in event.partitions.values()), default=0.0)
+        return max((rdp_at_order(sub, order, dataset) for sub in event.partitions.values()),
+                   default=0.0)
     raise TypeError(f"unknown event {event!r}")  # pragma: no cover
 
 

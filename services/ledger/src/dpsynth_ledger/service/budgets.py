@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, ParallelEvent
+from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, Neighbouring, ParallelEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ledger_contract import (
     BudgetView,
@@ -22,19 +22,22 @@ from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import (
     ACCOUNTANT_NAME,
     CONVERSION_NAME,
+    GROUP_NAME,
+    REPLACE_ONE_PLD_NAME,
     WHOLE_DATASET,
     add_up,
     admission_order,
     calibrate_noise_multiplier,
+    charge_step,
     check_neighbouring,
     dp_sgd_epsilon,
     epsilon_to_rdp_budget,
     max_admissible_target,
     mul_up,
     pld_epsilon,
-    rdp_step,
+    sum_up,
 )
-from dpsynth_ledger.book import figures, flt, snapshot, touched
+from dpsynth_ledger.book import disjoint_of, figures, flt, snapshot, touched
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
@@ -62,6 +65,10 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
         admission_order=order,
         rdp_budget=epsilon_to_rdp_budget(request.epsilon_limit, order, request.delta),
         created_at=datetime.now(UTC), class_sizes=request.class_sizes,
+        privacy_unit=str(request.privacy_unit),
+        partitions_disjoint=request.partitions_disjoint,
+        warning_fraction=request.warning_fraction,
+        epsilon_limit_initial=request.epsilon_limit,
     )
     partitions = [WHOLE_DATASET, *request.partitions]
     try:
@@ -75,6 +82,10 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
         "neighbouring": budget.neighbouring, "partitions": partitions,
         "admission_order": order, "rdp_budget": budget.rdp_budget,
         "conversion": CONVERSION_NAME,
+        # the replay (chain._Replay) routes charges by these two: group privacy on a
+        # replace-one dataset, sequential per-label composition when labels are not disjoint
+        "privacy_unit": budget.privacy_unit, "partitions_disjoint": budget.partitions_disjoint,
+        "warning_fraction": budget.warning_fraction,
         **({"class_sizes": request.class_sizes} if request.class_sizes is not None else {}),
     })
     session.commit()
@@ -147,17 +158,20 @@ def _run(budget: Budget, *, partition: str, target: float, batch: int, steps: in
             f"the declared size of class {partition!r}"
         raise DpsynthError(ErrorCode.INVALID_REQUEST, f"expected_batch_size exceeds {where}")
     q = batch / size
-    check_neighbouring(DpSgdEvent(noise_multiplier=1.0, sample_rate=q, steps=0),
-                       budget.neighbouring)  # type: ignore[arg-type]
+    # on a replace-one dataset: σ meets the target as the job's standalone replace-one ε
+    # (dp_accounting's REPLACE_ONE PLD of the Poisson-subsampled Gaussian), and the filter is
+    # charged through group privacy at distance 2 (charge_step: 3·RDP_add/remove(2α*))
+    relation = budget.neighbouring
     try:
-        sigma = calibrate_noise_multiplier(target, q, steps, budget.delta, ctx.discretization)
+        sigma = calibrate_noise_multiplier(target, q, steps, budget.delta, ctx.discretization,
+                                           relation)
     except ValueError as exc:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
-    per_step = rdp_step(sigma, q, budget.admission_order)
+    per_step = charge_step(sigma, q, budget.admission_order, relation)
     return RunPlan(partition=partition, sigma=sigma, q=q, steps=steps, batch=batch, size=size,
                    rdp_per_step=per_step, rdp_total=mul_up(steps, per_step),
                    job_epsilon=dp_sgd_epsilon(sigma, q, steps, budget.delta,
-                                              ctx.discretization))
+                                              ctx.discretization, relation))
 
 
 def plan_runs(budget: Budget, request: PlanRequest, ctx: LedgerContext) -> list[RunPlan]:
@@ -165,8 +179,11 @@ def plan_runs(budget: Budget, request: PlanRequest, ctx: LedgerContext) -> list[
 
     Raises:
         DpsynthError: ``invalid_spec`` for a per-label job on a dataset without declared
-            class sizes; ``invalid_request`` for a class outside the declared labels.
+            class sizes; ``invalid_request`` for a class outside the declared labels;
+            ``unsupported_neighbouring`` for a replace-one job on an add/remove dataset.
     """
+    check_neighbouring(DpSgdEvent(noise_multiplier=1.0, sample_rate=1.0, steps=0,
+                                  neighbouring=request.neighbouring), budget.neighbouring)
     population = request.population_size
     if population is not None and budget.delta >= 1.0 / population:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, "delta must be below 1/population_size "
@@ -194,9 +211,16 @@ def plan_runs(budget: Budget, request: PlanRequest, ctx: LedgerContext) -> list[
             for c, shape in sorted(request.per_label.items())]
 
 
-def new_charges(runs: list[RunPlan], accs: Mapping[str, Accumulator]) -> dict[str, float]:
-    """The RDP the candidate adds per partition it touches (a class run touches its class)."""
-    return {p: run.rdp_total for run in runs for p in touched(run.partition, accs)}
+def new_charges(runs: list[RunPlan], accs: Mapping[str, Accumulator],
+                disjoint: bool = True) -> dict[str, float]:
+    """The RDP the candidate adds per partition it touches (a class run touches its class;
+    when the labels are not disjoint in the privacy unit, every class run touches every
+    partition and the classes' RDP is summed, rounded up: :func:`~dpsynth_ledger.book.touched`)."""
+    adds: dict[str, list[float]] = {}
+    for run in runs:
+        for p in touched(run.partition, accs, disjoint):
+            adds.setdefault(p, []).append(run.rdp_total)
+    return {p: v[0] if len(v) == 1 else sum_up(v) for p, v in adds.items()}
 
 
 def max_target(budget: Budget, runs: list[RunPlan], *, committed: Mapping[str, float],
@@ -204,15 +228,21 @@ def max_target(budget: Budget, runs: list[RunPlan], *, committed: Mapping[str, f
     """The largest target of the candidate's shape that the filter admits now.
 
     Per label every class is calibrated to the same target, so it is the min over classes
-    of each class's largest admissible target against its own partition's room.
+    of each class's largest admissible target against its own partition's room. When the
+    labels are not disjoint (sequential composition: the K classes' RDP is summed on every
+    partition) each class gets 1/K of the room, shrunk by 1e-9 against rounding: a target
+    that IS admitted, though possibly not the largest (conservative).
     """
     f = flt(budget)
     best: float | None = None
+    sequential = len(runs) > 1 and not disjoint_of(budget)
     for run in runs:
-        parts = touched(run.partition, committed)
+        parts = touched(run.partition, committed, disjoint_of(budget))
         room = f.room(committed=committed, reserved=reserved, partitions=parts)
+        if sequential:
+            room = room / len(runs) * (1 - 1e-9)
         value = max_admissible_target(room, run.q, run.steps, budget.admission_order,
-                                      budget.delta, ctx.discretization)
+                                      budget.delta, ctx.discretization, budget.neighbouring)
         if value is None:
             return None
         best = value if best is None else min(best, value)
@@ -247,7 +277,8 @@ def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],
     f = flt(budget)
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
-    new = new_charges(runs, accs)
+    disjoint = disjoint_of(budget)
+    new = new_charges(runs, accs, disjoint)
     after = max(f.total_after(committed[p], reserved[p], new[p]) if p in new
                 else add_up(committed[p], reserved[p]) for p in accs)
     fixed: list[DpSgdEvent | GaussianEvent | ParallelEvent] = [
@@ -256,6 +287,13 @@ def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],
     fixed += released or []
     event: DpSgdEvent | ParallelEvent = runs[0].event
     labels = None
+    composition, notes = composition_notes(budget, per_label)
+    job_epsilon = max(r.job_epsilon for r in runs)
+    rdp_total = max(r.rdp_total for r in runs)
+    if per_label and composition == "sequential":  # the job's models together: composed
+        job_epsilon = pld_epsilon([r.event for r in runs], budget.delta, ctx.discretization,
+                                  dataset=budget.neighbouring)
+        rdp_total = max(new.values())
     if per_label:
         event = ParallelEvent(partitions={r.partition: r.event for r in runs})
         labels = {r.partition: LabelPlan(
@@ -265,19 +303,56 @@ def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],
     return Plan(
         dataset_id=budget.dataset_id, event=event,
         expected_batch_size=None if per_label else runs[0].batch,
-        job_epsilon=max(r.job_epsilon for r in runs),
+        job_epsilon=job_epsilon,
         delta=budget.delta, admission_order=budget.admission_order,
         rdp_per_step=None if per_label else runs[0].rdp_per_step,
-        rdp_total=max(r.rdp_total for r in runs),
+        rdp_total=rdp_total,
         dataset_epsilon_spent_before=figures(budget, accs)["dataset_epsilon_spent"],
         dataset_epsilon_spent_after=f.epsilon(after),
         dataset_tight_epsilon_after=pld_epsilon([*fixed, event], budget.delta,
-                                                ctx.discretization),
+                                                ctx.discretization,
+                                                dataset=budget.neighbouring,
+                                                disjoint=disjoint),
         admissible=f.admits(committed=committed, reserved=reserved, new=new),
         max_admissible_target_epsilon=max_target(budget, runs, committed=committed,
                                                   reserved=reserved, ctx=ctx),
-        accountant=ACCOUNTANT_NAME, per_label=labels,
+        accountant=ACCOUNTANT_NAME, per_label=labels, composition=composition, notes=notes,
     )
+
+
+def composition_notes(budget: Budget, per_label: bool) -> tuple[str, list[str]]:
+    """How a job's runs enter the budget (``Plan.composition``) and what the plan assumed,
+    in words (``Plan.notes``): the neighbouring relation, the privacy unit, the labels."""
+    notes: list[str] = []
+    if budget.neighbouring == Neighbouring.REPLACE_ONE:
+        notes.append(
+            "replace-one dataset: DP-SGD is analysed add/remove and a replaced record is at "
+            "add/remove distance 2, so the job is charged through group privacy at distance 2 "
+            "(Mironov 2017, Prop. 2): the filter adds 3 x RDP_add/remove(2 alpha*) per step "
+            f"[{GROUP_NAME}]. job_epsilon and target_epsilon are the job's standalone "
+            f"replace-one epsilon by {REPLACE_ONE_PLD_NAME}: a tight figure, an upper bound "
+            "(pessimistic discretisation); the guarantee the ledger admits on is the filter "
+            "figure")
+    if budget.privacy_unit == "subject":
+        notes.append(
+            "privacy unit: subject (user-level DP-SGD): q and N̂ count subjects (q = expected "
+            "number of sampled subjects per step / N̂ subjects; one clipped contribution per "
+            "sampled subject); every figure protects a whole subject")
+    if not per_label:
+        return "single", notes
+    if disjoint_of(budget):
+        notes.append(
+            "labels disjoint in the privacy unit: the classes' runs compose in parallel; each "
+            "class's RDP is charged to its own partition and the dataset's figure is the max "
+            "over partitions")
+        return "parallel", notes
+    notes.append(
+        "labels NOT disjoint in the privacy unit (a unit has images in two or more classes): "
+        "the classes' runs compose sequentially; every class's RDP is charged to every "
+        "partition ('*' and every label), i.e. summed across classes; job_epsilon is the "
+        "composition of all the classes' runs (each class model alone: per_label[c]"
+        ".job_epsilon)")
+    return "sequential", notes
 
 
 def refusal_numbers(budget: Budget, accs: dict, *, target: float,  # type: ignore[type-arg]

@@ -7,6 +7,14 @@ sensitivity is 1 (under replace-one two counts change by 1: √2). Adding N(0, �
 count is ONE Gaussian mechanism; calibrated by PLD (``dp_accounting``'s ``GaussianDpEvent``,
 bisection on σ) to be (target, δ)-DP at the dataset's δ. Its RDP at α* is α*·Δ²/(2σ²).
 
+The record is the dataset's privacy unit: on a ``subject`` dataset the counts are SUBJECTS
+per class (the public N̂_c of user-level per-label training), and the argument above needs
+every subject to fall in one class (``partitions_disjoint``). When the labels are not
+disjoint in the unit, one subject moves up to every count (the L2 norm of its 0/1 class
+vector, up to √(number of labels); with image counts, unbounded): the ledger then REFUSES
+the release rather than calibrate to a sensitivity it cannot check; such datasets declare
+class sizes at upload instead.
+
 Admission goes through the RDP filter like every other event, all or nothing under the
 budget-row lock. Each class partition sees its own count (one Gaussian release on that
 partition) and partition ``"*"`` the whole histogram, so every partition is charged the full
@@ -39,7 +47,7 @@ from dpsynth_ledger.accounting import (
     gaussian_epsilon,
     rdp_at_order,
 )
-from dpsynth_ledger.book import charge, figures, flt, snapshot
+from dpsynth_ledger.book import charge, disjoint_of, figures, flt, snapshot
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.metrics import counts_refusals
@@ -62,6 +70,13 @@ def sensitivity(neighbouring: str) -> float:
 def _refuse_sized(budget: Budget) -> None:
     if budget.class_sizes is not None:
         raise DpsynthError(ErrorCode.CONFLICT, "the dataset already has public class sizes")
+    if not disjoint_of(budget):
+        raise DpsynthError(
+            ErrorCode.INVALID_REQUEST, "the dataset's labels are not disjoint in its privacy "
+            "unit (a unit falls in two or more classes): one unit moves several counts of the "
+            "class-size histogram, so its sensitivity is not 1 and this release is refused; "
+            "declare class_sizes (units per class) at upload instead",
+            privacy_unit=budget.privacy_unit, partitions_disjoint=False)
 
 
 def _event(budget: Budget, target: float, ctx: LedgerContext) -> tuple[GaussianEvent, float]:

@@ -29,13 +29,14 @@ from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, mul_up, p
 from dpsynth_ledger.book import (
     Run,
     charge,
+    disjoint_of,
     refresh_reserved,
     run_of,
     runs,
     sync_totals,
 )
 from dpsynth_ledger.context import LedgerContext
-from dpsynth_ledger.models import LeaseRow, ReservationRow
+from dpsynth_ledger.models import Budget, LeaseRow, ReservationRow
 from dpsynth_ledger.service.reservations import check_live, locked, write_entry
 from dpsynth_ledger.views import event_of, job_event
 
@@ -99,11 +100,14 @@ def grant_lease(session: Session, *, reservation_id: str, request: LeaseRequest,
             steps_remaining=run.steps_reserved - run.steps_granted, **where)
     accs = repo.accumulators(session, budget.dataset_id)
     amount = mul_up(request.steps, run.rdp_per_step)
-    delta = charge(accs, run.partition, amount)  # a class's run charges its class only
+    # a class's run charges its class only, or every partition when the labels are not
+    # disjoint in the privacy unit (sequential per-label composition: book.touched)
+    delta = charge(accs, run.partition, amount, disjoint_of(budget))
     run.steps_granted += request.steps
     run.rdp_outstanding = mul_up(run.steps_reserved - run.steps_granted, run.rdp_per_step)
     sync_totals(res)
-    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id),
+                     disjoint_of(budget))
     now = datetime.now(UTC)
     label = run.partition if res.per_label else None
     lease = LeaseRow(lease_id=new_lease_id(), reservation_id=res.reservation_id,
@@ -117,14 +121,15 @@ def grant_lease(session: Session, *, reservation_id: str, request: LeaseRequest,
                 **({"label": label} if label is not None else {}))
     session.commit()
     ctx.metrics.leases.inc()
-    return _lease_view(res, lease, budget.delta, lease.expires_at, ctx)
+    return _lease_view(res, lease, budget, lease.expires_at, ctx)
 
 
-def _lease_view(res: ReservationRow, lease: LeaseRow, delta: float, grant_expiry: datetime,
+def _lease_view(res: ReservationRow, lease: LeaseRow, budget: Budget, grant_expiry: datetime,
                 ctx: LedgerContext) -> Lease:
     run = run_of(res, lease.partition)
-    granted = max(dp_sgd_epsilon(r.noise_multiplier, r.sample_rate, r.steps_granted, delta,
-                                 ctx.discretization) for r in runs(res))
+    granted = max(dp_sgd_epsilon(r.noise_multiplier, r.sample_rate, r.steps_granted,
+                                 budget.delta, ctx.discretization, budget.neighbouring)
+                  for r in runs(res))
     return Lease(
         lease_id=lease.lease_id, reservation_id=res.reservation_id, attempt=lease.attempt,
         start_step=lease.start_step, steps=lease.steps, expires_at=lease.expires_at,
@@ -144,7 +149,7 @@ def end_lease(session: Session, *, reservation_id: str, lease_id: str,
         write_entry(session, budget, res, "lease_ended", attempt=lease.attempt,
                     lease_id=lease.lease_id, steps=lease.steps)
     session.commit()
-    return _lease_view(res, lease, budget.delta, lease.ended_at, ctx)
+    return _lease_view(res, lease, budget, lease.ended_at, ctx)
 
 
 def job_epsilon(session: Session, *, request: JobEpsilonRequest,
@@ -180,11 +185,13 @@ def job_epsilon(session: Session, *, request: JobEpsilonRequest,
 
     events = [job_event(r, steps_of) for r in rows if r.steps_granted]
     labels = sorted({p.partition for r in rows if r.per_label for p in r.parts})
-    per_label = {c: pld_epsilon(_restricted(events, c), budget.delta, ctx.discretization)
-                 for c in labels} or None
+    relation, disjoint = budget.neighbouring, disjoint_of(budget)
+    per_label = {c: pld_epsilon(_restricted(events, c), budget.delta, ctx.discretization,
+                                dataset=relation) for c in labels} or None
     return JobEpsilon(
         dataset_id=budget.dataset_id, reservation_ids=request.reservation_ids,
-        job_epsilon=pld_epsilon(events, budget.delta, ctx.discretization),
+        job_epsilon=pld_epsilon(events, budget.delta, ctx.discretization, dataset=relation,
+                                disjoint=disjoint),
         delta=budget.delta, steps_granted=sum(r.steps_granted for r in rows),
         steps_used=sum(counted), accountant=ACCOUNTANT_NAME, per_label=per_label)
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import WHOLE_DATASET, mul_up
 from dpsynth_ledger.book import (
+    disjoint_of,
     figures,
     flt,
     refresh_reserved,
@@ -122,6 +123,7 @@ def reserve(session: Session, *, request: ReserveRequest,
         assert budget is not None
         return reservation_view(existing, budget, ctx.discretization)
     plan, runs_ = plan_with_runs(session, request=PlanRequest(
+        neighbouring=request.neighbouring,
         dataset_id=request.dataset_id, target_epsilon=request.target_epsilon,
         expected_batch_size=request.expected_batch_size, steps=request.steps,
         per_label=request.per_label, population_size=request.population_size), ctx=ctx)
@@ -135,7 +137,7 @@ def reserve(session: Session, *, request: ReserveRequest,
         session.commit()
         return reservation_view(existing, budget, ctx.discretization)
     accs = repo.accumulators(session, budget.dataset_id)
-    new = new_charges(runs_, accs)
+    new = new_charges(runs_, accs, disjoint_of(budget))
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
     admitted = flt(budget).admits(committed=committed, reserved=reserved, new=new)
@@ -163,7 +165,8 @@ def reserve(session: Session, *, request: ReserveRequest,
             max_admissible_target_epsilon=max_target(budget, runs_, committed=committed,
                                                      reserved=reserved, ctx=ctx))
     repo.add(session, res)
-    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id),
+                     disjoint_of(budget))
     write_entry(session, budget, res, "reservation_accepted", decision="accepted", **details)
     session.commit()
     ctx.metrics.accepted("reservation")
@@ -195,7 +198,7 @@ def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
     run = run_of(res, request.partition)
     accs = repo.accumulators(session, budget.dataset_id)
     added = mul_up(request.additional_steps, run.rdp_per_step)
-    new = {p: added for p in touched(run.partition, accs)}
+    new = {p: added for p in touched(run.partition, accs, disjoint_of(budget))}
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
     details = {"attempt": request.attempt, "steps": request.additional_steps,
@@ -217,7 +220,8 @@ def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
     run.steps_reserved += request.additional_steps
     run.rdp_outstanding = mul_up(run.steps_reserved - run.steps_granted, run.rdp_per_step)
     sync_totals(res)
-    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id),
+                     disjoint_of(budget))
     write_entry(session, budget, res, "extension_accepted", decision="accepted", **details)
     session.commit()
     ctx.metrics.accepted("extension")
@@ -239,7 +243,8 @@ def close(session: Session, *, reservation_id: str, request: CloseRequest,
         run.rdp_outstanding = 0.0
     sync_totals(res)
     accs = repo.accumulators(session, budget.dataset_id)
-    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+    refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id),
+                     disjoint_of(budget))
     extra = {"rdp_released_by_label": released_by_label} if res.per_label else {}
     write_entry(session, budget, res, "reservation_closed", outcome=request.outcome,
                 steps=res.steps_granted, rdp_released=released,
