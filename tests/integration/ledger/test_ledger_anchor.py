@@ -297,3 +297,38 @@ def test_upgrade_of_an_unanchored_ledger_adopts_its_head(database_url: str) -> N
         assert _lines(settings)[0]["type"] == "rebase"
         new_budget(c, "ds_after")
         assert c.get("/v1/chain/verify").json()["ok"] is True
+
+
+def test_s3_anchor_one_object_per_record(database_url: str, s3_endpoint: str) -> None:
+    """The object-store anchor on a real S3 server: the same records, one object each."""
+    from dpsynth_ledger.anchor import S3Anchor
+    from dpsynth_ledger.settings import AnchorSettings
+    from minio import Minio
+    from pydantic import SecretStr
+
+    from .conftest import make_settings
+
+    bucket = f"anchor-{make_url(database_url).database}".replace("_", "-")
+    settings = make_settings(database_url, anchor=AnchorSettings(
+        kind="s3", s3_endpoint=s3_endpoint, s3_access_key=SecretStr("anchor-test"),
+        s3_secret_key=SecretStr("anchor-test-secret"), s3_bucket=bucket,
+        s3_prefix="ledger/"))
+    upgrade(settings)
+    with _ledger(settings) as c:
+        new_budget(c, DATASET, epsilon_limit=8.0)
+        _run_job(c, "job_s3", leases=1)
+        report = c.get("/v1/chain/verify").json()
+        assert report["ok"] is True, report["problems"]
+        assert report["anchor"]["location"] == f"s3://{bucket}/ledger/"
+        assert report["anchor"]["anchored_seq"] == report["entries"] == 4
+    client = Minio(s3_endpoint, access_key="anchor-test", secret_key="anchor-test-secret",
+                   secure=False)
+    names = sorted(o.object_name for o in client.list_objects(bucket, prefix="ledger/"))
+    assert names == [f"ledger/{n:016d}.json" for n in range(1, 5)]
+    fresh = S3Anchor(client, bucket, "ledger/")  # a restarted ledger finds the same log
+    assert [r["seq"] for r in fresh.records()] == [1, 2, 3, 4]
+    assert fresh.last() is not None and fresh.last()["seq"] == 4  # type: ignore[index]
+    other = S3Anchor(client, bucket, "ledger/")  # a second writer appends after it
+    other.append([{"type": "entry", "lineage": 0, "seq": 5, "hash": "x"}])
+    assert fresh.last() == {"type": "entry", "lineage": 0, "seq": 5, "hash": "x",
+                            "where": "object ledger/0000000000000005.json"}
