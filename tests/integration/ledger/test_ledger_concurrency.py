@@ -101,5 +101,5 @@ def test_fifty_concurrent_reservations_replay_exactly(base_url: str) -> None:
         assert view["partitions"] == {"*": 0.0}
         assert c.get("/v1/chain/verify").json()["ok"] is True
         metrics = c.get("/metrics").text
-        assert f'dpsynth_ledger_admissions_total{{decision="accepted"}} {len(accepted)}.0' \
-            in metrics
+        assert ('dpsynth_ledger_admissions_total{decision="accepted",kind="reservation",'
+                f'reason="none"}} {len(accepted)}.0') in metrics
