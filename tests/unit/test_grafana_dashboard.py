@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
@@ -156,3 +159,22 @@ def test_the_provisioning_and_scrape_configs_load() -> None:
     provider = yaml.safe_load(
         (ROOT / "deploy/grafana/provisioning/dashboards/dpsynth.yaml").read_text())
     assert provider["providers"][0]["type"] == "file"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool (Debian package prometheus) is not installed")
+def test_promtool_accepts_every_query_and_the_scrape_config(tmp_path: Path) -> None:
+    """Prometheus's own parser checks each panel's PromQL (as recording rules, with the
+    dashboard's variables substituted) and the scrape configuration."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in _panels(dashboard) for t in panel.get("targets", [])]
+    rules = [{"record": f"dpsynth:dashboard_check:{i}",
+              "expr": e.replace("$__rate_interval", "1m").replace("$dataset", ".*")}
+             for i, e in enumerate(exprs)]
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    for args in (["check", "rules", str(path)],
+                 ["check", "config", "--syntax-only",
+                  str(ROOT / "deploy/prometheus/prometheus.yml")]):
+        done = subprocess.run(["promtool", *args], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
