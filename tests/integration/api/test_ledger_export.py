@@ -23,6 +23,7 @@ import pytest
 from dpsynth_api.adapters.ledger_http import HttpLedger
 from dpsynth_api.app import create_app
 from dpsynth_api.fakes import RecordingSender
+from dpsynth_cli.ledger import verify_export
 from dpsynth_ledger.app import create_app as create_ledger_app
 from dpsynth_ledger.migrate import upgrade as upgrade_ledger
 from dpsynth_shared.dp_events import chain_hash
@@ -128,6 +129,11 @@ def test_export_json_is_the_ledgers_signed_entries(both: Both) -> None:
                               body["public_key"])
     seqs = [e["seq"] for e in body["entries"]]
     assert seqs == sorted(seqs)
+    # the CLI's independent verifier accepts the real export, and names an edited entry
+    assert verify_export(body, key_id=body["key_id"]) == ([], 4)
+    body["entries"][1]["payload"]["rdp_delta"]["*"] = 0.0
+    problems, _ = verify_export(body)
+    assert problems == [f"entry {seqs[1]}: hash mismatch (content altered)"]
 
 
 @pytest.mark.parametrize("how", ["query", "accept"])
