@@ -108,12 +108,14 @@
     return node;
   }
 
-  function numCell(value, field) {
+  // A count (steps, a class size) is shown whole; an epsilon to 4 decimals.
+  function numCell(value, field, count) {
     const attrs = { class: "num", "data-field": field };
     if (typeof value === "number") {
       attrs["data-value"] = String(value);
     }
-    return el("td", attrs, fmt(value));
+    const text = count && Number.isInteger(value) ? String(value) : fmt(value);
+    return el("td", attrs, text);
   }
 
   function svg(tag, attrs, ...children) {
@@ -259,7 +261,9 @@
       }
       root.append(svg("path", { class: "spent-line", d: d }));
     }
+    let jobOrdinal = 0;
     points.forEach((p, i) => {
+      const short = p.job_id ? "job " + (++jobOrdinal) : null;
       const label = p.job_id ? "job " + p.job_id : p.kind.replace(/_/g, " ");
       const circle = svg("circle", {
         class: "point" + (p.job_id ? " job-point" : " other-point"),
@@ -269,7 +273,7 @@
       }, svg("title", {}, label + ": spent ε " + fmt(p.value) + " at " + fmtTime(p.at)));
       root.append(circle);
       root.append(svg("text", { class: "point-label", x: x(Date.parse(p.at)) + 7,
-                                y: y(p.value) - 7 - (i % 2) * 11 }, p.job_id ? "job " + (i + 1) : label));
+                                y: y(p.value) - 7 - (i % 2) * 11 }, short || label));
     });
     if (!points.length) {
       root.append(svg("text", { class: "empty", x: m.left + 12, y: m.top + 24 }, "no charges yet"));
@@ -413,23 +417,31 @@
       }
     }
 
-    const partitions = budget ? budget.partition_epsilon_spent || {} : {};
-    const names = Object.keys(partitions);
+    // Per-partition figures: committed RDP at the admission order (always in the view) and
+    // the filter epsilon of each partition (when the ledger reports it).
+    const rdp = budget ? budget.partitions || {} : {};
+    const eps = budget ? budget.partition_epsilon_spent || {} : {};
+    const names = Array.from(new Set([...Object.keys(rdp), ...Object.keys(eps)]));
     const section = byId("partitions-section");
     const partBody = byId("partitions-table").querySelector("tbody");
     clear(partBody);
-    section.hidden = !(names.length > 1 || (names.length === 1 && names[0] !== "*"));
+    // A per-label dataset: class sizes declared or released, or a class charged on its own.
+    const rdpOf = (name) => (name in rdp ? rdp[name] : null);
+    section.hidden = !(budget && (budget.class_sizes ||
+      names.some((name) => name !== "*" && rdpOf(name) !== rdpOf("*"))));
     if (!section.hidden) {
-      byId("partitions-note").textContent = budget.partitions_disjoint
-        ? "Per-label jobs compose in parallel over these disjoint classes; '*' is charged by every whole-dataset event. Spent is the largest of these."
-        : "The classes are not disjoint for this unit: per-label jobs are summed across classes.";
+      byId("partitions-note").textContent = (budget.partitions_disjoint
+        ? "Per-label jobs charge only their class; '*' and every class are charged by each whole-dataset event; spent is the largest partition."
+        : "The classes are not disjoint for this dataset's unit: per-label jobs are summed across classes.") +
+        " RDP at the admission order α = " + budget.admission_order + ".";
       names.sort((a, b) => (a === "*" ? -1 : b === "*" ? 1 : a.localeCompare(b, undefined, { numeric: true })));
       for (const name of names) {
         const size = budget.class_sizes && name in budget.class_sizes ? budget.class_sizes[name] : null;
         partBody.append(el("tr", { class: "partition-row", "data-partition": name },
                            el("td", {}, name === "*" ? "* (whole dataset)" : name),
-                           numCell(size, "class_size"),
-                           numCell(partitions[name], "partition_epsilon_spent")));
+                           numCell(size, "class_size", true),
+                           numCell(name in rdp ? rdp[name] : null, "partitions"),
+                           numCell(name in eps ? eps[name] : null, "partition_epsilon_spent")));
       }
     }
 
@@ -440,7 +452,10 @@
       const privacy = job.privacy || {};
       const result = job.result || {};
       const target = job.spec && job.spec.privacy ? job.spec.privacy.target_epsilon : null;
-      const stepsDone = typeof result.steps_done === "number" ? result.steps_done
+      // granted so far: the worker's final figure, else the last heartbeat's
+      const granted = typeof result.job_epsilon_granted === "number" ? result.job_epsilon_granted
+        : (job.progress ? job.progress.epsilon_so_far : null);
+      const stepsDone = Number.isInteger(result.steps_done) ? result.steps_done
         : (job.progress ? job.progress.step : null);
       jobsBody.append(el("tr", { class: "job-row state-" + job.state, "data-job-id": job.job_id,
                                  "data-state": job.state },
@@ -449,15 +464,16 @@
                          el("td", { class: "job-state" }, job.state),
                          numCell(target, "target_epsilon"),
                          numCell(privacy.job_epsilon, "job_epsilon"),
-                         numCell(privacy.steps, "steps"),
-                         numCell(result.job_epsilon_granted, "job_epsilon_granted"),
-                         numCell(stepsDone, "steps_done"),
+                         numCell(privacy.steps, "steps", true),
+                         numCell(granted, "job_epsilon_granted"),
+                         numCell(stepsDone, "steps_done", true),
+                         numCell(result.job_epsilon, "model_job_epsilon"),
                          numCell(after.has(job.job_id) ? after.get(job.job_id) : null,
                                  "dataset_epsilon_spent_after"),
                          el("td", {}, fmtTime(job.created_at))));
     }
     if (!jobs.length) {
-      jobsBody.append(el("tr", {}, el("td", { colspan: 10, class: "empty" }, "no jobs on this dataset")));
+      jobsBody.append(el("tr", {}, el("td", { colspan: 11, class: "empty" }, "no jobs on this dataset")));
     }
     ready();
   }

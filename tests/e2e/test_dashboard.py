@@ -1,0 +1,416 @@
+"""The budget dashboard in a real headless Chromium against the whole platform.
+
+A tenant with two private datasets (one trained by two tiny finetunes; one whose class sizes
+are released by a charged DP histogram and then trained per label) and a public one. The
+page is driven through Selenium with Debian's ``chromium`` and ``chromedriver`` (no download:
+Selenium Manager is never asked for a driver). Every number the page shows is compared with
+the api's JSON (the raw value in ``data-value`` exactly, the text to its 4 decimals), the
+chart has one point per charged job plus one per other charge, the key lives only in the
+tab's sessionStorage, and a key in the URL is refused. Screenshots go to
+``build/test-artifacts/``.
+
+Without the browser the test FAILS (CI installs it in ``.ci/run``); set
+``DPSYNTH_SKIP_BROWSER=1`` to skip it explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from dpsynth_client import Client
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.e2e.conftest import CLASSES, finetune_spec
+from tests.support.models import tiny_model_archive
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+KEY_NAME = "dpsynth.dashboard.apiKey"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
+BUDGET_FIELDS = ("epsilon_limit", "dataset_epsilon_spent", "dataset_tight_epsilon",
+                 "dataset_epsilon_reserved", "dataset_epsilon_remaining")
+CHARGE_KINDS = ("lease_granted", "histogram_released")
+
+
+def _browser_paths() -> tuple[str, str]:
+    if os.environ.get("DPSYNTH_SKIP_BROWSER") == "1":
+        pytest.skip("DPSYNTH_SKIP_BROWSER=1: the dashboard's browser test is skipped")
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if shutil.which(p) is None]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} missing: install Debian's chromium and "
+                    "chromium-driver (.ci/run does), or set DPSYNTH_SKIP_BROWSER=1 to skip")
+    return CHROMIUM, CHROMEDRIVER
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory) -> Iterator[Any]:
+    chromium, chromedriver = _browser_paths()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu",
+                "--disable-background-networking", "--disable-quic", "--no-first-run",
+                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                "--window-size=1400,1100",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def tenant(platform, client: Client, tmp_path_factory) -> dict[str, Any]:
+    """The tenant's key and datasets; every charge made, one job left queued (reserved)."""
+    tmp = tmp_path_factory.mktemp("dashboard")
+    created = client.create_tenant("dashboard", scopes=["read", "submit", "owner"])
+    token = created["key"]["api_key"]
+    me = Client(platform.api_url, token)
+    base = me.upload_model(tiny_model_archive(tmp / "model.tar", class_names=CLASSES),
+                           name="tiny-base")["model_id"]
+
+    whole_npz, labels_npz, public_npz = _disjoint_digits(tmp, (96, 60, 40))
+    whole = me.upload_dataset(whole_npz, name="whole <b>two jobs</b>", visibility="private",
+                              epsilon_limit=1.8, label_domain=CLASSES)["dataset_id"]
+    labels = me.upload_dataset(labels_npz, name="per-label", visibility="private",
+                               epsilon_limit=10.0, label_domain=CLASSES)["dataset_id"]
+    public = me.upload_dataset(public_npz, name="public digits",
+                               visibility="public")["dataset_id"]
+
+    jobs = [me.submit_job(finetune_spec(whole, base, target_epsilon=1.0, epochs=0.5))]
+    me.release_class_sizes(labels, epsilon=1.0)  # a non-job charge on every partition
+    jobs.append(me.submit_job({
+        "type": "finetune", "dataset_id": labels, "base_model_id": base,
+        "privacy": {"target_epsilon": 2.0, "max_grad_norm": 1.0},
+        "training": {"per_label": True, "trainable": "attention", "expected_batch_size": 4,
+                     "epochs": 0.5, "learning_rate": 3e-4, "max_physical_batch_size": 8,
+                     "checkpoint_every": 2}}))
+    jobs.append(me.submit_job(finetune_spec(whole, base, target_epsilon=1.0, epochs=0.5)))
+    for job in jobs:
+        done = me.wait_for_job(job["job_id"], timeout=600, poll=1.0)
+        assert done["state"] == "succeeded", (done, platform.all_logs()[-4000:])
+    # no worker from here on: the next job stays queued, its admission reserved
+    platform.kill("worker-0")
+    queued = me.submit_job(finetune_spec(whole, base, target_epsilon=0.1, epochs=0.5))
+    assert queued["state"] == "queued", queued
+    return {"token": token, "client": me, "whole": whole, "labels": labels, "public": public,
+            "queued": queued["job_id"]}
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+def _disjoint_digits(tmp: Path, sizes: tuple[int, ...]) -> list[Path]:
+    """npz files of sklearn's digits with no image in two of them (uploads that shared
+    records would be refused as overlapping, or linked to one budget)."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    images = np.clip(d.images * 16, 0, 255).astype(np.uint8)[..., None]
+    seen: set[bytes] = set()
+    unique = []
+    for i in np.random.default_rng(11).permutation(len(d.target)):
+        if images[i].tobytes() not in seen:
+            seen.add(images[i].tobytes())
+            unique.append(int(i))
+    paths, start = [], 0
+    for k, n in enumerate(sizes):
+        idx = unique[start:start + n]
+        start += n
+        path = tmp / f"digits-{k}.npz"
+        np.savez(path, images=images[idx], labels=d.target[idx].astype(np.int64))
+        paths.append(path)
+    return paths
+
+
+def _wait(driver: Any, view: str, timeout: float = 60) -> None:
+    def loaded(d: Any) -> bool:
+        body = d.find_element("tag name", "body")
+        state = body.get_attribute("data-ready")
+        if state == "error":
+            raise AssertionError(d.find_element("id", "status").text)
+        return body.get_attribute("data-view") == view and state == "true"
+
+    WebDriverWait(driver, timeout).until(loaded)
+
+
+def _fmt_ok(text: str, value: float) -> bool:
+    """The shown text is the value to 4 decimals (or 4 significant digits below 1e-3); a
+    count (steps, class size) is shown whole."""
+    shown = float(text)
+    if "." not in text and "e" not in text:
+        return float(value).is_integer() and shown == value
+    if value == 0 or abs(value) >= 1e-3:
+        return len(text.split(".")[-1]) == 4 and abs(shown - value) <= 0.5e-4 + 1e-12
+    return math.isclose(shown, value, rel_tol=1e-3)
+
+
+def _check_number(cell: Any, expected: float | int | None, where: str) -> int:
+    """Check one shown number; 1 when it shows a value (0 for a dash)."""
+    text = cell.text.strip()
+    if expected is None:
+        assert cell.get_attribute("data-value") is None and text == "—", where
+        return 0
+    raw = cell.get_attribute("data-value")
+    assert raw is not None, f"{where}: no data-value"
+    assert float(raw) == float(expected), f"{where}: {raw} != {expected}"
+    assert _fmt_ok(text, float(expected)), f"{where}: shown {text!r} for {expected}"
+    return 1
+
+
+def _numbers(scope: Any) -> list[Any]:
+    return scope.find_elements("css selector", "[data-value]")
+
+
+def _expected_points(budget: dict[str, Any]) -> list[tuple[str | None, str, float]]:
+    """One point per job (its last charge) and one per other charge, in ledger order."""
+    points: list[tuple[str | None, str, float]] = []
+    index: dict[str, int] = {}
+    for e in sorted(budget["history"], key=lambda e: e["seq"]):
+        if (e["kind"] not in CHARGE_KINDS and not e["rdp_delta"] > 0) or \
+                e["dataset_epsilon_spent_after"] is None:
+            continue
+        point = (e["job_id"], e["kind"], e["dataset_epsilon_spent_after"])
+        if e["job_id"] and e["job_id"] in index:
+            points[index[e["job_id"]]] = point
+            continue
+        if e["job_id"]:
+            index[e["job_id"]] = len(points)
+        points.append(point)
+    return points
+
+
+def _jobs_of(client: Client, dataset_id: str) -> list[dict[str, Any]]:
+    return [j for j in client.list_jobs(page_size=200) if j["dataset_id"] == dataset_id]
+
+
+def _screenshot(driver: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / name
+    driver.save_screenshot(str(path))
+    print(f"dashboard screenshot: {path}")
+    return path
+
+
+def _enter_key(driver: Any, key: str) -> None:
+    field = driver.find_element("id", "api-key")
+    field.clear()
+    field.send_keys(key)
+    driver.find_element("id", "key-submit").click()
+
+
+# ---- the tests ---------------------------------------------------------------------------
+
+def test_the_page_and_its_files_carry_a_strict_csp(platform) -> None:
+    for path in ("/dashboard", "/dashboard/static/dashboard.js",
+                 "/dashboard/static/dashboard.css"):
+        r = httpx.get(platform.api_url + path, timeout=10)
+        assert r.status_code == 200, (path, r.text)
+        csp = r.headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "script-src 'self'" in csp, csp
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+        assert r.headers["x-content-type-options"] == "nosniff"
+    page = httpx.get(platform.api_url + "/dashboard", timeout=10).text
+    assert "<script>" not in page and "http://" not in page.replace(
+        "http://www.w3.org", "") and "https://" not in page  # no inline script, no CDN
+    r = httpx.get(platform.api_url + "/dashboard/static/..%2Fapp.py", timeout=10)
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize("query", ["api_key=x", "token=abc", "key=dps_x_y", "q=dps_abc_def"])
+def test_a_key_in_the_url_is_refused(platform, query: str) -> None:
+    for path in ("/dashboard", "/dashboard/static/dashboard.js"):
+        r = httpx.get(f"{platform.api_url}{path}?{query}", timeout=10)
+        assert r.status_code == 400, (path, query, r.text)
+        assert r.json()["code"] == "api_key_in_query_string"
+
+
+def test_the_dashboard_shows_the_apis_numbers(platform, tenant, browser) -> None:
+    driver, me, token = browser, tenant["client"], tenant["token"]
+    base = platform.api_url + "/dashboard"
+
+    # a key in the URL: the browser gets the api's refusal, not the page
+    driver.get(base + "?api_key=" + token)
+    assert "api_key_in_query_string" in driver.page_source
+    assert not driver.find_elements("id", "key-form")
+
+    driver.get(base)
+    _wait(driver, "key")
+    assert driver.find_element("id", "api-key").get_attribute("type") == "password"
+    key_input = driver.find_element("id", "api-key")
+    assert not driver.execute_script("return arguments[0].hasAttribute('name')", key_input)
+
+    # a wrong key: the api answers 401 and the page goes back to the key form
+    _enter_key(driver, "dps_nope_0000")
+    WebDriverWait(driver, 60).until(
+        lambda d: "401" in d.find_element("id", "key-error").text)
+    _wait(driver, "key")
+    assert driver.execute_script(f"return sessionStorage.getItem('{KEY_NAME}')") is None
+
+    _enter_key(driver, token)
+    _wait(driver, "overview")
+    # the key: in this tab's sessionStorage only
+    assert driver.execute_script(f"return sessionStorage.getItem('{KEY_NAME}')") == token
+    assert driver.execute_script("return localStorage.length") == 0
+    assert driver.get_cookies() == []
+    assert token not in driver.current_url
+    assert driver.execute_script("return document.cookie") == ""
+    assert driver.find_element("id", "api-key").get_attribute("value") == ""
+
+    # the overview: every dataset, every number against the api
+    datasets = me.list_datasets()
+    rows = driver.find_elements("css selector", "#datasets-table tr.dataset-row")
+    assert len(rows) == len(datasets) == 3
+    shown = 0
+    for dataset in datasets:
+        row = driver.find_element(
+            "css selector", f"tr.dataset-row[data-dataset-id='{dataset['dataset_id']}']")
+        assert dataset["name"] in row.text  # text, never markup
+        if dataset["visibility"] == "public":
+            assert "public, no budget" in row.text and not _numbers(row)
+            continue
+        budget = me.get_budget(dataset["dataset_id"])
+        cells = _numbers(row)
+        assert [c.get_attribute("data-field") for c in cells] == list(BUDGET_FIELDS)
+        for cell in cells:
+            field = cell.get_attribute("data-field")
+            shown += _check_number(cell, budget[field], f"{dataset['name']}: {field}")
+        state = row.find_element("css selector", ".warning-state")
+        assert state.get_attribute("data-warning") == str(budget["warning"]).lower()
+        assert ("warning" in state.text) == budget["warning"]
+    assert shown == 2 * len(BUDGET_FIELDS)
+    whole = me.get_budget(tenant["whole"])
+    assert whole["dataset_epsilon_spent"] > 0 and whole["dataset_epsilon_reserved"] > 0
+    labels = me.get_budget(tenant["labels"])
+    assert labels["dataset_epsilon_spent"] > 0
+    assert labels["dataset_tight_epsilon"] <= labels["dataset_epsilon_spent"]
+    _screenshot(driver, "dashboard.png")
+    driver.set_window_size(1400, 2200)  # the detail views, whole
+
+    # the detail of the dataset with two finished jobs and a queued one
+    driver.find_element("css selector",
+                        f"tr[data-dataset-id='{tenant['whole']}'] a.dataset-link").click()
+    _wait(driver, "detail")
+    _check_detail(driver, me, tenant["whole"], expect_partitions=False)
+    _screenshot(driver, "dashboard-detail.png")
+
+    # the per-label dataset: a histogram point, a job point, the partitions
+    driver.find_element("id", "back-link").click()
+    _wait(driver, "overview")
+    driver.find_element("css selector",
+                        f"tr[data-dataset-id='{tenant['labels']}'] a.dataset-link").click()
+    _wait(driver, "detail")
+    _check_detail(driver, me, tenant["labels"], expect_partitions=True)
+    _screenshot(driver, "dashboard-per-label.png")
+    assert token not in driver.current_url
+
+    # forget the key: gone from storage, back to the form; a reload stays there
+    driver.find_element("id", "forget-key").click()
+    _wait(driver, "key")
+    assert driver.execute_script(f"return sessionStorage.getItem('{KEY_NAME}')") is None
+    driver.get(base)
+    _wait(driver, "key")
+
+
+def _check_detail(driver: Any, me: Client, dataset_id: str, *, expect_partitions: bool) -> None:
+    budget = me.get_budget(dataset_id)
+    jobs = _jobs_of(me, dataset_id)
+    checked = 0
+
+    summary = driver.find_element("id", "detail-summary")
+    for cell in _numbers(summary):
+        field = cell.get_attribute("data-field")
+        checked += _check_number(cell, budget[field], f"summary {field}")
+    assert checked == len(BUDGET_FIELDS) + 1  # and the warning fraction
+    assert budget["dataset_tight_epsilon_label"] in summary.text
+
+    # the chart: one point per charged job, one per other charge, and the two lines
+    expected = _expected_points(budget)
+    charged_jobs = {e["job_id"] for e in budget["history"]
+                    if e["kind"] == "lease_granted" and e["job_id"]}
+    others = [e for e in budget["history"] if e["kind"] == "histogram_released"]
+    assert len(expected) == len(charged_jobs) + len(others)
+    points = driver.find_elements("css selector", "#epsilon-chart circle.point")
+    assert len(points) == len(expected)
+    for point, (job_id, kind, value) in zip(points, expected, strict=True):
+        assert point.get_attribute("data-kind") == kind
+        assert point.get_attribute("data-job-id") == job_id
+        assert float(point.get_attribute("data-value")) == value
+    limit = driver.find_element("css selector", "#epsilon-chart .limit-line")
+    assert float(limit.get_attribute("data-value")) == budget["epsilon_limit"]
+    warn = driver.find_element("css selector", "#epsilon-chart .warning-line")
+    assert float(warn.get_attribute("data-value")) == \
+        budget["warning_fraction"] * budget["epsilon_limit"]
+    rows = driver.find_elements("css selector", "#points-table tr.point-row")
+    assert len(rows) == len(expected)
+    for row, (job_id, _, value) in zip(rows, expected, strict=True):
+        assert row.get_attribute("data-job-id") == job_id
+        checked += _check_number(row.find_element("css selector", "[data-value]"), value,
+                                 "point row")
+
+    # per-partition figures
+    section = driver.find_element("id", "partitions-section")
+    if expect_partitions:
+        assert section.is_displayed()
+        rdp, eps = budget["partitions"], budget["partition_epsilon_spent"]
+        assert set(rdp) == {"*", *CLASSES}
+        rows = driver.find_elements("css selector", "#partitions-table tr.partition-row")
+        assert {r.get_attribute("data-partition") for r in rows} == set(rdp) | set(eps)
+        for row in rows:
+            name = row.get_attribute("data-partition")
+            want = {"class_size": (budget["class_sizes"] or {}).get(name),
+                    "partitions": rdp.get(name), "partition_epsilon_spent": eps.get(name)}
+            cells = row.find_elements("css selector", "td.num")
+            assert [c.get_attribute("data-field") for c in cells] == list(want)
+            for cell in cells:
+                field = cell.get_attribute("data-field")
+                checked += _check_number(cell, want[field], f"partition {name} {field}")
+        if eps:  # the filter figure is the largest partition's
+            assert max(eps.values()) == pytest.approx(budget["dataset_epsilon_spent"],
+                                                      rel=1e-9)
+    else:
+        assert not section.is_displayed()
+
+    # the jobs on the dataset, with their figures
+    rows = driver.find_elements("css selector", "#jobs-table tr.job-row")
+    assert {r.get_attribute("data-job-id") for r in rows} == {j["job_id"] for j in jobs}
+    after = {job_id: value for job_id, _, value in expected if job_id}
+    for job in jobs:
+        row = driver.find_element("css selector", f"tr.job-row[data-job-id='{job['job_id']}']")
+        assert row.get_attribute("data-state") == job["state"]
+        privacy, result = job["privacy"] or {}, job["result"] or {}
+        want = {
+            "target_epsilon": job["spec"]["privacy"]["target_epsilon"],
+            "job_epsilon": privacy.get("job_epsilon"),
+            "steps": privacy.get("steps"),
+            "job_epsilon_granted": result["job_epsilon_granted"]
+            if isinstance(result.get("job_epsilon_granted"), float | int)
+            else job["progress"]["epsilon_so_far"],
+            "steps_done": result["steps_done"] if isinstance(result.get("steps_done"), int)
+            else job["progress"]["step"],
+            "model_job_epsilon": result.get("job_epsilon"),
+            "dataset_epsilon_spent_after": after.get(job["job_id"]),
+        }
+        cells = row.find_elements("css selector", "td.num")
+        assert [c.get_attribute("data-field") for c in cells] == list(want)
+        for cell in cells:
+            field = cell.get_attribute("data-field")
+            checked += _check_number(cell, want[field], f"job {job['job_id']} {field}")
+        if job["state"] == "succeeded":
+            assert job["job_id"] in after  # every finished job charged: it is on the chart
+    # every number on the detail view was checked
+    assert checked == len(_numbers(driver.find_element("id", "detail-view"))) - \
+        len(driver.find_elements("css selector", "#epsilon-chart [data-value]"))
