@@ -100,7 +100,12 @@ def test_replace_one_dataset_admits_dp_sgd_through_group_privacy(client: TestCli
         pytest.approx(150 * per_step, rel=1e-9)
     created = next(e for e in _entries(client, "ds_ro2") if e["kind"] == "budget_created")
     assert created["payload"]["neighbouring"] == "replace_one"
+    # the tight figures are replace-one PLD figures too (labelled; never the admission rule)
+    assert res["job_epsilon"] == plan["job_epsilon"]
+    assert view["dataset_tight_epsilon"] == plan["job_epsilon"]
     _verify_ok(client)  # the replay recomputes every group charge
+    report = client.get("/v1/budgets/ds_ro2/recompute").json()
+    assert report["differences"] == [], report["differences"]
 
 
 def test_replace_one_job_never_enters_an_add_remove_dataset(client: TestClient) -> None:
@@ -178,7 +183,10 @@ def test_non_disjoint_per_label_job_charges_the_sum_to_every_partition(
     assert view["rdp_reserved"] == 0.0
     leases = [e["payload"] for e in _entries(client, "ds_subj") if e["kind"] == "lease_granted"]
     assert leases and all(set(e["rdp_delta"]) == {"*", "a", "b", "c"} for e in leases)
+    # the tight figure composes the classes too (a subject may be in all of them)
+    assert view["dataset_tight_epsilon"] == pytest.approx(plan["job_epsilon"], rel=1e-9)
     _verify_ok(client)  # the replay routes every class charge to every partition too
+    assert client.get("/v1/budgets/ds_subj/recompute").json()["differences"] == []
 
     # the same job on the disjoint dataset charges each class its own partition only
     r = client.post("/v1/reservations", json={**body, "dataset_id": "ds_subj_disjoint",

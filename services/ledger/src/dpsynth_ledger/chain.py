@@ -30,7 +30,6 @@ from dpsynth_ledger.accounting import (
     charge_step,
     mul_up,
     rdp_at_order,
-    rdp_step,
     sum_up,
 )
 from dpsynth_ledger.anchor import AnchoredHead, ChainKeeper, rebase_message
@@ -230,8 +229,7 @@ def _restored(replay: _Replay, payload: dict[str, Any], problems: list[str], seq
     """
     ev = payload.get("event")
     if payload.get("source") == "api_job" and isinstance(ev, dict):
-        amount = mul_up(int(ev["steps"]), rdp_step(float(ev["noise_multiplier"]),
-                                                   float(ev["sample_rate"]), replay.order))
+        amount = replay.charge_of(ev)  # group privacy on a replace-one dataset
         for recorded in payload["rdp_delta"].values():
             if recorded != amount:
                 problems.append(f"entry {seq}: restored charge {recorded} != recomputed {amount}")

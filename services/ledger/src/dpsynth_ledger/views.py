@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, pld_epsilon
-from dpsynth_ledger.book import Run, figures, flt, runs
+from dpsynth_ledger.book import Run, disjoint_of, figures, flt, runs
 from dpsynth_ledger.models import Budget, Entry, ReservationRow
 
 
@@ -36,13 +36,16 @@ def job_event(res: ReservationRow, steps_of: Callable[[Run], int]) -> DpSgdEvent
     return ParallelEvent(partitions={p.partition: event_of(p, steps_of(p)) for p in runs(res)})
 
 
-def _epsilon(run: Run, steps: int, delta: float, discretization: float) -> float:
-    return dp_sgd_epsilon(run.noise_multiplier, run.sample_rate, steps, delta, discretization)
+def _epsilon(run: Run, steps: int, delta: float, discretization: float,
+             relation: str | None = None) -> float:
+    """A run's standalone epsilon (on a replace-one dataset: its replace-one PLD figure)."""
+    return dp_sgd_epsilon(run.noise_multiplier, run.sample_rate, steps, delta, discretization,
+                          relation)
 
 
 def reservation_view(res: ReservationRow, budget: Budget, discretization: float) -> Reservation:
     """The public view of a reservation (per label: each class's run, epsilon = max)."""
-    delta = budget.delta
+    delta, rel = budget.delta, budget.neighbouring
     per_label = None
     if res.per_label:
         sizes = budget.class_sizes or {}
@@ -50,11 +53,11 @@ def reservation_view(res: ReservationRow, budget: Budget, discretization: float)
             event=event_of(p, p.steps_reserved), expected_batch_size=p.expected_batch_size,
             class_size=int(sizes.get(p.partition, 0)), steps_planned=p.steps_planned,
             steps_reserved=p.steps_reserved, steps_granted=p.steps_granted,
-            job_epsilon=_epsilon(p, p.steps_reserved, delta, discretization),
-            job_epsilon_granted=_epsilon(p, p.steps_granted, delta, discretization),
+            job_epsilon=_epsilon(p, p.steps_reserved, delta, discretization, rel),
+            job_epsilon_granted=_epsilon(p, p.steps_granted, delta, discretization, rel),
         ) for p in res.parts}
-    reserved = [_epsilon(r, r.steps_reserved, delta, discretization) for r in runs(res)]
-    granted = [_epsilon(r, r.steps_granted, delta, discretization) for r in runs(res)]
+    reserved = [_epsilon(r, r.steps_reserved, delta, discretization, rel) for r in runs(res)]
+    granted = [_epsilon(r, r.steps_granted, delta, discretization, rel) for r in runs(res)]
     return Reservation(
         reservation_id=res.reservation_id, job_id=res.job_id, dataset_id=res.dataset_id,
         state=ReservationState(res.state),
@@ -88,7 +91,8 @@ def _granted_event(key: tuple[str | None, float, float],
     return event if label is None else ParallelEvent(partitions={label: event})
 
 
-def _history(entries: list[Entry], delta: float, discretization: float) -> list[Charge]:
+def _history(entries: list[Entry], delta: float, discretization: float,
+             relation: str | None = None, disjoint: bool = True) -> list[Charge]:
     """Charges with the filter figure and the tight figure after each entry."""
     granted: dict[tuple[str | None, float, float], int] = {}
     tight = 0.0
@@ -105,7 +109,8 @@ def _history(entries: list[Entry], delta: float, discretization: float) -> list[
             granted[key] = granted.get(key, 0) + int(ev["steps"])
         if e.kind in ("lease_granted", "histogram_released"):
             tight = pld_epsilon([*(_granted_event(k, n) for k, n in granted.items()),
-                                 *released], delta, discretization)
+                                 *released], delta, discretization, dataset=relation,
+                                disjoint=disjoint)
         rdp_delta = max((float(v) for v in p.get("rdp_delta", {}).values()), default=0.0)
         out.append(Charge(
             seq=e.seq, at=e.at, kind=e.kind, job_id=p.get("job_id"),
@@ -125,11 +130,13 @@ def budget_view(session: Session, budget: Budget, discretization: float,
     reservations = repo.reservations_of(session, budget.dataset_id)
     tight = pld_epsilon([*granted_events(reservations),
                          *released_events(session, budget.dataset_id)], budget.delta,
-                        discretization)
+                        discretization, dataset=budget.neighbouring,
+                        disjoint=disjoint_of(budget))
     warning_fraction = (budget.warning_fraction if budget.warning_fraction is not None
                         else DEFAULT_WARNING_FRACTION)
     history = (_history(repo.entries(session, dataset_id=budget.dataset_id), budget.delta,
-                        discretization) if with_history else [])
+                        discretization, budget.neighbouring, disjoint_of(budget))
+               if with_history else [])
     return BudgetView(
         dataset_id=budget.dataset_id, tenant_id=budget.tenant_id,
         epsilon_limit=budget.epsilon_limit, delta=budget.delta,

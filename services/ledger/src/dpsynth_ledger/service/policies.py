@@ -43,7 +43,7 @@ from dpsynth_ledger.accounting import (
     rdp_at_order,
     rdp_to_epsilon,
 )
-from dpsynth_ledger.book import figures
+from dpsynth_ledger.book import disjoint_of, figures
 from dpsynth_ledger.chain import CHAIN_KEY, append_entry, verify_chain
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Budget, Entry
@@ -236,16 +236,17 @@ def verify_dataset(session: Session, *, dataset_id: str, ctx: LedgerContext) -> 
 
 # -- recomputation with the current code -------------------------------------------------
 
-def recompute_charge(entry: Entry, order: int) -> float | None:
-    """The RDP the entry's recorded DP event costs at ``order`` with today's code."""
+def recompute_charge(entry: Entry, order: int, relation: str | None = None) -> float | None:
+    """The RDP the entry's recorded DP event costs at ``order`` with today's code, on a
+    dataset of neighbouring ``relation`` (replace-one: through group privacy)."""
     p: dict[str, Any] = entry.payload
     event = p.get("event")
     if not isinstance(event, dict):
         return None  # e.g. an anchored charge re-applied as recorded (reconciliation)
     try:
         if "noise_multiplier" in event:
-            return rdp_at_order(DpSgdEvent.model_validate(event), order)
-        return rdp_at_order(GaussianEvent.model_validate(event), order)
+            return rdp_at_order(DpSgdEvent.model_validate(event), order, relation)
+        return rdp_at_order(GaussianEvent.model_validate(event), order, relation)
     except (KeyError, ValueError):
         return None
 
@@ -286,7 +287,7 @@ def recompute(session: Session, *, dataset_id: str, ctx: LedgerContext) -> Recom
         recorded = p.get("rdp_delta")
         if e.kind not in CHARGE_KINDS or not isinstance(recorded, dict):
             continue
-        now = recompute_charge(e, order)
+        now = recompute_charge(e, order, budget.neighbouring)
         for part, amount in recorded.items():
             committed[part] = add_up(committed.get(part, 0.0),
                                      now if now is not None else float(amount))
@@ -308,7 +309,8 @@ def recompute(session: Session, *, dataset_id: str, ctx: LedgerContext) -> Recom
     if spent_now != fig["dataset_epsilon_spent"]:
         differences.append(f"dataset_epsilon_spent: stored {fig['dataset_epsilon_spent']}, "
                            f"recomputed {spent_now}")
-    tight = pld_epsilon(_tight_events(entries), delta, ctx.discretization)
+    tight = pld_epsilon(_tight_events(entries), delta, ctx.discretization,
+                        dataset=budget.neighbouring, disjoint=disjoint_of(budget))
     return RecomputeReport(
         dataset_id=dataset_id, accountant=ACCOUNTANT_NAME,
         conversion_recorded=created.get("conversion"), conversion=CONVERSION_NAME,

@@ -41,9 +41,17 @@ from dpsynth_shared.ledger_contract import (
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
-from dpsynth_ledger.accounting import WHOLE_DATASET, add_up, mul_up, rdp_step
+from dpsynth_ledger.accounting import WHOLE_DATASET, add_up, charge_step, mul_up
 from dpsynth_ledger.anchor import ChainKeeper
-from dpsynth_ledger.book import figures, refresh_reserved, runs, snapshot, sync_totals, touched
+from dpsynth_ledger.book import (
+    disjoint_of,
+    figures,
+    refresh_reserved,
+    runs,
+    snapshot,
+    sync_totals,
+    touched,
+)
 from dpsynth_ledger.chain import (
     REBASE_KEY,
     RECONCILED,
@@ -270,7 +278,8 @@ def _close_touched(session: Session, reservation_ids: set[str],
             run.rdp_outstanding = 0.0
         sync_totals(res)
         accs = repo.accumulators(session, budget.dataset_id)
-        refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id))
+        refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id),
+                         disjoint_of(budget))
         extra: dict[str, Any] = {}
         if res.per_label:
             extra["rdp_released_by_label"] = released_by_label
@@ -294,8 +303,10 @@ def _recharge_job(session: Session, job: ApiJobRecord, budgets: dict[str, Budget
         notes.append(f"job {job.job_id}: its plan (noise multiplier, sample rate, steps) is "
                      "unknown: not charged")
         return False
-    amount = mul_up(int(job.steps), rdp_step(float(job.noise_multiplier),
-                                             float(job.sample_rate), budget.admission_order))
+    # the dataset's step charge: group privacy at distance 2 on a replace-one dataset
+    amount = mul_up(int(job.steps), charge_step(float(job.noise_multiplier),
+                                                float(job.sample_rate), budget.admission_order,
+                                                budget.neighbouring))
     accs = repo.accumulators(session, budget.dataset_id)
     delta = {}
     for p in touched(WHOLE_DATASET, accs):
