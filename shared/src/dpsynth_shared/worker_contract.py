@@ -57,6 +57,10 @@ class ModelRef(BaseModel):
     dataset_id: str | None = None
     job_ids: list[str] = Field(default_factory=list)
     dp: bool = False
+    budget_id: str | None = Field(
+        None, description="a DP model: the ledger budget of the dataset it was trained on; "
+        "a finetune on a dataset charging the same budget (the dataset itself, or one derived "
+        "from or linked to it) composes the model's DP ancestors")
 
 
 class Claim(BaseModel):

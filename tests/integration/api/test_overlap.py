@@ -159,7 +159,7 @@ def test_link_mode_charges_the_existing_budget(api: Api) -> None:
     parent = _private(api, token, images, delta=1e-3).json()
     more = np.concatenate([images[:6], _images(10, 10)])
     r = _private(api, token, more, on_overlap="link", epsilon_limit=None,
-                 label_domain=["x", "y"] + ["z"])
+                 label_domain=DOMAIN)
     assert r.status_code == 201, r.text
     linked = r.json()
     assert linked["budget_id"] == parent["dataset_id"]
@@ -457,3 +457,30 @@ def test_the_cli_uploads_with_link_derives_and_deletes(api: Api, tmp_path: Path,
     deleted = runner.invoke(app, ["datasets", "delete", parent, "--yes"])
     assert deleted.exit_code == 0, deleted.output
     assert json.loads(deleted.output)["deleted_at"] is not None
+
+
+def test_dp_ancestors_on_the_same_budget_compose(api: Api) -> None:
+    """A model DP-trained on the parent, finetuned on its split: the child model's lineage
+    (job_ids) and the claim's base model name the shared budget."""
+    _, token = api.tenant()
+    parent = _private(api, token, _images(24, 20)).json()["dataset_id"]
+    child = _derive(api, token, parent, kind="split", fraction=0.5, part="train").json()
+    model = api.model(token)
+    first = api.finetune(token, parent, model, batch=2).json()["job_id"]
+    api.worker(f"{first}/claim", {"attempt": 1, "worker_id": "w"})
+    produced = api.worker(f"{first}/artifacts", {
+        "attempt": 1, "kind": "model", "object_key": f"models/{first}/model.tar",
+        "sha256": "d" * 64, "size": 10, "metadata": {"job_epsilon": 0.9}})
+    base = produced.json()["model_id"]
+    api.worker(f"{first}/transition", {"attempt": 1, "to_state": "succeeded"})
+    second = api.finetune(token, child["dataset_id"], base, batch=2)
+    assert second.status_code == 201, second.text
+    second_id = second.json()["job_id"]
+    claim = api.worker(f"{second_id}/claim", {"attempt": 1, "worker_id": "w"}).json()
+    assert claim["base_model"]["budget_id"] == parent == claim["dataset"]["budget_id"]
+    out = api.worker(f"{second_id}/artifacts", {
+        "attempt": 1, "kind": "model", "object_key": f"models/{second_id}/model.tar",
+        "sha256": "e" * 64, "size": 10, "metadata": {"job_epsilon": 1.2}})
+    lineage = api.client.get(f"/v1/models/{out.json()['model_id']}", headers=auth(token)).json()
+    assert lineage["job_ids"] == [first, second_id]
+    assert lineage["dataset_id"] == child["dataset_id"]

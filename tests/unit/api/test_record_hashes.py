@@ -5,6 +5,7 @@ records)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import time
 from pathlib import Path
 
@@ -91,3 +92,31 @@ def test_indices_select_after_the_class_filter(tmp_path: Path) -> None:
     with np.load(out, allow_pickle=False) as npz:
         assert npz["images"][:, 0, 0, 0].tolist() == [2, 5]
         assert npz["labels"].tolist() == [1, 1]
+
+
+def test_the_worker_fetches_a_split_of_a_subset(tmp_path: Path) -> None:
+    """fetch_dataset downloads the parent's object and the indices, applies classes then
+    indices, and leaves only the selected npz behind."""
+    from types import SimpleNamespace
+
+    from dpsynth_shared.stores.local import LocalDirStore
+    from dpsynth_shared.worker_contract import DatasetInfo
+    from dpsynth_worker.runners.selection import fetch_dataset
+
+    store = LocalDirStore(tmp_path / "objects")
+    store.put_file("public/datasets/ds_p/data.npz", _canonical(tmp_path))
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray([0, 2], dtype=np.int64))
+    store.put_bytes("public/datasets/ds_p/derived/ds_c/indices.npy", buffer.getvalue())
+    info = DatasetInfo(dataset_id="ds_c", visibility="public",
+                       object_key="public/datasets/ds_p/data.npz", class_names=["y", "z"],
+                       selection={"classes": ["y", "z"],
+                                  "indices_key": "public/datasets/ds_p/derived/ds_c/indices.npy"})
+    work = tmp_path / "work"
+    work.mkdir()
+    out = fetch_dataset(SimpleNamespace(store=store), info, work / "data.npz")  # type: ignore[arg-type]
+    assert sorted(p.name for p in work.iterdir()) == ["data.npz"]
+    with np.load(out, allow_pickle=False) as npz:
+        assert npz["images"][:, 0, 0, 0].tolist() == [1, 4]  # y, z, y, z -> positions 0, 2
+        assert npz["labels"].tolist() == [0, 0]
+        assert npz["class_names"].tolist() == ["y", "z"]

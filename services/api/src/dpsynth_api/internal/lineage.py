@@ -67,10 +67,29 @@ def _layout_model(session: Session, job: Job) -> ModelRef | None:
     return model_ref(model)
 
 
-def model_ref(model: Model) -> ModelRef:
-    """How a worker finds a model and its lineage."""
+def model_ref(model: Model, session: Session | None = None) -> ModelRef:
+    """How a worker finds a model and its lineage (with ``session``: the budget of a DP
+    model's dataset, so ancestors on a derived or linked dataset compose)."""
+    budget = _budget_of(session, model.dataset_id) if session is not None and model.dp else None
     return ModelRef(model_id=model.id, object_key=model.object_key, dataset_id=model.dataset_id,
-                    job_ids=list(model.job_ids or []), dp=model.dp)
+                    job_ids=list(model.job_ids or []), dp=model.dp, budget_id=budget)
+
+
+def _same_budget(session: Session, first: str | None, second: str | None) -> bool:
+    """Whether two datasets charge one budget (the same dataset, or one derived from or
+    linked to the other: they share records, so DP training on both composes)."""
+    if first is not None and first == second:
+        return True
+    budget = _budget_of(session, first)
+    return budget is not None and budget == _budget_of(session, second)
+
+
+def _budget_of(session: Session, dataset_id: str | None) -> str | None:
+    """The ledger budget a private dataset charges (None for none or a public one)."""
+    dataset = session.get(Dataset, dataset_id) if dataset_id else None
+    if dataset is None or dataset.visibility != "private":
+        return None
+    return dataset.budget_id or dataset.id
 
 
 def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
@@ -91,7 +110,7 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
     return Claim(
         job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
         type=job.type,
-        spec=job.spec, dataset=info, base_model=model_ref(model) if model else None,
+        spec=job.spec, dataset=info, base_model=model_ref(model, session) if model else None,
         reservation_id=job.reservation_id,
         resume_checkpoint_key=checkpoint.object_key if checkpoint else None,
         resume_step=(checkpoint.checkpoint_step or 0) if checkpoint else 0,
@@ -117,7 +136,8 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
     dataset = _dataset(session, job)
     dp = job.type == "finetune"
     job_ids = [job.id]
-    if dp and base is not None and base.dp and base.dataset_id == job.dataset_id:
+    if dp and base is not None and base.dp and _same_budget(session, base.dataset_id,
+                                                            job.dataset_id):
         job_ids = [*base.job_ids, job.id]
     meta = body.metadata
     epsilon = meta.get("job_epsilon")

@@ -86,7 +86,7 @@ def _fetch_inputs(ctx: JobContext) -> _Inputs:
     reservation = ctx.ledger.get_reservation(claim.reservation_id)
     ctx.heartbeat.phase("downloading")
     base_dir = download_folder(ctx, claim.base_model.object_key, "base")
-    ancestors = _dp_ancestors(claim.base_model, claim.dataset.dataset_id, base_dir)
+    ancestors = _dp_ancestors(claim.base_model, claim.dataset, base_dir)
     resume_dir = (download_folder(ctx, claim.resume_checkpoint_key, "resume")
                   if claim.resume_checkpoint_key else None)
     return _Inputs(spec=spec, reservation=reservation, dataset=claim.dataset,
@@ -102,12 +102,14 @@ def _fetch_private_data(ctx: JobContext, inputs: _Inputs) -> None:
     fetch_dataset(ctx, inputs.dataset, inputs.data_path, grant=grant.token)  # + selection
 
 
-def _dp_ancestors(base: ModelRef, dataset_id: str, base_dir: Path) -> list[str]:
-    """Reservations of the base model's DP training on the same dataset (they compose)."""
-    if not base.dp or base.dataset_id != dataset_id:
+def _dp_ancestors(base: ModelRef, dataset: DatasetInfo, base_dir: Path) -> list[str]:
+    """Reservations of the base model's DP training on the same budget (they compose): the
+    same dataset, or one derived from or linked to it (they share records)."""
+    budget = dataset.budget_id or dataset.dataset_id
+    if not base.dp or (base.budget_id or base.dataset_id) != budget:
         return []
     provenance = read_provenance(base_dir)
-    if provenance.get("dataset_id") != dataset_id or not provenance.get("reservation_ids"):
+    if provenance.get("dataset_id") != base.dataset_id or not provenance.get("reservation_ids"):
         raise DpsynthError(ErrorCode.INVALID_MODEL, "the base model's DP provenance is missing")
     return [str(r) for r in provenance["reservation_ids"]]
 
