@@ -1,5 +1,6 @@
 """The ledger's Prometheus metrics on the real ledger (PostgreSQL): admissions accepted and
-refused by reason, leases granted and lapsed, budget figures read from the database at
+refused by reason (the filter, an unsupported neighbouring relation, a chain behind its
+anchor after a restore), leases granted and lapsed, budget figures read from the database at
 scrape time (equal to the budget views), datasets by state, and the per-dataset cap.
 
 Lapsing a lease and lowering a limit are done in the database, as the passing of the lease's
@@ -18,10 +19,11 @@ import pytest
 from dpsynth_ledger.app import create_app
 from dpsynth_ledger.metrics import LedgerMetrics, counts_refusals
 from dpsynth_ledger.migrate import upgrade
+from dpsynth_ledger.settings import LedgerSettings
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 
 from tests.unit.test_grafana_dashboard import dashboard_metric_names
 
@@ -250,3 +252,58 @@ def test_a_scrape_without_the_database_reports_the_error(database_url: str) -> N
     assert value(got, "dpsynth_ledger_metrics_scrape_error") == 1
     assert not any(n.startswith("dpsynth_ledger_dataset") for n, _ in got)
     assert admissions(got, "reservation", "accepted", "none") == 0
+
+
+def test_a_replace_one_job_refused_by_an_add_remove_dataset_is_counted(
+        client: TestClient) -> None:
+    new_budget(client, "ds_ar")
+    body = {"dataset_id": "ds_ar", "target_epsilon": 1.0, "expected_batch_size": 20,
+            "steps": 10, "neighbouring": "replace_one"}
+    r = client.post("/v1/reservations", json={**body, "job_id": "job_x"})
+    assert r.status_code == 422 and r.json()["code"] == "unsupported_neighbouring", r.text
+    dry = client.post("/v1/reservations", json={**body, "job_id": "job_y", "dry_run": True})
+    assert dry.status_code == 422  # a dry run decides nothing: not counted
+    got = scrape(client)
+    assert admissions(got, "reservation", "refused", "unsupported_neighbouring") == 1
+    assert admissions(got, "reservation", "refused", "budget_exhausted") == 0
+    assert value(got, "dpsynth_ledger_anchor_state", state="current") == 1
+
+
+def _backup(settings: LedgerSettings, name: str) -> LedgerSettings:
+    """A copy of the ledger's database now (``CREATE DATABASE … TEMPLATE``), as settings of a
+    ledger restored from it (same keys and anchor)."""
+    url = make_url(settings.database.url)
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{url.database}"'))
+    finally:
+        admin.dispose()
+    restored = url.set(database=name).render_as_string(hide_password=False)
+    return settings.model_copy(update={"database": settings.database.model_copy(
+        update={"url": restored})})
+
+
+def test_admissions_refused_behind_the_anchor_are_counted(settings: LedgerSettings) -> None:
+    with TestClient(create_app(settings), headers=AUTH) as client:
+        new_budget(client, "ds_bk", partitions=["a", "b"])
+    restored = _backup(settings, make_url(settings.database.url).database + "_bak")
+    with TestClient(create_app(settings), headers=AUTH) as client:  # a job after the backup
+        assert _reserve(client, "job_a", "ds_bk", 1.0).status_code == 201
+    with TestClient(create_app(restored), headers=AUTH) as client:
+        got = scrape(client)
+        assert value(got, "dpsynth_ledger_anchor_state", state="behind") == 1
+        assert value(got, "dpsynth_ledger_anchor_state", state="current") == 0
+        r = _reserve(client, "job_b", "ds_bk", 1.0)
+        assert r.status_code == 503 and r.json()["code"] == "ledger_behind_anchor", r.text
+        h = client.post("/v1/budgets/ds_bk/histogram-releases", json={"target_epsilon": 0.5})
+        assert h.status_code == 503 and h.json()["code"] == "ledger_behind_anchor", h.text
+        got = scrape(client)
+        assert admissions(got, "reservation", "refused", "behind_anchor") == 1
+        assert admissions(got, "histogram", "refused", "behind_anchor") == 1
+        assert admissions(got, "reservation", "accepted", "none") == 0
+        report = client.post("/v1/admin/reconcile", json={"api_jobs": []})
+        assert report.status_code == 200, report.text
+        after = scrape(client)
+        assert value(after, "dpsynth_ledger_anchor_state", state="current") == 1
+        assert value(after, "dpsynth_ledger_anchor_state", state="behind") == 0

@@ -98,7 +98,8 @@ def create_app(settings: LedgerSettings) -> FastAPI:
                 **status.model_dump(mode="json")), "/readyz")
         return JSONResponse({"status": "ready"})
 
-    metrics.track_budgets(app.state.sessions, settings.metrics_max_datasets)
+    metrics.track_budgets(app.state.sessions, settings.metrics_max_datasets,
+                          anchor=lambda session: anchor_status(session, keeper))
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> Response:

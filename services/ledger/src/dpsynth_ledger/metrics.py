@@ -8,7 +8,8 @@ Two kinds of series:
   step leases granted. Every label takes a value from a fixed, closed set.
 * **Figures read at scrape time** by :class:`BudgetCollector` (one read-only transaction per
   scrape): datasets by state, the distribution of spent fractions, leases active and lapsed,
-  open reservations, and per-dataset budget gauges for at most ``max_datasets`` datasets
+  open reservations, where the chain stands against its anchor (admissions are refused
+  while it is behind), and per-dataset budget gauges for at most ``max_datasets`` datasets
   (those with the highest spent fraction; the rest are only in the aggregates). A restarted
   ledger reports the same figures, and a gauge never goes stale, because nothing is kept in
   memory between scrapes.
@@ -74,6 +75,9 @@ EXHAUSTED_TOLERANCE = 1e-6
 """A dataset is exhausted when less than this fraction of its limit remains (the filter's
 ε of a full RDP budget falls a few ulps below the limit, never exactly on it)."""
 
+ANCHOR_STATES = ("current", "behind", "diverged", "unreadable")
+"""Every value of the ``state`` label of ``dpsynth_ledger_anchor_state``."""
+
 SCRAPE_STATEMENT_TIMEOUT_MS = 5000
 """A scrape never holds a database connection longer than this."""
 
@@ -118,9 +122,29 @@ class Snapshot:
     leases_active: int
     leases_lapsed: int
     reservations_open: int
+    anchor_state: str | None = None
+    """One of :data:`ANCHOR_STATES`, or None when the anchor is not checked."""
 
 
-def read_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
+AnchorCheck = Callable[[Session], Any]
+"""Reads where the database's head stands against the anchor: returns an object with
+``behind`` and ``diverged`` (``AnchorStatus``) or raises when the anchor is unreadable."""
+
+
+def anchor_state(session: Session, check: AnchorCheck) -> str:
+    """``current``, ``behind``, ``diverged`` or ``unreadable`` (the ledger refuses every
+    write in the last three until reconciliation or until the anchor can be read)."""
+    try:
+        status = check(session)
+    except Exception:  # noqa: BLE001 - any failure to read the anchor reads as unreadable
+        return "unreadable"
+    if status.diverged:
+        return "diverged"
+    return "behind" if status.behind else "current"
+
+
+def read_snapshot(session: Session, now: datetime | None = None,
+                  anchor: AnchorCheck | None = None) -> Snapshot:
     """Read every budget's figures and the lease counts in one read-only snapshot.
 
     A lease has lapsed when its TTL passed before it was ended (never ended, or ended after
@@ -146,7 +170,8 @@ def read_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     open_ = session.execute(select(func.count()).select_from(ReservationRow)
                             .where(ReservationRow.state != "closed")).scalar_one()
     return Snapshot(datasets=datasets, leases_total=int(row[0]), leases_active=int(row[1]),
-                    leases_lapsed=int(row[2]), reservations_open=int(open_))
+                    leases_lapsed=int(row[2]), reservations_open=int(open_),
+                    anchor_state=None if anchor is None else anchor_state(session, anchor))
 
 
 def _figures_of(budget: Budget, fig: dict[str, Any]) -> DatasetFigures:
@@ -224,6 +249,14 @@ def families(snapshot: Snapshot, max_datasets: int) -> list[Metric]:
     out.append(GaugeMetricFamily("dpsynth_ledger_reservations_open",
                                  "Reservations not closed (open or touched)",
                                  value=snapshot.reservations_open))
+    if snapshot.anchor_state is not None:
+        anchored = GaugeMetricFamily(
+            "dpsynth_ledger_anchor_state", "1 for where the database's chain head stands "
+            "against the anchored head (behind, diverged, unreadable: admissions refused)",
+            labels=["state"])
+        for state in ANCHOR_STATES:
+            anchored.add_metric([state], 1.0 if state == snapshot.anchor_state else 0.0)
+        out.append(anchored)
     return out
 
 
@@ -234,14 +267,16 @@ class BudgetCollector(Collector):
     ``dpsynth_ledger_metrics_scrape_error 1`` and no figures, instead of failing the scrape.
     """
 
-    def __init__(self, sessions: sessionmaker[Session], max_datasets: int) -> None:
+    def __init__(self, sessions: sessionmaker[Session], max_datasets: int,
+                 anchor: AnchorCheck | None = None) -> None:
         self._sessions = sessions
         self._max = max_datasets
+        self._anchor = anchor
 
     def describe(self) -> Iterable[Metric]:
         """Every family this collector exports (names only; no database read)."""
         empty = Snapshot(datasets=(), leases_total=0, leases_active=0, leases_lapsed=0,
-                         reservations_open=0)
+                         reservations_open=0, anchor_state="current")
         return [*families(empty, self._max), *self._status(ok=True, seconds=0.0)]
 
     def collect(self) -> Iterator[Metric]:
@@ -249,7 +284,7 @@ class BudgetCollector(Collector):
         started = time.perf_counter()
         try:
             with self._sessions() as session:
-                snapshot = read_snapshot(session)
+                snapshot = read_snapshot(session, anchor=self._anchor)
                 session.rollback()
         except SQLAlchemyError:
             yield from self._status(ok=False, seconds=time.perf_counter() - started)
@@ -291,9 +326,11 @@ class LedgerMetrics:
         self.budgets: BudgetCollector | None = None
 
     def track_budgets(self, sessions: sessionmaker[Session],
-                      max_datasets: int = DEFAULT_MAX_DATASETS) -> None:
-        """Export the scrape-time budget figures read through ``sessions``."""
-        self.budgets = BudgetCollector(sessions, max_datasets)
+                      max_datasets: int = DEFAULT_MAX_DATASETS,
+                      anchor: AnchorCheck | None = None) -> None:
+        """Export the scrape-time figures read through ``sessions`` (and, given ``anchor``,
+        where the chain stands against its anchor)."""
+        self.budgets = BudgetCollector(sessions, max_datasets, anchor)
         self.registry.register(self.budgets)
 
     def budget(self, dataset_id: str, figures: dict[str, Any]) -> None:
