@@ -199,8 +199,8 @@ class EmbeddedPlatform:
                    "DPSYNTH_WORKER_WORK_DIR": str(self.home / "work" / f"worker-{i}")}
             state.processes.append(self._spawn_service(f"worker-{i}", "dpsynth_worker", env))
         self._write_state(state)
-        self._wait_ready(state, "ledger", state.ledger_url)
-        self._wait_ready(state, "api", state.api_url)
+        behind = self._wait_ready(state, "ledger", state.ledger_url)
+        self._wait_ready(state, "api", state.api_url, ledger_behind=behind)
         deadline = time.monotonic() + 30
         while not self.credentials_file.exists():
             if time.monotonic() > deadline:
@@ -224,7 +224,14 @@ class EmbeddedPlatform:
         return spawn(name, [sys.executable, "-m", module], log=self.home / "logs" / f"{name}.log",
                      env={**os.environ, **env, **self.extra_env}, cwd=self.home)
 
-    def _wait_ready(self, state: PlatformState, name: str, url: str) -> None:
+    def _wait_ready(self, state: PlatformState, name: str, url: str, *,
+                    ledger_behind: bool = False) -> bool:
+        """Wait for ``/readyz``; True when the ledger answers 503 ``ledger_behind_anchor``.
+
+        A ledger whose database is behind its anchor (a restored backup) serves reads and
+        refuses admissions until ``dpsynth ledger reconcile-after-restore``: it counts as
+        started, and so does an api whose only failing check is that ledger.
+        """
         record = next(p for p in state.processes if p.name == name)
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
@@ -232,10 +239,19 @@ class EmbeddedPlatform:
                 raise PlatformError(f"{name} exited during start; the end of "
                                     f"{record.log}:\n{log_tail(record.log)}")
             try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    return
+                response = httpx.get(f"{url}/readyz", timeout=2)
             except httpx.TransportError:
-                pass
+                response = None
+            if response is not None and response.status_code == 200:
+                return False
+            if response is not None and response.status_code == 503:
+                body = _json_or_empty(response)
+                if name == "ledger" and body.get("code") == "ledger_behind_anchor":
+                    return True
+                checks = body.get("checks")
+                if ledger_behind and isinstance(checks, dict) and checks and all(
+                        ok for check, ok in checks.items() if check != "ledger"):
+                    return False
             time.sleep(0.3)
         raise PlatformError(f"{name} not ready after {self.ready_timeout}s; the end of "
                             f"{record.log}:\n{log_tail(record.log)}")
@@ -280,6 +296,14 @@ class EmbeddedPlatform:
                 "postgres": postgres.postgres_running(self.pgdata), "processes": procs,
                 "ready": ready, "api_url": state.api_url, "ledger_url": state.ledger_url,
                 "credentials_file": str(self.credentials_file)}
+
+
+def _json_or_empty(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 def service_env(*, home: Path, state: PlatformState, secrets: PlatformSecrets,
