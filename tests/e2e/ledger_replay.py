@@ -34,11 +34,18 @@ def replay_accumulators(entries: list[dict]) -> dict[str, float]:
     sizes released by a Gaussian histogram, sensitivity Δ) adds the RDP of one Gaussian of
     noise multiplier σ/Δ (q = 1, one step: α/(2(σ/Δ)²)) to every partition: each class's
     count is a Gaussian release on its partition, and "*" sees the whole histogram.
+
+    The ``budget_created`` entry also fixes two routings (issue 4): on a ``replace_one``
+    dataset a DP-SGD lease (analysed add/remove) is charged through group privacy at distance
+    2, 3 × its RDP at twice the order (Mironov 2017, Prop. 2); when ``partitions_disjoint`` is
+    false a per-label lease adds to EVERY partition (the classes are summed).
     """
     entries = sorted(entries, key=lambda e: e["seq"])
     created = next(e["payload"] for e in entries if e["kind"] == "budget_created")
     order = int(created["admission_order"])
     committed = {p: 0.0 for p in created["partitions"]}
+    group = created.get("neighbouring") == "replace_one"
+    disjoint = created.get("partitions_disjoint", True) is not False
     for e in entries:
         if e["kind"] == "histogram_released":  # one Gaussian: every partition, once
             ev = e["payload"]["event"]
@@ -49,8 +56,11 @@ def replay_accumulators(entries: list[dict]) -> dict[str, float]:
         if e["kind"] != "lease_granted":
             continue
         payload, ev = e["payload"], e["payload"]["event"]
-        rdp = independent_rdp(ev["noise_multiplier"], ev["sample_rate"], ev["steps"], order)
-        targets = [payload["label"]] if payload.get("per_label") else list(committed)
+        rdp = (3 * independent_rdp(ev["noise_multiplier"], ev["sample_rate"], ev["steps"],
+                                   2 * order) if group else
+               independent_rdp(ev["noise_multiplier"], ev["sample_rate"], ev["steps"], order))
+        targets = ([payload["label"]] if payload.get("per_label") and disjoint
+                   else list(committed))
         for p in targets:
             committed[p] += rdp
     return committed

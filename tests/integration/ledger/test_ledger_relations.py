@@ -18,7 +18,7 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.e2e.ledger_replay import conversion, independent_rdp
+from tests.e2e.ledger_replay import conversion, independent_rdp, replay_accumulators
 
 from .conftest import new_budget
 
@@ -104,6 +104,8 @@ def test_replace_one_dataset_admits_dp_sgd_through_group_privacy(client: TestCli
     assert res["job_epsilon"] == plan["job_epsilon"]
     assert view["dataset_tight_epsilon"] == plan["job_epsilon"]
     _verify_ok(client)  # the replay recomputes every group charge
+    independent = replay_accumulators(_entries(client, "ds_ro2"))
+    assert independent["*"] == pytest.approx(view["partitions"]["*"], rel=1e-6)
     report = client.get("/v1/budgets/ds_ro2/recompute").json()
     assert report["differences"] == [], report["differences"]
 
@@ -186,6 +188,9 @@ def test_non_disjoint_per_label_job_charges_the_sum_to_every_partition(
     # the tight figure composes the classes too (a subject may be in all of them)
     assert view["dataset_tight_epsilon"] == pytest.approx(plan["job_epsilon"], rel=1e-9)
     _verify_ok(client)  # the replay routes every class charge to every partition too
+    independent = replay_accumulators(_entries(client, "ds_subj"))
+    for p, committed in view["partitions"].items():
+        assert independent[p] == pytest.approx(committed, rel=1e-6), p
     assert client.get("/v1/budgets/ds_subj/recompute").json()["differences"] == []
 
     # the same job on the disjoint dataset charges each class its own partition only
