@@ -183,3 +183,19 @@ def test_verify_of_one_dataset_ignores_another_datasets_problem(
     theirs = client.get("/v1/budgets/ds_other/verify").json()
     assert theirs["ok"] is False
     assert client.get("/v1/budgets/ds_none/verify").status_code == 404
+
+
+def test_recompute_uses_the_datasets_relation(client: TestClient) -> None:
+    """On a replace-one dataset each DP-SGD charge entered through group privacy; the
+    recompute charges it the same way (no difference) and its tight figure is the view's."""
+    r = client.post("/v1/budgets", json={
+        "dataset_id": DATASET, "tenant_id": "ten_test", "epsilon_limit": 8.0, "delta": 1e-6,
+        "declared_size": 60_000, "neighbouring": "replace_one"})
+    assert r.status_code == 201, r.text
+    _spend(client, "job_1", 1.0)
+    report = client.get(f"/v1/budgets/{DATASET}/recompute").json()
+    (charge,) = report["charges"]
+    assert charge["differs"] is False and report["differences"] == []
+    view = client.get(f"/v1/budgets/{DATASET}").json()
+    assert report["recomputed"]["dataset_tight_epsilon"] == view["dataset_tight_epsilon"]
+    assert client.get(f"/v1/budgets/{DATASET}/verify").json()["ok"] is True
