@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import String, any_, bindparam, insert, select
+from sqlalchemy import DateTime, String, bindparam, func, insert, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
@@ -92,14 +92,16 @@ def find_overlap(session: Session, *, tenant_id: str, hashes: list[str],
     """The upload's overlap with the tenant's stored records of ``visibility``, or None.
 
     Only the tenant's own rows are searched: telling a tenant that another tenant holds an
-    image would itself reveal membership.
+    image would itself reveal membership. One statement: the upload's hashes travel as one
+    array parameter and are joined through ``unnest`` against the (tenant, hash) index.
     """
     if not hashes:
         return None
-    wanted = bindparam("hashes", sorted(set(hashes)), type_=ARRAY(String(64)))
+    array = bindparam("hashes", sorted(set(hashes)), type_=ARRAY(String(64)))
+    wanted = func.unnest(array).table_valued("h").render_derived(name="wanted")
     stmt = (select(RecordHash.record_hash, RecordHash.dataset_id, RecordHash.budget_id)
-            .where(RecordHash.tenant_id == tenant_id, RecordHash.visibility == visibility,
-                   RecordHash.record_hash == any_(wanted))
+            .join(wanted, RecordHash.record_hash == wanted.c.h)
+            .where(RecordHash.tenant_id == tenant_id, RecordHash.visibility == visibility)
             .distinct())
     found = session.execute(stmt).all()
     if not found:
@@ -112,11 +114,19 @@ def find_overlap(session: Session, *, tenant_id: str, hashes: list[str],
 
 def add_hashes(session: Session, *, tenant_id: str, dataset_id: str, budget_id: str | None,
                visibility: str, hashes: list[str], now: datetime | None = None) -> None:
-    """Insert one ``RecordHash`` row per record (one bulk executemany; flush only)."""
+    """Insert one ``RecordHash`` row per record (flush only).
+
+    One ``INSERT … SELECT … FROM unnest(:hashes)`` statement: the hashes travel as a single
+    array parameter (70k rows in a fraction of a second, where an executemany of 70k
+    parameter sets takes seconds).
+    """
     if not hashes:
         return
     at = now or utcnow()
-    session.execute(insert(RecordHash), [
-        {"tenant_id": tenant_id, "record_hash": h, "dataset_id": dataset_id,
-         "budget_id": budget_id, "visibility": visibility, "created_at": at}
-        for h in hashes])
+    each = func.unnest(bindparam("hashes", list(hashes), type_=ARRAY(String(64))))
+    rows = select(literal(tenant_id, String(40)), each, literal(dataset_id, String(40)),
+                  literal(budget_id, String(40)), literal(visibility, String(10)),
+                  literal(at, DateTime(timezone=True)))
+    session.execute(insert(RecordHash).from_select(
+        ["tenant_id", "record_hash", "dataset_id", "budget_id", "visibility", "created_at"],
+        rows))
