@@ -6,6 +6,7 @@ names against a real scrape as well."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -126,6 +127,16 @@ def test_the_dashboard_loads_and_its_panel_ids_are_unique() -> None:
         assert len(refs) == len(set(refs)), panel["title"]
         grid = panel["gridPos"]
         assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+
+
+def test_the_json_is_what_the_dashboard_code_writes() -> None:
+    spec = importlib.util.spec_from_file_location("dpsynth_dashboard",
+                                                  ROOT / "deploy/grafana/dashboard.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.render() == DASHBOARD.read_text(), \
+        "run python deploy/grafana/dashboard.py and commit the JSON"
 
 
 def test_every_metric_the_dashboard_queries_is_exported() -> None:
