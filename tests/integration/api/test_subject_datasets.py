@@ -180,3 +180,27 @@ def test_per_label_dry_run_composes_overlapping_labels_sequentially(
     disjoint = _upload(api, token, _npz(DISJOINT, seed=6),
                        class_sizes=SUBJECTS_PER_CLASS).json()
     assert _per_label_dry_run(api, token, disjoint["dataset_id"])["composition"] == "parallel"
+
+
+def test_class_size_histogram_counts_subjects_and_needs_disjoint_labels(
+        real_ledger_api: Api) -> None:
+    """The released sizes are noisy SUBJECT counts (sensitivity 1 per subject because each
+    subject is in one class); on overlapping labels the histogram is refused."""
+    api = real_ledger_api
+    _, token = api.tenant()
+    # x: ONE subject with 8 images; y: 2 subjects; z: 2 subjects (12 images, 5 subjects)
+    case = {"labels": [0] * 8 + [1, 1, 2, 2],
+            "subjects": ["p-301"] * 8 + ["p-302", "p-303", "p-304", "p-305"]}
+    ds = _upload(api, token, _npz(case, seed=7), epsilon_limit=50.0).json()
+    assert ds["class_counts"] == {"x": 1, "y": 2, "z": 2}
+    r = api.client.post(f"/v1/datasets/{ds['dataset_id']}/class-sizes/release",
+                        json={"target_epsilon": 20.0}, headers=auth(token))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["sensitivity"] == 1.0 and body["sigma"] < 0.35
+    # 1 + N(0, sigma^2) <= 3 unless the noise exceeds ~6 sigma; 8 images would give >= 5
+    assert body["class_sizes"]["x"] <= 3
+    overlapping = _upload(api, token, _npz(OVERLAPPING, seed=8), epsilon_limit=50.0).json()
+    r = api.client.post(f"/v1/datasets/{overlapping['dataset_id']}/class-sizes/release",
+                        json={"target_epsilon": 20.0}, headers=auth(token))
+    assert r.status_code in (400, 422) and "disjoint" in r.text, r.text
