@@ -484,3 +484,12 @@ def test_dp_ancestors_on_the_same_budget_compose(api: Api) -> None:
     lineage = api.client.get(f"/v1/models/{out.json()['model_id']}", headers=auth(token)).json()
     assert lineage["job_ids"] == [first, second_id]
     assert lineage["dataset_id"] == child["dataset_id"]
+
+
+def test_class_sizes_are_released_on_the_budget_owner_only(api: Api) -> None:
+    _, token = api.tenant()
+    parent = _private(api, token, _images(25, 12)).json()["dataset_id"]
+    child = _derive(api, token, parent, kind="subset", classes=["x"]).json()["dataset_id"]
+    r = api.client.post(f"/v1/datasets/{child}/class-sizes/release", headers=auth(token),
+                        json={"target_epsilon": 1.0})
+    assert r.status_code == 400 and r.json()["budget_id"] == parent

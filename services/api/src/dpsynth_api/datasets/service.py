@@ -370,6 +370,11 @@ def release_class_sizes(session: Session, *, principal: Principal, ledger: Ledge
     if dataset.visibility != "private":
         raise DpsynthError(ErrorCode.INVALID_REQUEST, "a public dataset has no privacy budget: "
                            "its class counts are public already")
+    if (dataset.budget_id or dataset.id) != dataset.id:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                           f"dataset {dataset.id} charges the budget of dataset "
+                           f"{dataset.budget_id}, whose class partitions and sizes are that "
+                           "dataset's; release class sizes there", budget_id=dataset.budget_id)
     if dataset.class_sizes is not None:
         raise DpsynthError(ErrorCode.CONFLICT, "the dataset already has public class sizes",
                            class_sizes_source=dataset.class_sizes_source)
