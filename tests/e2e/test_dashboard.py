@@ -82,13 +82,17 @@ def tenant(platform, client: Client, tmp_path_factory) -> dict[str, Any]:
     base = me.upload_model(tiny_model_archive(tmp / "model.tar", class_names=CLASSES),
                            name="tiny-base")["model_id"]
 
-    whole_npz, labels_npz, public_npz = _disjoint_digits(tmp, (96, 60, 40))
+    whole_npz, labels_npz, public_npz, gone_npz = _disjoint_digits(tmp, (96, 60, 40, 20))
     whole = me.upload_dataset(whole_npz, name="whole <b>two jobs</b>", visibility="private",
                               epsilon_limit=1.8, label_domain=CLASSES)["dataset_id"]
     labels = me.upload_dataset(labels_npz, name="per-label", visibility="private",
                                epsilon_limit=10.0, label_domain=CLASSES)["dataset_id"]
     public = me.upload_dataset(public_npz, name="public digits",
                                visibility="public")["dataset_id"]
+    gone = me.upload_dataset(gone_npz, name="deleted", visibility="private",
+                             epsilon_limit=5.0, label_domain=CLASSES)["dataset_id"]
+    me.release_class_sizes(gone, epsilon=0.5)
+    assert me.delete_dataset(gone)["deleted_at"] is not None  # the data goes, the ledger stays
 
     jobs = [me.submit_job(finetune_spec(whole, base, target_epsilon=1.0, epochs=0.5))]
     me.release_class_sizes(labels, epsilon=1.0)  # a non-job charge on every partition
@@ -107,7 +111,7 @@ def tenant(platform, client: Client, tmp_path_factory) -> dict[str, Any]:
     queued = me.submit_job(finetune_spec(whole, base, target_epsilon=0.1, epochs=0.5))
     assert queued["state"] == "queued", queued
     return {"token": token, "client": me, "whole": whole, "labels": labels, "public": public,
-            "queued": queued["job_id"]}
+            "gone": gone, "queued": queued["job_id"]}
 
 
 # ---- helpers -----------------------------------------------------------------------------
@@ -273,12 +277,19 @@ def test_the_dashboard_shows_the_apis_numbers(platform, tenant, browser) -> None
     # the overview: every dataset, every number against the api
     datasets = me.list_datasets()
     rows = driver.find_elements("css selector", "#datasets-table tr.dataset-row")
-    assert len(rows) == len(datasets) == 3
+    assert len(rows) == len(datasets) == 4
     shown = 0
     for dataset in datasets:
         row = driver.find_element(
             "css selector", f"tr.dataset-row[data-dataset-id='{dataset['dataset_id']}']")
         assert dataset["name"] in row.text  # text, never markup
+        badges = row.find_elements("css selector", ".deleted-badge")
+        if dataset["deleted_at"]:
+            assert dataset["dataset_id"] == tenant["gone"]
+            assert [b.get_attribute("data-deleted-at") for b in badges] == [dataset["deleted_at"]]
+            assert "deleted" in row.get_attribute("class")
+        else:
+            assert not badges
         if dataset["visibility"] == "public":
             assert "public, no budget" in row.text and not _numbers(row)
             continue
@@ -291,7 +302,7 @@ def test_the_dashboard_shows_the_apis_numbers(platform, tenant, browser) -> None
         state = row.find_element("css selector", ".warning-state")
         assert state.get_attribute("data-warning") == str(budget["warning"]).lower()
         assert ("warning" in state.text) == budget["warning"]
-    assert shown == 2 * len(BUDGET_FIELDS)
+    assert shown == 3 * len(BUDGET_FIELDS)
     whole = me.get_budget(tenant["whole"])
     assert whole["dataset_epsilon_spent"] > 0 and whole["dataset_epsilon_reserved"] > 0
     labels = me.get_budget(tenant["labels"])
