@@ -332,3 +332,24 @@ def test_s3_anchor_one_object_per_record(database_url: str, s3_endpoint: str) ->
     other.append([{"type": "entry", "lineage": 0, "seq": 5, "hash": "x"}])
     assert fresh.last() == {"type": "entry", "lineage": 0, "seq": 5, "hash": "x",
                             "where": "object ledger/0000000000000005.json"}
+
+
+def test_a_rewound_anchor_is_diverged_until_reconciled(client: TestClient,
+                                                       settings: LedgerSettings) -> None:
+    """Entries the anchor never saw (its log truncated or replaced) also block writes."""
+    new_budget(client, DATASET, epsilon_limit=8.0)
+    _run_job(client, "job_d1", leases=1)
+    path = _anchor(settings)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n")  # the last record is gone
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["code"] == "ledger_behind_anchor"
+    status = client.get("/v1/anchor").json()
+    assert status["diverged"] is True and status["behind"] is False
+    r = _reserve(client, "job_d2")
+    assert r.status_code == 503 and r.json()["code"] == "ledger_behind_anchor", r.text
+    rep = client.post("/v1/admin/reconcile", json={"api_jobs": []}).json()
+    assert rep["ok"] is True and rep["entries_replayed"] == 0, rep
+    assert client.get("/readyz").status_code == 200
+    assert _reserve(client, "job_d2").status_code == 201
+    assert client.get("/v1/chain/verify").json()["ok"] is True
