@@ -253,3 +253,46 @@ def test_the_unit_of_the_job_and_of_the_data_must_agree(
               _test_generator=seeded())
     with pytest.raises(InvalidSpecError, match="finetunes only"):
         finetune_spec(kind="pretrain", dp=None, privacy_unit="subject")
+
+
+def test_per_label_user_level_runs_each_class_over_its_subjects(
+        pretrained: TrainingResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per label on a subject dataset: each class's run samples subjects (over the dataset's
+    S, at its own q_c) and sees only the class's images; subject 0 has images in both."""
+    from dpsynth_ml import DpSpec, TrainingSpec
+    from dpsynth_ml import finetune as finetune_module
+    from sklearn.datasets import load_digits
+
+    from .support import IMAGE_SIZE
+
+    digits = load_digits()
+    keep = np.flatnonzero(digits.target < 2)[:16]
+    images = (digits.images[keep] / 16.0 * 255.0).round().astype(np.uint8)[..., None]
+    labels = digits.target[keep].astype(np.int64)
+    subjects = np.arange(16) % 6  # 6 subjects; most have images in both classes
+    path = tmp_path / "two.npz"
+    np.savez(path, images=images, labels=labels, class_names=np.array(["zero", "one"]),
+             subjects=subjects)
+    samplers: list[object] = []
+    real_prepare = finetune_module._prepare
+
+    def prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
+        run = real_prepare(*args, **kwargs)
+        samplers.append(run.sampler)
+        return run
+
+    monkeypatch.setattr(finetune_module, "_prepare", prepare)
+    rates = {"zero": 0.5, "one": 0.4}
+    spec = TrainingSpec(
+        kind="finetune", preset="tiny", image_size=IMAGE_SIZE, num_classes=2,
+        max_physical_batch_size=4, checkpoint_every=2, learning_rate=1e-3,
+        privacy_unit="subject", max_images_per_subject=2,
+        per_label_dp={c: DpSpec(noise_multiplier=1.0, sample_rate=q, expected_batch_size=2,
+                                max_grad_norm=1.0, steps=2) for c, q in rates.items()})
+    result = train(spec, dataset_path=path, out_dir=tmp_path / "out", hooks=RecordingHooks(),
+                   base_model_dir=pretrained.model_dir, _test_generator=seeded(8))
+    assert dict(result.steps_by_partition) == {"zero": 2, "one": 2}
+    assert [type(s).__name__ for s in samplers] == ["SubjectPoissonSampler"] * 2
+    for sampler, name in zip(samplers, ["zero", "one"], strict=True):
+        assert isinstance(sampler, SubjectPoissonSampler)
+        assert (sampler.num_records, sampler.sample_rate, sampler.draws) == (6, rates[name], 2)
