@@ -493,3 +493,26 @@ def test_class_sizes_are_released_on_the_budget_owner_only(api: Api) -> None:
     r = api.client.post(f"/v1/datasets/{child}/class-sizes/release", headers=auth(token),
                         json={"target_epsilon": 1.0})
     assert r.status_code == 400 and r.json()["budget_id"] == parent
+
+
+def test_the_ledger_plans_q_over_the_population_and_guards_its_delta(
+        real_ledger_api: Api) -> None:
+    from dpsynth_shared.errors import DpsynthError
+    from dpsynth_shared.ledger_contract import LabelShape, ReserveRequest
+
+    api = real_ledger_api
+    _, token = api.tenant()
+    budget = _private(api, token, _images(26, 40), declared_size=100, delta=1e-3).json()
+    shape = {"job_id": "job_plan", "dataset_id": budget["dataset_id"], "target_epsilon": 1.0}
+    plan = api.ledger.plan(ReserveRequest(**shape, expected_batch_size=4, steps=10,
+                                          population_size=40))
+    assert plan.event.sample_rate == 4 / 40 and plan.dataset_id == budget["dataset_id"]
+    assert api.ledger.plan(ReserveRequest(**shape, expected_batch_size=4,
+                                          steps=10)).event.sample_rate == 4 / 100
+    with pytest.raises(DpsynthError) as info:  # delta 1e-3 is not below 1/1000
+        api.ledger.plan(ReserveRequest(**shape, expected_batch_size=4, steps=10,
+                                       population_size=1000))
+    assert str(info.value.code) == "invalid_request"
+    with pytest.raises(DpsynthError):
+        api.ledger.plan(ReserveRequest(**shape, population_size=40, per_label={
+            "x": LabelShape(expected_batch_size=2, steps=2)}))
