@@ -516,3 +516,20 @@ def test_the_ledger_plans_q_over_the_population_and_guards_its_delta(
     with pytest.raises(DpsynthError):
         api.ledger.plan(ReserveRequest(**shape, population_size=40, per_label={
             "x": LabelShape(expected_batch_size=2, steps=2)}))
+
+
+def test_a_size_below_the_public_bound_needs_the_owner_scope(api: Api) -> None:
+    """Checking a declared size below the public default against the true count would let
+    a submit-scoped key learn class counts from refusals."""
+    tenant, owner = api.tenant()
+    parent = _private(api, owner, _images(27, 12)).json()["dataset_id"]
+    r = api.client.post(f"/v1/tenants/{tenant}/keys", headers=auth(api.admin),
+                        json={"scopes": ["read", "submit"]})
+    submitter = r.json()["api_key"]
+    r = _derive(api, submitter, parent, kind="subset", classes=["x"], declared_size=5)
+    assert r.status_code == 403 and r.json()["code"] == "forbidden"
+    r = _derive(api, submitter, parent, kind="subset", classes=["x"])
+    assert r.status_code == 201 and r.json()["declared_size"] == 12  # the public bound
+    assert r.json()["true_size"] is None  # owner-only
+    r = _derive(api, owner, parent, kind="subset", classes=["x"], declared_size=4)
+    assert r.status_code == 201 and r.json()["true_size"] == 4

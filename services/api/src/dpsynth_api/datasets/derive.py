@@ -36,7 +36,7 @@ from dpsynth_api.datasets import repository as repo
 from dpsynth_api.datasets.schemas import DeriveIn
 from dpsynth_api.ports import ObjectStore
 from dpsynth_api.tables import Dataset
-from dpsynth_api.tenants.security import Principal
+from dpsynth_api.tenants.security import Principal, Scope
 
 SELECTING_KINDS = frozenset({"subset", "split"})
 """Derivations that read their parent's object (a link stores its own object)."""
@@ -92,7 +92,7 @@ def derive_dataset(session: Session, *, principal: Principal, store: ObjectStore
         child = _subset(parent, body, child_id, parent_selection)
     else:
         child = _split(session, store, parent, body, child_id, parent_selection)
-    _check_size(child)
+    _check_size(child, parent, body, principal)
     child.uploaded_by = principal.key_id
     try:
         repo.add(session, child)
@@ -138,11 +138,34 @@ def _subset(parent: Dataset, body: DeriveIn, child_id: str,
     if sizes:
         child.class_sizes = {c: int(sizes[c]) for c in kept}
         child.class_sizes_source = parent.class_sizes_source
-    default = sum(int(sizes[c]) for c in kept) if sizes else parent.declared_size
-    child.declared_size = body.declared_size or min(default, parent.declared_size)
+    child.declared_size = body.declared_size or _default_size(parent, body)
     child.derivation = {"kind": "subset", "parent": parent.id, "classes": kept,
                         "selection": {**parent_selection, "classes": kept}}
     return child
+
+
+def _default_size(parent: Dataset, body: DeriveIn) -> int:
+    """The child's public N̂ from the parent's public sizes only (never from the data).
+
+    Subset: the sum of the parent's DECLARED class sizes of the kept classes (each at least
+    its class's true count), else N̂, at most N̂. Class sizes released by the DP histogram are
+    noisy and may fall below a true count, so they are not used as a bound.
+    Split, train: ``ceil(fraction·N̂)``; holdout: ``N̂ − floor(fraction·N̂)``. Each bounds
+    the true count of its selection, because the parent's sizes bound the parent's counts
+    (the train part keeps ``floor(fraction·n)`` of n ≤ N̂ records, and ``x − floor(f·x)``
+    does not decrease with x).
+    """
+    n_hat = parent.declared_size
+    if body.kind == "subset":
+        assert body.classes is not None
+        sizes = parent.class_sizes if parent.class_sizes_source == "declared" else None
+        kept = set(body.classes) & set(parent.class_names)
+        total = sum(int(sizes[c]) for c in kept) if sizes else n_hat
+        return min(total, n_hat)
+    assert body.fraction is not None
+    if body.part == "train":
+        return max(1, math.ceil(body.fraction * n_hat))
+    return n_hat - math.floor(body.fraction * n_hat)
 
 
 def _sibling_seed(session: Session, parent: Dataset, fraction: float) -> int | None:
@@ -182,22 +205,33 @@ def _split(session: Session, store: ObjectStore, parent: Dataset, body: DeriveIn
     child = _base(parent, child_id, body.name)
     child.true_size = int(indices.shape[0])
     child.class_counts = {}  # unknown to the api: it never reads the labels again
-    n_hat, f = parent.declared_size, body.fraction
-    default = max(1, math.ceil(f * n_hat)) if body.part == "train" else \
-        n_hat - math.floor(f * n_hat)
-    child.declared_size = body.declared_size or default
-    child.derivation = {"kind": "split", "parent": parent.id, "fraction": f,
+    child.declared_size = body.declared_size or _default_size(parent, body)
+    child.derivation = {"kind": "split", "parent": parent.id, "fraction": body.fraction,
                         "part": body.part, "seed": seed,
                         "selection": {**parent_selection, "indices_key": key}}
     return child
 
 
-def _check_size(child: Dataset) -> None:
+def _check_size(child: Dataset, parent: Dataset, body: DeriveIn,
+                principal: Principal) -> None:
     """N̂_child bounds the child's true count; delta stays below 1/N̂_child.
 
+    The default N̂_child is computed from public sizes only and always bounds the true
+    count. A declared size below it can only be checked against the true count of the
+    selection, a private statistic: that needs the owner scope (owners see the true counts),
+    so a submit-scoped key cannot learn a class count from refusals.
+
     Raises:
-        DpsynthError: 422 ``invalid_request`` (the detail never states the true count).
+        DpsynthError: 403 ``forbidden``; 400 ``invalid_request`` (the detail never states
+            the true count).
     """
+    default = _default_size(parent, body)
+    if (body.declared_size is not None and body.declared_size < default
+            and parent.visibility == "private" and not principal.has(Scope.OWNER)):
+        raise DpsynthError(ErrorCode.FORBIDDEN,
+                           f"a declared_size below the public bound {default} is checked "
+                           "against the true number of records selected, which only the "
+                           "owner scope may learn; omit it or use an owner key")
     if child.declared_size < child.true_size:
         raise DpsynthError(ErrorCode.INVALID_REQUEST,
                            f"declared_size {child.declared_size} is smaller than the number "
