@@ -533,3 +533,34 @@ def test_a_size_below_the_public_bound_needs_the_owner_scope(api: Api) -> None:
     assert r.json()["true_size"] is None  # owner-only
     r = _derive(api, owner, parent, kind="subset", classes=["x"], declared_size=4)
     assert r.status_code == 201 and r.json()["true_size"] == 4
+
+
+def test_deletion_keeps_the_real_ledger_and_a_reupload_charges_the_old_budget(
+        real_ledger_api: Api) -> None:
+    api = real_ledger_api
+    _, token = api.tenant()
+    images = _images(28, 30)
+    ds = _private(api, token, images, delta=1e-4).json()["dataset_id"]
+    model = api.model(token)
+    job = api.finetune(token, ds, model, batch=5, epsilon=1.0).json()["job_id"]
+    assert api.client.post(f"/v1/jobs/{job}/cancel", headers=auth(token)).status_code in (
+        200, 202)
+    before = api.client.get(f"/v1/datasets/{ds}/ledger", headers=auth(token)).json()
+    assert api.client.delete(f"/v1/datasets/{ds}", headers=auth(token)).status_code == 200
+    after = api.client.get(f"/v1/datasets/{ds}/ledger", headers=auth(token))
+    assert after.status_code == 200 and after.json()["entries"] == before["entries"]
+    kinds = [e["kind"] for e in before["entries"]]
+    assert kinds[0] == "budget_created" and "reservation_closed" in kinds
+    assert api.client.get(f"/v1/datasets/{ds}/budget", headers=auth(token)).status_code == 200
+    r = _private(api, token, images)
+    assert r.status_code == 409 and r.json()["datasets"] == [ds]
+    linked = _private(api, token, images, on_overlap="link", epsilon_limit=None).json()
+    assert linked["budget_id"] == ds
+    r = api.finetune(token, linked["dataset_id"], model, batch=5, epsilon=1.0)
+    assert r.status_code == 201, r.text
+    entries = api.client.get(f"/v1/datasets/{linked['dataset_id']}/ledger",
+                             headers=auth(token)).json()["entries"]
+    accepted = [e for e in entries if e["kind"] == "reservation_accepted"]
+    assert accepted[-1]["payload"]["job_id"] == r.json()["job_id"]
+    assert accepted[-1]["payload"]["population_size"] == 30  # q = b / N̂ of the linked data
+    assert all(e["dataset_id"] == ds for e in entries)
