@@ -127,6 +127,10 @@ def test_restore_refuses_admissions_until_reconciled(tmp_path: Path, pg: Any,
             r = _reserve(ledger, "job_after")
             assert r.status_code == 503 and r.json()["code"] == "ledger_behind_anchor", r.text
             assert "reconcile-after-restore" in r.json()["detail"]
+        # the api stays in service (the operator reconciles through it) and says why
+        api_ready = httpx.get(f"{platform.api_url}/readyz", timeout=5)
+        assert api_ready.status_code == 200, api_ready.text
+        assert any("ledger_behind_anchor" in w for w in api_ready.json()["warnings"])
         status = _cli(platform, "ledger", "anchor-status")
         assert status.exit_code == 1, status.output
         assert "behind" in status.output

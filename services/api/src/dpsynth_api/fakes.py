@@ -229,6 +229,10 @@ class FakeLedger:
         """Whether the fake reports ready."""
         return self.is_ready
 
+    def behind_anchor(self) -> bool:
+        """The fake has no anchor."""
+        return False
+
     # -- export, verification and policies (issue 4) --------------------------------------
     def entries(self, dataset_id: str) -> list[LedgerEntry]:
         """The fake keeps no chain: an empty history."""

@@ -37,10 +37,20 @@ def _checks(ctx: AppContext) -> dict[str, bool]:
 
 @router.get("/readyz", response_model=None)
 def readyz(ctx: ContextDep) -> JSONResponse | dict[str, object]:
-    """Ready when the database, the ledger and the broker answer (503 otherwise)."""
+    """Ready when the database, the ledger and the broker answer (503 otherwise).
+
+    A ledger behind its anchor (its database restored from a backup) still counts as
+    answering: it serves reads and refuses every write until an operator runs
+    ``dpsynth ledger reconcile-after-restore`` through THIS api, so taking the api out of
+    service then would block the fix. The body says so in ``warnings``.
+    """
     checks = _checks(ctx)
     if all(checks.values()):
-        return {"status": "ready", "checks": checks}
+        body: dict[str, object] = {"status": "ready", "checks": checks}
+        if ctx.ledger.behind_anchor():
+            body["warnings"] = ["ledger_behind_anchor: the ledger refuses admissions until "
+                                "`dpsynth ledger reconcile-after-restore` is run"]
+        return body
     failing = sorted(k for k, ok in checks.items() if not ok)
     return problem_response(DpsynthError(ErrorCode.SERVICE_UNAVAILABLE,
                                          f"not ready: {', '.join(failing)}", checks=checks))

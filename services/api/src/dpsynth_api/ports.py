@@ -60,7 +60,14 @@ class LedgerPort(Protocol):
         """Set the budget's class sizes released by a charged histogram (a chained entry)."""
         ...
 
-    def ready(self) -> bool: ...
+    def ready(self) -> bool:
+        """True when the ledger can serve reads (also while it is behind its anchor: it then
+        refuses writes only, and the api must stay up so an operator can reconcile)."""
+        ...
+
+    def behind_anchor(self) -> bool:
+        """True when the ledger reports ``ledger_behind_anchor`` (restored from a backup)."""
+        ...
 
     # -- export, verification and policies (issue 4) --------------------------------------
     def entries(self, dataset_id: str) -> list[LedgerEntry]:

@@ -121,12 +121,29 @@ class HttpLedger:
         return BudgetView.model_validate(self._call(
             "PUT", f"/v1/budgets/{dataset_id}/class-sizes", request.model_dump(mode="json")))
 
-    def ready(self) -> bool:
-        """True when the ledger's ``/readyz`` answers 200."""
+    def _readyz(self) -> tuple[int, str | None]:
+        """The ledger's ``/readyz`` status and problem code (0, None when unreachable)."""
         try:
-            return self._client.get("/readyz").status_code == 200
+            response = self._client.get("/readyz")
         except httpx.HTTPError:
-            return False
+            return 0, None
+        code = None
+        if response.status_code != 200:
+            try:
+                code = response.json().get("code")
+            except ValueError:
+                code = None
+        return response.status_code, code
+
+    def ready(self) -> bool:
+        """True when the ledger's ``/readyz`` answers 200, or 503 ``ledger_behind_anchor``
+        (reads work; writes wait for ``dpsynth ledger reconcile-after-restore``)."""
+        status, code = self._readyz()
+        return status == 200 or code == ErrorCode.LEDGER_BEHIND_ANCHOR
+
+    def behind_anchor(self) -> bool:
+        """True when the ledger's ``/readyz`` answers 503 ``ledger_behind_anchor``."""
+        return self._readyz()[1] == ErrorCode.LEDGER_BEHIND_ANCHOR
 
     def close(self) -> None:
         """Close the connection pool."""
