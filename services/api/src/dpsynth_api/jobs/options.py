@@ -35,7 +35,9 @@ def check_finetune_options(dataset: Dataset, spec: FinetuneSpec) -> None:
             dataset_neighbouring=str(relation), algorithm="dp_promise")
     raise DpsynthError(
         ErrorCode.METHOD_NOT_OFFERED,
-        "DP-Promise is not offered yet: on a replace-one dataset its phase 2 (DP-SGD with "
-        "Poisson sampling, analysed under add/remove) would have to enter by group privacy, "
-        f"which the ledger does not implement yet; see {DP_PROMISE_DOC}",
+        "DP-Promise is not offered: its phase 2 (DP-SGD, add/remove) could now enter this "
+        "replace-one dataset through the ledger's group privacy, but phase 1 as published is "
+        "not accountable (unclipped latents, a training target that depends on the clean "
+        "latent, class-conditional release counts); only a corrected variant could be "
+        f"offered; see {DP_PROMISE_DOC}",
         dataset_neighbouring=str(relation), algorithm="dp_promise")
