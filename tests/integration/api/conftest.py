@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from dpsynth_api.adapters.ledger_http import HttpLedger
 from dpsynth_api.app import create_app
 from dpsynth_api.db import make_session_factory
 from dpsynth_api.fakes import FakeLedger, RecordingSender
@@ -18,10 +21,14 @@ from dpsynth_api.settings import ApiSettings
 from dpsynth_api.tenants.schemas import CreatedTenant
 from dpsynth_api.tenants.security import ALL_SCOPES, Scope
 from dpsynth_api.tenants.service import create_tenant
+from dpsynth_ledger.app import create_app as create_ledger_app
+from dpsynth_ledger.migrate import upgrade as upgrade_ledger
 from dpsynth_shared.stores.local import LocalDirStore
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
+from tests.integration.ledger.conftest import TOKEN as LEDGER_TOKEN
+from tests.integration.ledger.conftest import make_settings as ledger_settings
 from tests.unit.api import builders as b
 
 WORKER_TOKEN = "worker-token-0123456789abcdef"
@@ -147,3 +154,35 @@ def make_api(migrated_url: str, tmp_path: Path) -> Iterator[Callable[..., Api]]:
 @pytest.fixture()
 def api(make_api: Callable[..., Api]) -> Api:
     return make_api()
+
+
+@contextmanager
+def api_with_real_ledger(migrated_url: str, pg: Any,
+                         tmp_path: Path) -> Iterator[tuple[Api, TestClient]]:
+    """The api on its database and the real ledger app on another, joined over HTTP.
+
+    Yields the api and the ledger's own test client (for reads the api does not proxy).
+    """
+    lset = ledger_settings(pg.url(pg.create_database()))
+    upgrade_ledger(lset)
+    with TestClient(create_ledger_app(lset)) as ledger_client:
+        def forward(request: httpx.Request) -> httpx.Response:
+            r = ledger_client.request(request.method, str(request.url.copy_with(
+                scheme="http", host="testserver")), content=request.read(),
+                headers=dict(request.headers))
+            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
+
+        ledger = HttpLedger("http://ledger", LEDGER_TOKEN, transport=httpx.MockTransport(forward))
+        settings = make_settings(migrated_url, tmp_path)
+        sender, store = RecordingSender(), LocalDirStore(tmp_path / "objects")
+        app = create_app(settings, store=store, ledger=ledger, task_sender=sender)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            yield (Api(client, settings, ledger, sender, store,  # type: ignore[arg-type]
+                       admin_token(settings)), ledger_client)
+
+
+@pytest.fixture()
+def real_ledger_api(migrated_url: str, pg: Any, tmp_path: Path) -> Iterator[Api]:
+    """The api joined to the real ledger (see :func:`api_with_real_ledger`)."""
+    with api_with_real_ledger(migrated_url, pg, tmp_path) as (api_, _):
+        yield api_

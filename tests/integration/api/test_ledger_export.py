@@ -17,25 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
-from dpsynth_api.adapters.ledger_http import HttpLedger
-from dpsynth_api.app import create_app
-from dpsynth_api.fakes import RecordingSender
 from dpsynth_cli.ledger import verify_export
-from dpsynth_ledger.app import create_app as create_ledger_app
-from dpsynth_ledger.migrate import upgrade as upgrade_ledger
 from dpsynth_shared.dp_events import chain_hash
 from dpsynth_shared.grants import key_id_of, verify_message
 from dpsynth_shared.ledger_contract import signed_message
-from dpsynth_shared.stores.local import LocalDirStore
 from fastapi.testclient import TestClient
 
-from tests.integration.api.conftest import Api, admin_token, auth, make_settings
+from tests.integration.api.conftest import Api, api_with_real_ledger, auth
 from tests.integration.ledger.conftest import AUTH as LEDGER_AUTH
-from tests.integration.ledger.conftest import TOKEN as LEDGER_TOKEN
-from tests.integration.ledger.conftest import make_settings as ledger_settings
 from tests.unit.api import builders as b
 
 
@@ -50,23 +41,8 @@ class Both:
 @pytest.fixture()
 def both(migrated_url: str, pg: Any, tmp_path: Path) -> Iterator[Both]:
     """The api on its database, the real ledger app on another, joined over HTTP."""
-    lset = ledger_settings(pg.url(pg.create_database()))
-    upgrade_ledger(lset)
-    with TestClient(create_ledger_app(lset)) as ledger_client:
-        def forward(request: httpx.Request) -> httpx.Response:
-            r = ledger_client.request(request.method, str(request.url.copy_with(
-                scheme="http", host="testserver")), content=request.read(),
-                headers=dict(request.headers))
-            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
-
-        ledger = HttpLedger("http://ledger", LEDGER_TOKEN, transport=httpx.MockTransport(forward))
-        settings = make_settings(migrated_url, tmp_path)
-        sender, store = RecordingSender(), LocalDirStore(tmp_path / "objects")
-        app = create_app(settings, store=store, ledger=ledger, task_sender=sender)
-        with TestClient(app, raise_server_exceptions=False) as client:
-            api = Api(client, settings, ledger, sender, store,  # type: ignore[arg-type]
-                      admin_token(settings))
-            yield Both(api, ledger_client)
+    with api_with_real_ledger(migrated_url, pg, tmp_path) as (api, ledger_client):
+        yield Both(api, ledger_client)
 
 
 _SEEDS = itertools.count(1)

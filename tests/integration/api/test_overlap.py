@@ -13,28 +13,18 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from dpsynth_api.adapters.ledger_http import HttpLedger
-from dpsynth_api.app import create_app
 from dpsynth_api.db import make_session_factory
-from dpsynth_api.fakes import RecordingSender
 from dpsynth_api.tables import RecordHash
-from dpsynth_ledger.app import create_app as create_ledger_app
-from dpsynth_ledger.migrate import upgrade as upgrade_ledger
-from dpsynth_shared.stores.local import LocalDirStore
-from fastapi.testclient import TestClient
 from PIL import Image
 from sqlalchemy import create_engine, func, select
 
-from tests.integration.api.conftest import Api, admin_token, auth, make_settings
-from tests.integration.ledger.conftest import TOKEN as LEDGER_TOKEN
-from tests.integration.ledger.conftest import make_settings as ledger_settings
+from tests.integration.api.conftest import Api, auth
 from tests.unit.api import builders as b
 
 DOMAIN = ["x", "y", "z"]
@@ -350,26 +340,6 @@ def test_public_datasets_derive_without_a_budget(api: Api) -> None:
     assert split["derivation"]["selection"]["indices_key"].startswith(
         f"public/datasets/{public}/derived/")
 
-
-@pytest.fixture()
-def real_ledger_api(migrated_url: str, pg: Any, tmp_path: Path) -> Iterator[Api]:
-    """The api on its database, the real ledger app on another, joined over HTTP."""
-    lset = ledger_settings(pg.url(pg.create_database()))
-    upgrade_ledger(lset)
-    with TestClient(create_ledger_app(lset)) as ledger_client:
-        def forward(request: httpx.Request) -> httpx.Response:
-            r = ledger_client.request(request.method, str(request.url.copy_with(
-                scheme="http", host="testserver")), content=request.read(),
-                headers=dict(request.headers))
-            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
-
-        ledger = HttpLedger("http://ledger", LEDGER_TOKEN, transport=httpx.MockTransport(forward))
-        settings = make_settings(migrated_url, tmp_path)
-        sender, store = RecordingSender(), LocalDirStore(tmp_path / "objects")
-        app = create_app(settings, store=store, ledger=ledger, task_sender=sender)
-        with TestClient(app, raise_server_exceptions=False) as client:
-            yield Api(client, settings, ledger, sender, store,  # type: ignore[arg-type]
-                      admin_token(settings))
 
 
 def test_a_split_job_is_planned_at_q_b_over_its_size_against_the_parent_budget(

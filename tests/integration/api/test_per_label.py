@@ -8,23 +8,11 @@ shows calibrated per-class figures.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from dpsynth_api.adapters.ledger_http import HttpLedger
-from dpsynth_api.app import create_app
-from dpsynth_api.fakes import RecordingSender
-from dpsynth_ledger.app import create_app as create_ledger_app
-from dpsynth_ledger.migrate import upgrade as upgrade_ledger
-from dpsynth_shared.stores.local import LocalDirStore
-from fastapi.testclient import TestClient
 
-from tests.integration.api.conftest import Api, admin_token, auth, make_settings
-from tests.integration.ledger.conftest import TOKEN as LEDGER_TOKEN
-from tests.integration.ledger.conftest import make_settings as ledger_settings
+from tests.integration.api.conftest import Api, auth
 from tests.unit.api import builders as b
 
 SIZES = {"x": 5, "y": 4, "z": 6}  # the 12 records are 4 per class
@@ -110,26 +98,6 @@ def test_a_per_label_finetune_reserves_one_job_with_a_run_per_class(api: Api) ->
     assert claim["dataset"]["class_sizes"] == SIZES
     assert claim["reservation_id"] == privacy["reservation_id"]
 
-
-@pytest.fixture()
-def real_ledger_api(migrated_url: str, pg: Any, tmp_path: Path) -> Iterator[Api]:
-    """The api on its database, the real ledger app on another, joined over HTTP."""
-    lset = ledger_settings(pg.url(pg.create_database()))
-    upgrade_ledger(lset)
-    with TestClient(create_ledger_app(lset)) as ledger_client:
-        def forward(request: httpx.Request) -> httpx.Response:
-            r = ledger_client.request(request.method, str(request.url.copy_with(
-                scheme="http", host="testserver")), content=request.read(),
-                headers=dict(request.headers))
-            return httpx.Response(r.status_code, headers=r.headers, content=r.content)
-
-        ledger = HttpLedger("http://ledger", LEDGER_TOKEN, transport=httpx.MockTransport(forward))
-        settings = make_settings(migrated_url, tmp_path)
-        sender, store = RecordingSender(), LocalDirStore(tmp_path / "objects")
-        app = create_app(settings, store=store, ledger=ledger, task_sender=sender)
-        with TestClient(app, raise_server_exceptions=False) as client:
-            yield Api(client, settings, ledger, sender, store,  # type: ignore[arg-type]
-                      admin_token(settings))
 
 
 def test_dry_run_shows_the_calibrated_per_class_plan(real_ledger_api: Api) -> None:
