@@ -173,17 +173,22 @@ def _logical_step(run: _Run) -> dict[str, float]:
             draw, run.spec.noise_multiplicity)
         clipped += chunk_clipped
         loss_sum += float(losses.sum())
+    _noise_and_update(run)
+    size = int(indices.numel())
+    stats = {"batch_size": float(size), "fraction_clipped": clipped / size if size else 0.0}
+    if size:
+        stats["loss"] = loss_sum / size
+    return stats
+
+
+def _noise_and_update(run: _Run) -> None:
+    """Noise the clipped sum once, apply it, then advance the LR schedule and the EMA."""
     run.engine.privatize()
     run.engine.apply_update()
     if run.lr_schedule is not None:
         run.lr_schedule.step()
     if run.ema is not None:
         run.ema.step(run.engine.params)
-    size = int(indices.numel())
-    stats = {"batch_size": float(size), "fraction_clipped": clipped / size if size else 0.0}
-    if size:
-        stats["loss"] = loss_sum / size
-    return stats
 
 
 def _subject_step(run: _Run, sampler: SubjectPoissonSampler) -> dict[str, float]:
@@ -223,12 +228,7 @@ def _subject_step(run: _Run, sampler: SubjectPoissonSampler) -> dict[str, float]
             weights[start:end], carry_in=carry_in, carry_out=carry_out)
         clipped += chunk_clipped
         loss_sum += float(losses.sum())
-    run.engine.privatize()
-    run.engine.apply_update()
-    if run.lr_schedule is not None:
-        run.lr_schedule.step()
-    if run.ema is not None:
-        run.ema.step(run.engine.params)
+    _noise_and_update(run)
     subjects = batch.num_subjects
     stats = {"batch_size": float(subjects), "images": float(size),
              "fraction_clipped": clipped / subjects if subjects else 0.0}
