@@ -2,12 +2,13 @@
 
 public dataset → pretrain → private dataset with a budget → DP finetune at a target
 epsilon → generate → download, then a small classifier trained on the synthetic corpus is
-measured on real images the demo set aside (a seeded, fixed part that is never uploaded).
+measured on real images the demo set aside (a seeded, fixed part that is never uploaded),
+and the private dataset's signed ledger history is exported and verified.
 
 Data: scikit-learn's digits (1,797 8x8 images, installed by pip). The split is seeded and
 fixed: 300 test images are never uploaded; of the rest, 40% play the public corpus used for
 pretraining and 60% the private dataset. Writes ``out/demo/summary.json`` and exits 1 when
-the classifier is below twice chance (20%).
+the classifier is below twice chance (20%) or the ledger history does not verify.
 
 Settings (chosen on a 2-core CPU, validated on synthetic vs. public digits, never on the test
 digits): 150 pretraining epochs (~1,500 UNet steps; with 30 epochs the samples were barely
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from dpsynth_cli.embedded import EmbeddedPlatform
+from dpsynth_cli.ledger import verify_export
 from dpsynth_client import Client
 from PIL import Image
 
@@ -172,6 +174,9 @@ def main() -> int:
     print(f"  {'total':<16} {summary['wall_time_s']:7.1f}")
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\nSummary written to {OUT / 'summary.json'} ({summary['wall_time_s']} s)")
+    if not summary["ledger_verified"]:
+        print("FAIL: the ledger's history did not verify")
+        return 1
     if summary["classifier_accuracy"] < 0.2:
         print("FAIL: classifier accuracy on real held-out digits is below twice chance (0.2)")
         return 1
@@ -237,6 +242,9 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
         accuracy = classifier_accuracy(xs, ys, data["test"])
     budget = client.get_budget(private["dataset_id"])
     print_budget(budget)
+    print("\n7. Audit the ledger: export the dataset's signed history and verify it", flush=True)
+    with phase("audit"):
+        audit = audit_ledger(client, private["dataset_id"])
     print(f"\nSynthetic corpus: {corpus_zip} (extracted in {OUT / 'corpus'})")
     print(f"Classifier (logistic regression) trained on {len(ys)} synthetic images: "
           f"accuracy {accuracy:.3f} on {len(data['test'][1])} real held-out digits "
@@ -254,12 +262,34 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
         "delta": budget["delta"], "admission_order": budget["admission_order"],
         "accountant": budget["accountant"], "job_epsilon": manifest.get("job_epsilon"),
         "classifier_accuracy": accuracy, "test_images": len(data["test"][1]),
+        "ledger_export": audit["path"], "ledger_entries": audit["entries"],
+        "ledger_verified": audit["ok"], "dashboard_url": audit["dashboard"],
         "settings": {"image_size": args.image_size, "pretrain_epochs": args.pretrain_epochs,
                      "target_epsilon": args.target_epsilon,
                      "epsilon_limit": args.epsilon_limit,
                      "guidance_scale": args.guidance_scale,
                      "samples_per_class": args.samples_per_class},
     }
+
+
+def audit_ledger(client: Client, dataset_id: str) -> dict:
+    """Export the dataset's ledger, verify every hash and signature here (as
+    ``dpsynth ledger verify`` does), and ask the ledger to replay it too."""
+    export = client.ledger_export(dataset_id)
+    path = OUT / "ledger.json"
+    path.write_text(json.dumps(export, indent=2))
+    problems, signatures = verify_export(export)
+    report = client.ledger_verify(dataset_id)
+    ok = not problems and bool(report.get("ok"))
+    print(f"   {len(export['entries'])} entries written to {path}; {signatures} Ed25519 "
+          f"signatures and every hash checked locally: {'ok' if not problems else problems}")
+    print(f"   the ledger's replay of every charge and epsilon: "
+          f"{'ok' if report.get('ok') else report.get('problems')}")
+    dashboard = f"{client.base_url}/dashboard"
+    print(f"   budget dashboard: {dashboard} (run `python scripts/demo.py --keep` to keep the "
+          "platform up and browse it with the api key from the credentials file)")
+    return {"path": str(path), "entries": len(export["entries"]), "ok": ok,
+            "dashboard": dashboard}
 
 
 def print_budget(budget: dict) -> None:
