@@ -49,6 +49,7 @@ class ServicePlatform:
         self.api_ledger_token = secrets.token_urlsafe(24)
         self.worker_ledger_token = secrets.token_urlsafe(24)
         self.worker_token = secrets.token_urlsafe(24)
+        self.record_hash_key = secrets.token_urlsafe(32)
         self.credentials_file = self.workdir / "credentials.json"
         self.bucket = f"e2e-{secrets.token_hex(4)}"
 
@@ -90,6 +91,7 @@ class ServicePlatform:
             "DPSYNTH_API_LEDGER__URL": self.ledger_url,
             "DPSYNTH_API_LEDGER__TOKEN": self.api_ledger_token,
             "DPSYNTH_API_WORKER_TOKEN": self.worker_token,
+            "DPSYNTH_API_RECORD_HASH_KEY": self.record_hash_key,
             "DPSYNTH_API_BOOTSTRAP_CREDENTIALS_FILE": str(self.credentials_file),
             "DPSYNTH_API_HOST": "127.0.0.1",
             "DPSYNTH_API_PORT": str(self.api_port),

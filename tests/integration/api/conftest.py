@@ -32,6 +32,7 @@ from tests.integration.ledger.conftest import make_settings as ledger_settings
 from tests.unit.api import builders as b
 
 WORKER_TOKEN = "worker-token-0123456789abcdef"
+RECORD_HASH_KEY = "record-hash-key-0123456789abcdef"
 
 
 def make_settings(database_url: str, tmp_path: Path, **overrides: Any) -> ApiSettings:
@@ -40,6 +41,7 @@ def make_settings(database_url: str, tmp_path: Path, **overrides: Any) -> ApiSet
         "database": {"url": database_url},
         "ledger": {"url": "http://ledger.invalid", "token": "ledger-token-0123456789"},
         "worker_token": WORKER_TOKEN,
+        "record_hash_key": RECORD_HASH_KEY,
         "object_store": {"kind": "local", "root": str(tmp_path / "objects")},
         "reaper_enabled": False,
         "max_uncompressed_bytes": 8 * 1024 * 1024,

@@ -534,3 +534,144 @@ def test_deletion_keeps_the_real_ledger_and_a_reupload_charges_the_old_budget(
     assert accepted[-1]["payload"]["job_id"] == r.json()["job_id"]
     assert accepted[-1]["payload"]["population_size"] == 30  # q = b / N̂ of the linked data
     assert all(e["dataset_id"] == ds for e in entries)
+
+
+# --- subjects across uploads (issue 4, items 1+2): the record of a subject dataset is the
+# subject, so new images of a stored subject overlap like a re-uploaded image.
+
+SUBJECT_IDS = ["p-4711", "p-4712", "p-4713", "p-4714"]
+
+
+def _subject_npz(images: np.ndarray, subjects: list[Any] | np.ndarray) -> bytes:
+    return b.npz_bytes(images=images, labels=np.arange(len(images)) % 3,
+                       subjects=np.asarray(subjects))
+
+
+def _subject_upload(api: Api, token: str, images: np.ndarray, subjects: list[Any] | np.ndarray,
+                    **meta: Any) -> Any:
+    body = {"name": "subj", "visibility": "private", "epsilon_limit": 10.0,
+            "label_domain": DOMAIN, "privacy_unit": "subject", **meta}
+    return api.upload(token, _subject_npz(images, subjects),
+                      {k: v for k, v in body.items() if v is not None}, filename="d.npz")
+
+
+def _names_no_subject(text: str, ids: list[Any]) -> None:
+    for subject in ids:
+        assert str(subject) not in text, subject
+
+
+def test_new_images_of_a_stored_subject_are_refused(api: Api) -> None:
+    _, token = api.tenant()
+    first = _subject_upload(api, token, _images(40, 8), SUBJECT_IDS * 2)
+    assert first.status_code == 201, first.text
+    ds = first.json()["dataset_id"]
+    # one pixel hash per image and one keyed hash per subject
+    assert _hash_rows(api, ds) == 8 + 4
+    # different images; two of the four subjects are stored already
+    again = _subject_upload(api, token, _images(41, 6),
+                            ["p-4711", "p-4712", "q-1", "q-1", "q-2", "q-3"])
+    assert again.status_code == 409, again.text
+    problem = again.json()
+    assert problem["code"] == "private_data_overlap"
+    assert problem["datasets"] == [ds]
+    assert problem["overlapping_records"] == 0 and problem["overlapping_subjects"] == 2
+    assert "subject(s)" in problem["detail"]
+    _names_no_subject(again.text, [*SUBJECT_IDS, "q-1", "q-2", "q-3"])
+    # wholly new subjects and images: accepted
+    fresh = _subject_upload(api, token, _images(42, 4), ["q-1", "q-2", "q-3", "q-3"])
+    assert fresh.status_code == 201, fresh.text
+    _names_no_subject(first.text + fresh.text, [*SUBJECT_IDS, "q-1", "q-2", "q-3"])
+
+
+def test_stored_subject_hashes_are_keyed_and_hold_no_id(api: Api) -> None:
+    import hashlib
+    import hmac
+
+    from tests.integration.api.conftest import RECORD_HASH_KEY
+
+    tenant, token = api.tenant()
+    r = _subject_upload(api, token, _images(43, 4), [7, 8, 7, 8])
+    assert r.status_code == 201, r.text
+    engine = create_engine(api.settings.database.url)
+    try:
+        with make_session_factory(engine)() as session:
+            stored = set(session.scalars(select(RecordHash.record_hash).where(
+                RecordHash.dataset_id == r.json()["dataset_id"])))
+    finally:
+        engine.dispose()
+    keyed = {hmac.new(RECORD_HASH_KEY.encode(), f"dpsynth-subject-v1|{tenant}|{s}".encode(),
+                      hashlib.sha256).hexdigest() for s in ("7", "8")}
+    assert keyed <= stored and len(stored) == 4 + 2
+    plain = {hashlib.sha256(s.encode()).hexdigest() for s in ("7", "8")}
+    assert not plain & stored
+
+
+def test_integer_and_string_subject_ids_are_the_same_subject(api: Api) -> None:
+    _, token = api.tenant()
+    first = _subject_upload(api, token, _images(44, 4),
+                            np.asarray([101, 102, 101, 103], dtype=np.int64))
+    assert first.status_code == 201, first.text
+    r = _subject_upload(api, token, _images(45, 4), ["102", " 103 ", "zz-9", "zz-9"])
+    assert r.status_code == 409, r.text
+    assert r.json()["overlapping_subjects"] == 2
+    assert r.json()["datasets"] == [first.json()["dataset_id"]]
+    # and the other way round, through another tenant's own string upload
+    _, other = api.tenant("other")
+    assert _subject_upload(api, other, _images(46, 2), ["5", "6"]).status_code == 201
+    r = _subject_upload(api, other, _images(47, 2), np.asarray([6, 9], dtype=np.uint16))
+    assert r.status_code == 409 and r.json()["overlapping_subjects"] == 1
+    _names_no_subject(r.text, ["zz-9"])
+
+
+def test_a_deleted_subject_dataset_still_blocks_its_subjects(api: Api) -> None:
+    _, token = api.tenant()
+    ds = _subject_upload(api, token, _images(48, 4), SUBJECT_IDS).json()["dataset_id"]
+    assert api.client.delete(f"/v1/datasets/{ds}", headers=auth(token)).status_code == 200
+    r = _subject_upload(api, token, _images(49, 2), ["p-4714", "p-4714"])
+    assert r.status_code == 409, r.text
+    assert r.json()["datasets"] == [ds] and r.json()["overlapping_subjects"] == 1
+    _names_no_subject(r.text, SUBJECT_IDS)
+
+
+def test_a_new_upload_of_stored_subjects_links_to_their_budget(api: Api) -> None:
+    _, token = api.tenant()
+    parent = _subject_upload(api, token, _images(50, 4), SUBJECT_IDS, delta=1e-3).json()
+    r = _subject_upload(api, token, _images(51, 6),
+                        ["p-4711", "p-4711", "p-4712", "n-1", "n-2", "n-2"],
+                        on_overlap="link", epsilon_limit=None)
+    assert r.status_code == 201, r.text
+    linked = r.json()
+    assert linked["budget_id"] == parent["dataset_id"]
+    assert linked["derivation"] == {"kind": "link", "parent": parent["dataset_id"],
+                                    "overlapping_records": 0, "overlapping_subjects": 2}
+    assert linked["declared_size"] == 4 and linked["privacy_unit"] == "subject"
+    assert set(api.ledger.budgets) == {parent["dataset_id"]}  # no new ledger budget
+    # the linked upload's new subjects now belong to the budget too
+    r = _subject_upload(api, token, _images(52, 2), ["n-2", "n-3"])
+    assert r.status_code == 409 and r.json()["datasets"] == [linked["dataset_id"]]
+    _names_no_subject(r.text, ["n-1", "n-2", "n-3", *SUBJECT_IDS])
+    # an image-unit upload cannot be linked to the subject budget (units differ)
+    r = _private(api, token, _images(50, 4), on_overlap="link", epsilon_limit=None)
+    assert r.status_code == 409 and r.json()["link_refused"] == "privacy_unit"
+
+
+def test_image_datasets_are_unaffected_by_subject_hashes(api: Api) -> None:
+    _, token = api.tenant()
+    assert _subject_upload(api, token, _images(53, 4), SUBJECT_IDS).status_code == 201
+    r = _private(api, token, _images(54, 12))  # new images: no subject to match
+    assert r.status_code == 201, r.text
+    problem = _private(api, token, _images(54, 12)).json()  # the image rule as before
+    assert problem["code"] == "private_data_overlap" and "overlapping_subjects" not in problem
+    assert "subject" not in problem["detail"]
+    # a public upload of new images is not compared with subjects either
+    r = api.upload(token, _npz(_images(55, 6)), {"name": "pub", "visibility": "public"},
+                   filename="d.npz")
+    assert r.status_code == 201, r.text
+
+
+def test_subject_ids_match_within_the_tenant_only(api: Api) -> None:
+    _, alice = api.tenant("alice")
+    _, bob = api.tenant("bob")
+    assert _subject_upload(api, alice, _images(56, 4), SUBJECT_IDS).status_code == 201
+    r = _subject_upload(api, bob, _images(57, 4), SUBJECT_IDS)  # bob's p-4711 is not alice's
+    assert r.status_code == 201, r.text

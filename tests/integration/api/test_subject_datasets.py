@@ -16,10 +16,7 @@ import numpy as np
 import pytest
 
 from tests.integration.api.conftest import Api, auth
-from tests.integration.api.test_per_label import real_ledger_api
 from tests.unit.api import builders as b
-
-__all__ = ["real_ledger_api"]
 
 DOMAIN = ["x", "y", "z"]
 # 12 images of 5 subjects. Disjoint: every subject's images carry one label.
@@ -177,9 +174,10 @@ def test_per_label_dry_run_composes_overlapping_labels_sequentially(
         pytest.xfail("the ledger does not compose non-disjoint per-label jobs sequentially "
                      "yet (h4a)")
     assert any("sequential" in note or "summed" in note for note in plan["notes"]), plan
-    disjoint = _upload(api, token, _npz(DISJOINT, seed=6),
+    _, other = api.tenant("other")  # the same subject ids: the same subjects in one tenant
+    disjoint = _upload(api, other, _npz(DISJOINT, seed=6),
                        class_sizes=SUBJECTS_PER_CLASS).json()
-    assert _per_label_dry_run(api, token, disjoint["dataset_id"])["composition"] == "parallel"
+    assert _per_label_dry_run(api, other, disjoint["dataset_id"])["composition"] == "parallel"
 
 
 def test_class_size_histogram_counts_subjects_and_needs_disjoint_labels(
@@ -200,7 +198,8 @@ def test_class_size_histogram_counts_subjects_and_needs_disjoint_labels(
     assert body["sensitivity"] == 1.0 and body["sigma"] < 0.35
     # 1 + N(0, sigma^2) <= 3 unless the noise exceeds ~6 sigma; 8 images would give >= 5
     assert body["class_sizes"]["x"] <= 3
-    overlapping = _upload(api, token, _npz(OVERLAPPING, seed=8), epsilon_limit=50.0).json()
+    _, other = api.tenant("other")  # the same subject ids: the same subjects in one tenant
+    overlapping = _upload(api, other, _npz(OVERLAPPING, seed=8), epsilon_limit=50.0).json()
     r = api.client.post(f"/v1/datasets/{overlapping['dataset_id']}/class-sizes/release",
-                        json={"target_epsilon": 20.0}, headers=auth(token))
+                        json={"target_epsilon": 20.0}, headers=auth(other))
     assert r.status_code in (400, 422) and "disjoint" in r.text, r.text

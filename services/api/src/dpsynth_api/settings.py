@@ -35,6 +35,10 @@ class ApiSettings(BaseSettings):
                                     "ledger; admission calibrates noise, which takes seconds "
                                     "under concurrent submissions")
     worker_token: SecretStr
+    record_hash_key: SecretStr = Field(
+        description="HMAC-SHA256 key of the keyed subject hashes (datasets/overlap.py): "
+        "required, so low-entropy subject ids (patient numbers) cannot be brute-forced from "
+        "a database dump; rotating it breaks overlap detection across uploads")
     lease_ttl_s: int = Field(60, ge=1)
     heartbeat_s: int = Field(10, ge=1)
     max_attempts: int = Field(3, ge=1)
@@ -56,6 +60,11 @@ class ApiSettings(BaseSettings):
     @classmethod
     def _strong_worker_token(cls, v: SecretStr) -> SecretStr:
         return require_strong_secret(v, "DPSYNTH_API_WORKER_TOKEN")
+
+    @field_validator("record_hash_key")
+    @classmethod
+    def _strong_record_hash_key(cls, v: SecretStr) -> SecretStr:
+        return require_strong_secret(v, "DPSYNTH_API_RECORD_HASH_KEY")
 
     @field_validator("ledger")
     @classmethod

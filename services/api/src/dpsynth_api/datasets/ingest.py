@@ -11,8 +11,10 @@ only counts.
 A ``subject`` dataset (privacy unit, see ``datasets/units.py``) also carries ``subjects``
 int64 ``[N]``: each image's subject as a dense index 0..S-1. The raw ids come from the npz
 array named by ``subject_column`` (default ``subjects``) or, for an image folder, from a
-``subjects.csv`` (header ``path,subject``) at the archive root. Raw ids never leave ingest:
-they are remapped here and appear in no error message (neither do file names).
+``subjects.csv`` (header ``path,subject``) at the archive root. Raw ids are remapped here
+and appear in no error message (neither do file names). The only way they leave ingest is
+``Ingested.subject_ids`` (in memory, never stored), from which the upload computes keyed
+subject hashes (``datasets/overlap.py``) and drops them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import csv
 import io
 import zipfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,9 @@ class Ingested:
     source_format: str
     masks: np.ndarray | None = None
     subjects: np.ndarray | None = None  # dense subject index per image (subject unit only)
+    subject_ids: list[str] | None = field(default=None, repr=False)
+    """The normalised raw id of each dense subject index (``subject_ids[s]`` is subject s):
+    held in memory for the keyed subject hashes only; never written, logged or returned."""
 
     @property
     def size(self) -> int:
@@ -132,7 +137,20 @@ def ingest_upload(path: Path, filename: str, *, private: bool, label_domain: lis
 def dense_subjects(raw: np.ndarray, n: int) -> np.ndarray:
     """Remap raw subject ids (integers or strings) to dense int64 indices 0..S-1.
 
-    The raw ids stay in this function: errors give counts only, never an id.
+    Errors give counts only, never an id.
+
+    Raises:
+        DpsynthError: 422 ``invalid_dataset`` for a wrong shape or dtype, or empty ids.
+    """
+    return parse_subjects(raw, n)[0]
+
+
+def parse_subjects(raw: np.ndarray, n: int) -> tuple[np.ndarray, list[str]]:
+    """Dense subject indices ``[n]`` and each index's normalised raw id.
+
+    The normalised id is the stripped string of a string id and ``str(int)`` of an integer
+    id, so a subject uploaded once as ``7`` and once as ``"7"`` is the same subject. The ids
+    are returned for the keyed subject hashes only (``Ingested.subject_ids``).
 
     Raises:
         DpsynthError: 422 ``invalid_dataset`` for a wrong shape or dtype, or empty ids.
@@ -148,8 +166,12 @@ def dense_subjects(raw: np.ndarray, n: int) -> np.ndarray:
         raw = text
     elif raw.dtype.kind not in "iu":
         raise _invalid("the subject ids must be integers or strings")
-    _, inverse = np.unique(raw, return_inverse=True)
-    return np.asarray(inverse, dtype=np.int64).reshape(n)
+    unique, inverse = np.unique(raw, return_inverse=True)
+    if unique.dtype.kind in "iu":
+        ids = [str(int(u)) for u in unique.tolist()]
+    else:
+        ids = [str(u) for u in unique.tolist()]
+    return np.asarray(inverse, dtype=np.int64).reshape(n), ids
 
 
 def _split_subjects_csv(files: list[str]) -> tuple[list[str], str | None]:
@@ -261,17 +283,19 @@ def _from_image_folder(archive: SafeArchive, *, label_domain: list[str] | None,
         arrays.append(decode_image(data, max_pixels=limits.max_image_pixels, where=where))
         labels.append(index[class_of[name]])
         names.append(name)
-    subject_ids = None
+    dense, subject_ids = None, None
     if csv_name is not None:
         stripped = {f: "/".join(p) for f, p in zip(files, parts, strict=True)}
-        subject_ids = _folder_subjects(csv_data or b"", names, stripped)
+        dense, subject_ids = _folder_subjects(csv_data or b"", names, stripped)
     return Ingested(_stack(arrays, private=private), np.asarray(labels, dtype=np.int64),
-                    class_names, archive.kind, subjects=subject_ids)
+                    class_names, archive.kind, subjects=dense, subject_ids=subject_ids)
 
 
-def _folder_subjects(csv_data: bytes, names: list[str], stripped: dict[str, str]) -> np.ndarray:
-    """Each image's dense subject index from ``subjects.csv``; a path may be given as the
-    archive member's name or relative to the class folders' root (``<class>/<file>``).
+def _folder_subjects(csv_data: bytes, names: list[str],
+                     stripped: dict[str, str]) -> tuple[np.ndarray, list[str]]:
+    """Each image's dense subject index from ``subjects.csv`` (and each index's normalised
+    raw id, :func:`parse_subjects`); a path may be given as the archive member's name or
+    relative to the class folders' root (``<class>/<file>``).
 
     Raises:
         DpsynthError: 422 ``invalid_dataset`` when an image has no subject or the csv lists
@@ -296,7 +320,7 @@ def _folder_subjects(csv_data: bytes, names: list[str], stripped: dict[str, str]
     if unknown:
         raise _invalid(f"{SUBJECTS_CSV} lists {unknown} path(s) that are no image of the "
                        "archive")
-    return dense_subjects(np.asarray(raw, dtype=str), len(names))
+    return parse_subjects(np.asarray(raw, dtype=str), len(names))
 
 
 def _stack(arrays: list[np.ndarray], *, private: bool) -> np.ndarray:
@@ -439,9 +463,10 @@ def _from_npz(path: Path, *, private: bool, label_domain: list[str] | None,
         labels = _named_labels(labels, names)
         label_domain = names if label_domain is None else label_domain
     ints, class_names = _npz_labels(labels, images.shape[0], label_domain, private=private)
-    subjects = (dense_subjects(arrays[subject_column], images.shape[0])
-                if subject_column is not None else None)
-    return Ingested(images, ints, class_names, "npz", masks, subjects=subjects)
+    subjects, subject_ids = (parse_subjects(arrays[subject_column], images.shape[0])
+                             if subject_column is not None else (None, None))
+    return Ingested(images, ints, class_names, "npz", masks, subjects=subjects,
+                    subject_ids=subject_ids)
 
 
 PARQUET_IMAGE, PARQUET_LABEL = "image", "label"
@@ -506,12 +531,12 @@ def _from_parquet(path: Path, *, private: bool, label_domain: list[str] | None,
               for i, data in enumerate(_parquet_image_bytes(table.column(PARQUET_IMAGE)))]
     labels = _parquet_values(table.column(PARQUET_LABEL), "label")
     ints, class_names = _npz_labels(labels, n, label_domain, private=private)
-    subjects = None
+    subjects, subject_ids = None, None
     if subject_column is not None:
-        subjects = dense_subjects(_parquet_values(table.column(subject_column), "subject id"),
-                                  n)
+        subjects, subject_ids = parse_subjects(
+            _parquet_values(table.column(subject_column), "subject id"), n)
     return Ingested(_stack(images, private=private), ints, class_names, "parquet",
-                    subjects=subjects)
+                    subjects=subjects, subject_ids=subject_ids)
 
 
 def _parquet_image_bytes(column: Any) -> list[bytes]:

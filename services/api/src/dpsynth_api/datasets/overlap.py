@@ -14,11 +14,18 @@ hashes of the uploading tenant only (docs/privacy.md "Records, overlap and deriv
 
 Refusals name the tenant's own overlapping dataset ids and a count, never a record (no
 index, no file name, no hash).
+
+For a ``privacy_unit: subject`` dataset the record is the subject: each of its subjects
+also gets a keyed hash (:func:`subject_hashes`, HMAC-SHA256 under the api's
+``record_hash_key``) in the same table, so a new upload with NEW images of an existing
+subject overlaps like a re-uploaded image. The raw subject ids are never stored.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -32,6 +39,8 @@ from dpsynth_api.tables import RecordHash, Tenant
 
 HASH_SCHEME = "dpsynth-record-v1"
 """Prefix of every hashed message; a new canonical form gets a new scheme."""
+SUBJECT_SCHEME = "dpsynth-subject-v1"
+"""Prefix of every keyed subject message (another hash space than the pixel hashes)."""
 
 
 def record_hashes(images: np.ndarray) -> list[str]:
@@ -65,6 +74,30 @@ def record_hashes(images: np.ndarray) -> list[str]:
     return out
 
 
+def subject_hashes(key: bytes, tenant_id: str, subject_ids: Sequence[str]) -> list[str]:
+    """The keyed hash of each subject: HMAC-SHA256(key, ``scheme|tenant|id``), hex.
+
+    Keyed, not a plain sha256: subject ids are often low-entropy (patient numbers), and a
+    plain hash of one could be inverted from a database dump by trying every id. Without
+    the key (an api setting, never in the database) the stored hashes reveal nothing. The
+    tenant is part of the message, so the same id of two tenants hashes differently. The
+    ids are the normalised raw ids of ingest (``Ingested.subject_ids``: ``str(int)`` or the
+    stripped string), so ``7`` and ``"7"`` hash the same. Subject ids are assumed stable
+    within a tenant; a new key makes every later hash differ from the stored ones.
+
+    Args:
+        key: the api's ``record_hash_key``.
+        tenant_id: the uploading tenant.
+        subject_ids: the normalised raw ids, one per subject.
+
+    Returns:
+        One lowercase hex digest (64 characters) per id, in order.
+    """
+    prefix = f"{SUBJECT_SCHEME}|{tenant_id}|"
+    return [hmac.new(key, (prefix + str(s)).encode(), hashlib.sha256).hexdigest()
+            for s in subject_ids]
+
+
 @dataclass(frozen=True)
 class Overlap:
     """What an upload shares with the tenant's stored records of one visibility.
@@ -73,12 +106,14 @@ class Overlap:
         datasets: the tenant's datasets holding at least one of the upload's records
             (sorted ids; deleted datasets included).
         budgets: the distinct ledger budgets of those datasets (private only).
-        records: how many records of the upload are among them.
+        records: how many records (images) of the upload are among them.
+        subjects: how many subjects of the upload are among them (subject hashes).
     """
 
     datasets: list[str]
     budgets: list[str]
     records: int
+    subjects: int = 0
 
 
 def lock_tenant(session: Session, tenant_id: str) -> None:
@@ -88,16 +123,18 @@ def lock_tenant(session: Session, tenant_id: str) -> None:
 
 
 def find_overlap(session: Session, *, tenant_id: str, hashes: list[str],
-                 visibility: str) -> Overlap | None:
+                 visibility: str, subjects: Sequence[str] = ()) -> Overlap | None:
     """The upload's overlap with the tenant's stored records of ``visibility``, or None.
 
     Only the tenant's own rows are searched: telling a tenant that another tenant holds an
-    image would itself reveal membership. One statement: the upload's hashes travel as one
-    array parameter and are joined through ``unnest`` against the (tenant, hash) index.
+    image would itself reveal membership. One statement: the upload's hashes (pixel hashes
+    and keyed ``subjects`` hashes together) travel as one array parameter and are joined
+    through ``unnest`` against the (tenant, hash) index.
     """
-    if not hashes:
+    if not hashes and not subjects:
         return None
-    array = bindparam("hashes", sorted(set(hashes)), type_=ARRAY(String(64)))
+    wanted_all = sorted(set(hashes) | set(subjects))
+    array = bindparam("hashes", wanted_all, type_=ARRAY(String(64)))
     wanted = func.unnest(array).table_valued("h").render_derived(name="wanted")
     stmt = (select(RecordHash.record_hash, RecordHash.dataset_id, RecordHash.budget_id)
             .join(wanted, RecordHash.record_hash == wanted.c.h)
@@ -109,7 +146,8 @@ def find_overlap(session: Session, *, tenant_id: str, hashes: list[str],
     matched = {row.record_hash for row in found}
     return Overlap(datasets=sorted({row.dataset_id for row in found}),
                    budgets=sorted({row.budget_id for row in found if row.budget_id}),
-                   records=sum(1 for h in hashes if h in matched))
+                   records=sum(1 for h in hashes if h in matched),
+                   subjects=sum(1 for h in subjects if h in matched))
 
 
 def add_hashes(session: Session, *, tenant_id: str, dataset_id: str, budget_id: str | None,

@@ -144,9 +144,10 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
             data = ingest_upload(raw, name, private=private, label_domain=meta.label_domain,
                                  limits=_limits(settings), subject_column=column)
             hashes = overlap.record_hashes(data.images)
+            subjects = _subject_hashes(settings, principal.tenant_id, data)
             canonical = write_canonical(data, Path(tmp) / "data.npz")
             overlap.lock_tenant(session, principal.tenant_id)  # held until commit
-            link = _check_overlap(session, principal, meta, hashes)
+            link = _check_overlap(session, principal, meta, hashes, subjects)
             dataset = _new_row(dataset_id, meta, data, principal, link)
             key = dataset.object_key
             info = store.put_file(key, canonical)
@@ -154,7 +155,7 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
         repo.add(session, dataset)
         overlap.add_hashes(session, tenant_id=dataset.tenant_id, dataset_id=dataset.id,
                            budget_id=dataset.budget_id, visibility=dataset.visibility,
-                           hashes=hashes)
+                           hashes=hashes + (subjects or []))
         if private and link is None:
             ledger.create_budget(_budget_request(dataset, meta))
         session.commit()
@@ -168,24 +169,58 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
     return dataset
 
 
+def _subject_hashes(settings: ApiSettings, tenant_id: str, data: Ingested) -> list[str] | None:
+    """The keyed hashes of a subject upload's subjects (None: not a subject upload).
+
+    The raw ids (``data.subject_ids``) are dropped from the ingested data once hashed.
+    """
+    if data.subject_ids is None:
+        return None
+    key = settings.record_hash_key.get_secret_value().encode()
+    found = overlap.subject_hashes(key, tenant_id, data.subject_ids)
+    data.subject_ids = None  # the raw ids go no further than this
+    return found
+
+
+def _shared_counts(found: overlap.Overlap, subjects: list[str] | None) -> dict[str, int]:
+    """The problem's (and a link's) counts: images, and subjects for a subject upload."""
+    counts = {"overlapping_records": found.records}
+    if subjects is not None:
+        counts["overlapping_subjects"] = found.subjects
+    return counts
+
+
+def _shared_text(found: overlap.Overlap, subjects: list[str] | None) -> str:
+    if subjects is None:
+        return f"{found.records} record(s)"
+    return (f"{found.records + found.subjects} record(s) or subject(s) ({found.records} "
+            f"image(s), {found.subjects} subject(s))")
+
+
 def _check_overlap(session: Session, principal: Principal, meta: DatasetMetadata,
-                   hashes: list[str]) -> tuple[Dataset, int] | None:
-    """Apply the overlap rules (datasets/overlap.py); the budget's dataset and the number
-    of shared records when a private upload is to be linked, else None.
+                   hashes: list[str], subjects: list[str] | None = None,
+                   ) -> tuple[Dataset, dict[str, int]] | None:
+    """Apply the overlap rules (datasets/overlap.py); the budget's dataset and the counts
+    of shared records (and subjects) when a private upload is to be linked, else None.
+
+    A subject upload overlaps through its images' hashes and through its subjects' keyed
+    hashes: new images of a subject already in a private dataset are that subject's record.
 
     Raises:
         DpsynthError: 409 ``public_private_overlap``; 409 ``private_data_overlap`` (also
             when a requested link is impossible, with ``link_refused``).
     """
     tenant = principal.tenant_id
-    found = overlap.find_overlap(session, tenant_id=tenant, hashes=hashes, visibility="private")
+    found = overlap.find_overlap(session, tenant_id=tenant, hashes=hashes, visibility="private",
+                                 subjects=subjects or ())
     if found is None:
         if meta.visibility == "private" and meta.epsilon_limit is None:
             raise DpsynthError(ErrorCode.INVALID_DATASET, "a private dataset that shares no "
                                "record with your private datasets needs an epsilon_limit "
                                "(on_overlap 'link' found nothing to link to)")
         return None
-    ext = {"datasets": found.datasets, "overlapping_records": found.records}
+    counts = _shared_counts(found, subjects)
+    ext: dict[str, Any] = {"datasets": found.datasets, **counts}
     if meta.visibility == "public":
         raise DpsynthError(ErrorCode.PUBLIC_PRIVATE_OVERLAP,
                            f"{found.records} record(s) of this upload are records of your "
@@ -193,10 +228,10 @@ def _check_overlap(session: Session, principal: Principal, meta: DatasetMetadata
                            **ext)
     if meta.on_overlap != "link":
         raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
-                           f"{found.records} record(s) of this upload are already in your "
-                           "private dataset(s) (deleted ones included), whose budget they "
-                           "belong to; upload with on_overlap 'link' to charge that budget",
-                           **ext)
+                           f"{_shared_text(found, subjects)} of this upload are already in "
+                           "your private dataset(s) (deleted ones included), whose budget "
+                           "they belong to; upload with on_overlap 'link' to charge that "
+                           "budget", **ext)
     if len(found.budgets) != 1:
         raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
                            "this upload shares records with datasets of different budgets "
@@ -206,7 +241,7 @@ def _check_overlap(session: Session, principal: Principal, meta: DatasetMetadata
     root = session.get(Dataset, found.budgets[0])
     assert root is not None and root.tenant_id == tenant
     _check_link(meta, root, ext)
-    return root, found.records
+    return root, counts
 
 
 def _check_link(meta: DatasetMetadata, root: Dataset, ext: dict[str, Any]) -> None:
@@ -230,7 +265,7 @@ def _check_link(meta: DatasetMetadata, root: Dataset, ext: dict[str, Any]) -> No
 
 
 def _new_row(dataset_id: str, meta: DatasetMetadata, data: Ingested, principal: Principal,
-             link: tuple[Dataset, int] | None) -> Dataset:
+             link: tuple[Dataset, dict[str, int]] | None) -> Dataset:
     """The dataset row of an upload (sha256 and size set once stored)."""
     if link is None:
         terms = units.resolve_units(meta, data)  # N̂, delta, class sizes in the unit
@@ -251,8 +286,7 @@ def _new_row(dataset_id: str, meta: DatasetMetadata, data: Ingested, principal: 
         raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
                            f"cannot link: the budget's delta {root.delta:g} is not below "
                            f"1/N̂ = {1.0 / declared:g} of this upload",
-                           link_refused="delta", datasets=[root.id],
-                           overlapping_records=shared)
+                           link_refused="delta", datasets=[root.id], **shared)
     # N̂ (>= the true count of units) and class sizes checked at the budget's delta
     terms = units.resolve_units(meta.model_copy(update={"delta": root.delta}), data)
     # The object lives under the budget's prefix: the budget's read grant covers it.
@@ -262,7 +296,7 @@ def _new_row(dataset_id: str, meta: DatasetMetadata, data: Ingested, principal: 
         setattr(row, column, value)
     row.epsilon_limit, row.neighbouring = root.epsilon_limit, root.neighbouring
     row.budget_id, row.parent_id = root.budget_id, root.id
-    row.derivation = {"kind": "link", "parent": root.id, "overlapping_records": shared}
+    row.derivation = {"kind": "link", "parent": root.id, **shared}
     row.warning_fraction = root.warning_fraction
     return row
 

@@ -2,8 +2,9 @@
 
 They must survive ``down``/``up``: the grant signing key signs grants the ledger has
 recorded, the chain signing key signs every ledger entry and anchor record (verification
-checks old entries with it), and the service tokens are what the processes present to one
-another.
+checks old entries with it), the record hash key keys the api's stored subject hashes (a new
+key would stop later uploads from matching the subjects already stored), and the service
+tokens are what the processes present to one another.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import fcntl
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +32,7 @@ class PlatformSecrets:
     grant_signing_key: str
     grant_public_key: str
     chain_signing_key: str
+    record_hash_key: str
 
     @classmethod
     def generate(cls) -> PlatformSecrets:
@@ -42,15 +45,27 @@ class PlatformSecrets:
             grant_signing_key=signing,
             grant_public_key=public_key_of(signing),
             chain_signing_key=generate_signing_key(),
+            record_hash_key=_new_token(),
         )
+
+
+def _new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+_ADDED_LATER: dict[str, Callable[[], str]] = {
+    "chain_signing_key": generate_signing_key,
+    "record_hash_key": _new_token,
+}
+"""Secrets newer than the first secrets files, and how to make each."""
 
 
 def load_or_create_secrets(home: Path) -> PlatformSecrets:
     """Read ``<home>/secrets.json``, creating it (mode 0600, exclusively) on first use.
 
     An existing file keeps its secrets; its mode is tightened to 0600 if it drifted. A file
-    written before the chain key existed gets one added, once (under an exclusive lock, by
-    an atomic replace that keeps every other secret).
+    written before the chain key or the record hash key existed gets the missing ones added,
+    once (under an exclusive lock, by an atomic replace that keeps every other secret).
     """
     path = Path(home) / SECRETS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,19 +82,22 @@ def load_or_create_secrets(home: Path) -> PlatformSecrets:
                 os.fsync(handle.fileno())
     os.chmod(path, 0o600)
     values = json.loads(path.read_text())
-    if "chain_signing_key" not in values:
-        values = _add_chain_key(path)
+    if any(name not in values for name in _ADDED_LATER):
+        values = _add_missing_secrets(path)
     return PlatformSecrets(**values)
 
 
-def _add_chain_key(path: Path) -> dict[str, str]:
-    """Add a chain signing key to an older secrets file, atomically and only once."""
+def _add_missing_secrets(path: Path) -> dict[str, str]:
+    """Add the secrets an older file lacks (chain signing key, record hash key),
+    atomically and only once."""
     with open(path, "rb") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent `up` waits, then sees the key
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent `up` waits, then sees the keys
         values: dict[str, str] = json.loads(path.read_text())
-        if "chain_signing_key" in values:
+        missing = [name for name in _ADDED_LATER if name not in values]
+        if not missing:
             return values
-        values["chain_signing_key"] = generate_signing_key()
+        for name in missing:
+            values[name] = _ADDED_LATER[name]()
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
