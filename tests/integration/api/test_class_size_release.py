@@ -18,7 +18,6 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.ledger_contract import HistogramRequest, SetClassSizes
 
 from tests.integration.api.conftest import Api, auth
-from tests.integration.api.test_per_label import real_ledger_api  # noqa: F401  (fixture)
 from tests.unit.api import builders as b
 
 LABELS = ["x", "y", "z"]
@@ -42,7 +41,7 @@ def _verify(api: Api) -> dict:
     return api.ledger._call("GET", "/v1/chain/verify")  # type: ignore[attr-defined,no-any-return]
 
 
-def test_released_sizes_drive_per_label_plans(real_ledger_api: Api) -> None:  # noqa: F811
+def test_released_sizes_drive_per_label_plans(real_ledger_api: Api) -> None:
     api = real_ledger_api
     _, token = api.tenant()
     dataset = _private(api, token)
@@ -91,7 +90,7 @@ def test_released_sizes_drive_per_label_plans(real_ledger_api: Api) -> None:  # 
     assert report["ok"], report["problems"]
 
 
-def test_two_datasets_with_the_same_data_get_fresh_noise(real_ledger_api: Api) -> None:  # noqa: F811
+def test_two_datasets_with_the_same_data_get_fresh_noise(real_ledger_api: Api) -> None:
     api = real_ledger_api
     _, token = api.tenant()
     _, other = api.tenant("other")  # one tenant's re-upload of the same records is refused
@@ -105,7 +104,7 @@ def test_two_datasets_with_the_same_data_get_fresh_noise(real_ledger_api: Api) -
         assert all(abs(n - 100) < 6 * a["sigma"] for n in sizes.values())
 
 
-def test_a_refused_release_stores_nothing(real_ledger_api: Api) -> None:  # noqa: F811
+def test_a_refused_release_stores_nothing(real_ledger_api: Api) -> None:
     api = real_ledger_api
     _, token = api.tenant()
     dataset = _private(api, token)
@@ -129,7 +128,7 @@ def test_noisy_sizes_are_clamped_post_processing() -> None:
 
 
 def test_sizes_the_ledger_recorded_are_adopted_without_a_new_charge(
-        real_ledger_api: Api) -> None:  # noqa: F811
+        real_ledger_api: Api) -> None:
     """The api failed to store sizes the ledger recorded: the next call adopts them."""
     api = real_ledger_api
     _, token = api.tenant()
