@@ -333,14 +333,6 @@ class LedgerMetrics:
         self.budgets = BudgetCollector(sessions, max_datasets, anchor)
         self.registry.register(self.budgets)
 
-    def budget(self, dataset_id: str, figures: dict[str, Any]) -> None:
-        """Nothing to do: budget figures are read from the database at scrape time.
-
-        Kept so that write paths written against the earlier per-write gauges still run;
-        new code need not call it.
-        """
-        del dataset_id, figures
-
     def accepted(self, kind: str) -> None:
         """Count an accepted admission of ``kind`` (one of :data:`ADMISSION_KINDS`)."""
         self.admissions.labels(kind=kind, decision="accepted", reason="none").inc()

@@ -116,9 +116,7 @@ def update_limit(session: Session, *, dataset_id: str, request: LimitUpdate,
             "warning_fraction_before": fraction_before,
             "warning_fraction": request.warning_fraction})
     session.commit()
-    view = budget_view(session, budget, ctx.discretization)
-    ctx.metrics.budget(dataset_id, view.model_dump())
-    return view
+    return budget_view(session, budget, ctx.discretization)
 
 
 def chain_key(session: Session) -> ChainKey:
