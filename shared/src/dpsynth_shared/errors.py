@@ -50,6 +50,9 @@ class ErrorCode(StrEnum):
     DATASET_DELETED = "dataset_deleted"
     LEDGER_BEHIND_ANCHOR = "ledger_behind_anchor"
     NOT_PUBLISHABLE = "not_publishable"
+    FEATURE_NETWORK_REJECTED = "feature_network_rejected"
+    INCEPTION_UNAVAILABLE = "inception_weights_unavailable"
+    NO_HOLDOUT = "no_holdout"
     PRESIGN_REFUSED = "presign_refused"
     LEDGER_UNAVAILABLE = "ledger_unavailable"
     SERVICE_UNAVAILABLE = "service_unavailable"
@@ -89,6 +92,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.DATASET_DELETED: 410,
     ErrorCode.LEDGER_BEHIND_ANCHOR: 503,
     ErrorCode.NOT_PUBLISHABLE: 409,
+    ErrorCode.FEATURE_NETWORK_REJECTED: 422,
+    ErrorCode.INCEPTION_UNAVAILABLE: 422,
+    ErrorCode.NO_HOLDOUT: 422,
     ErrorCode.PRESIGN_REFUSED: 403,
     ErrorCode.LEDGER_UNAVAILABLE: 503,
     ErrorCode.SERVICE_UNAVAILABLE: 503,

@@ -501,3 +501,35 @@ class RecomputeReport(BaseModel):
     differences: list[str] = Field(default_factory=list)
     note: str = ("a report: admission decisions are immutable; no stored figure was changed "
                  "and nothing was re-admitted")
+
+
+class EvaluationRequest(_Body):
+    """api → ledger, at the submission of an evaluate job on a PRIVATE reference: authorise
+    one non-DP read of the budget's data (no epsilon is charged; the read is recorded)."""
+
+    dataset_id: str = Field(description="the budget (the reference dataset's budget_id)")
+    job_id: str
+    reference_dataset_id: str = Field(description="the dataset the job evaluates against")
+    requested_by: str = Field(description="the api key id (owner scope) that submitted it")
+    purpose: Literal["evaluate"] = "evaluate"
+
+
+class Evaluation(BaseModel):
+    """A non-DP evaluation read authorised on a budget; ``touched_at`` once a worker took
+    its read grant. Each authorisation and each grant is a chained ledger entry
+    (``evaluation_authorised``, ``evaluation_read``) with no charge."""
+
+    evaluation_id: str
+    dataset_id: str
+    job_id: str
+    reference_dataset_id: str
+    requested_by: str
+    purpose: str
+    created_at: datetime
+    touched_at: datetime | None = None
+    grants: int = 0
+
+
+class EvaluationGrantRequest(_Body):
+    attempt: int = Field(ge=1)
+    worker_id: str

@@ -49,6 +49,11 @@ class DatasetInfo(BaseModel):
         None, description="private datasets: the ledger budget the dataset charges (its own "
         "id, or its parent's for a derived or linked dataset): the reservation, the read "
         "grant and job_epsilon are the budget's")
+    holdout_object_key: str | None = Field(
+        None, description="the held-out records set aside at upload (holdout_fraction): a "
+        "canonical npz under the same prefix as the dataset's object; never trained on, "
+        "read only by evaluate jobs (with the same read grant for a private dataset)")
+    holdout_size: int | None = Field(None, description="images in the held-out npz")
 
 
 class ModelRef(BaseModel):
@@ -63,13 +68,27 @@ class ModelRef(BaseModel):
         "from or linked to it) composes the model's DP ancestors")
 
 
+class CorpusRef(BaseModel):
+    """evaluate: the synthetic corpus under evaluation (a generate job's corpus artifact)."""
+
+    artifact_id: str
+    object_key: str
+    job_id: str = Field(description="the generate job")
+    model_id: str | None = Field(None, description="the model the corpus was sampled from")
+    dp: bool = False
+    budget_id: str | None = Field(None, description="a DP model's budget (its dataset's)")
+
+
+JobKind = Literal["pretrain", "finetune", "generate", "feature_net", "evaluate"]
+
+
 class Claim(BaseModel):
     """Everything a worker needs to run one attempt of a job."""
 
     job_id: str
     tenant_id: str
     attempt: int
-    type: Literal["pretrain", "finetune", "generate"]
+    type: JobKind
     spec: dict[str, Any]
     dataset: DatasetInfo | None = None
     base_model: ModelRef | None = None
@@ -83,6 +102,17 @@ class Claim(BaseModel):
         None, description="generate: the layout generator (a model trained with target "
         "'masks', public-pretrained or DP-trained) whose sampled masks condition sampling "
         "(GenerateSpec.layout_source.model_id)")
+    corpus: CorpusRef | None = Field(None, description="evaluate: the corpus")
+    feature_model: ModelRef | None = Field(
+        None, description="evaluate: the feature network (EvaluateSpec.feature_model_id); "
+        "its public dataset is ``feature_dataset``")
+    feature_dataset: DatasetInfo | None = Field(
+        None, description="evaluate: the PUBLIC dataset the feature network was trained on "
+        "(its validation records re-check the network's accuracy)")
+    evaluation_id: str | None = Field(
+        None, description="evaluate on a PRIVATE reference: the ledger's evaluation "
+        "authorisation; the worker exchanges it for a read grant (a non-DP read recorded in "
+        "the ledger's chain, no epsilon charged)")
     lease_ttl_s: int
     heartbeat_s: int
 
@@ -104,7 +134,7 @@ class HeartbeatReply(BaseModel):
 
 class RegisterArtifact(_Body):
     attempt: int = Field(ge=1)
-    kind: Literal["model", "checkpoint", "corpus", "private_stats"]
+    kind: Literal["model", "checkpoint", "corpus", "private_stats", "report"]
     object_key: str
     sha256: str
     size: int
