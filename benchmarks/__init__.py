@@ -1,0 +1,1 @@
+"""dpsynth benchmarks: run with ``make bench`` or ``python -m benchmarks.<name>``; see README.md."""

@@ -1,0 +1,306 @@
+"""Shared plumbing of the benchmark scripts: scale, machine description, results files, timing.
+
+Every benchmark is a module ``benchmarks/<name>.py`` with ``run(scale) -> dict`` (the measured
+numbers, JSON-serialisable) and ``table_markdown(results) -> str`` (the table that
+``render_docs.py`` puts into ``docs/benchmarks.md``), run as ``python -m benchmarks.<name>``.
+Its ``__main__`` block calls :func:`bench_main`, which runs it at :data:`SCALE` and writes
+``benchmarks/results/<name>.json`` with the machine it ran on and the exact command, so that
+every number in the docs can be traced to a run and reproduced.
+
+Why a results file names the machine: a ratio (DP / non-DP step time, submissions/s over the
+same run's health-check rate) transfers between machines, an absolute number does not; the docs
+print both with the device, and GPU rows only exist when ``machine.device`` says ``cuda``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+NOTES_DIR = ROOT / "benchmarks" / "notes"
+
+Scale = Literal["cpu", "full"]
+SCALE: str = os.environ.get("BENCH_SCALE", "cpu")
+"""``cpu``: sized for the 2-core CI machine (all of ``make bench`` in under 30 minutes);
+``full``: the paper-sized runs meant for a GPU."""
+
+if SCALE not in ("cpu", "full"):
+    raise SystemExit(f"BENCH_SCALE must be 'cpu' or 'full', not {SCALE!r}")
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _ram_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024**2, 1)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _torch_info() -> dict[str, Any]:
+    """torch version and the device the benchmarks run on (``cuda`` when one is visible)."""
+    try:
+        import torch
+    except ImportError:
+        return {"torch": None, "device": "cpu", "gpu": None}
+    info: dict[str, Any] = {"torch": torch.__version__, "device": "cpu", "gpu": None}
+    if torch.cuda.is_available():
+        info["device"] = "cuda"
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_memory_gib"] = round(
+            torch.cuda.get_device_properties(0).total_memory / 1024**3, 1
+        )
+        info["cuda"] = torch.version.cuda
+    info["torch_threads"] = torch.get_num_threads()
+    return info
+
+
+def machine_info() -> dict[str, Any]:
+    """Describe the machine and code a result came from.
+
+    Returns:
+        CPU model, logical cores (and those this process may use), RAM, torch version, the
+        device (``cpu``/``cuda``) and GPU name, Python version, git commit (with a ``dirty``
+        flag: uncommitted changes mean the commit alone does not reproduce the run) and the
+        UTC date.
+    """
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count() or 0
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": usable,
+        "ram_gib": _ram_gib(),
+        **_torch_info(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(status) if status is not None else None,
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def device_label(machine: dict[str, Any]) -> str:
+    """One-line name of the device a result was measured on, for table captions."""
+    if machine.get("device") == "cuda" and machine.get("gpu"):
+        return f"GPU: {machine['gpu']}"
+    return f"CPU: {machine.get('cpu', '?')}, {machine.get('cores_usable', '?')} cores"
+
+
+# --------------------------------------------------------------------------- results
+
+
+def current_command() -> str:
+    """The exact command line of this process, with the scale it ran at.
+
+    ``sys.orig_argv`` keeps ``-m benchmarks.<name>`` (``sys.argv`` would show the file path).
+    """
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    return f"BENCH_SCALE={SCALE} " + " ".join(shlex.quote(a) for a in argv)
+
+
+def write_results(
+    name: str,
+    results: dict[str, Any],
+    *,
+    command: str | None = None,
+    wall_s: float | None = None,
+) -> Path:
+    """Write ``benchmarks/results/<name>.json``: the numbers, the machine and the command.
+
+    Args:
+        name: benchmark name (the module name, e.g. ``"service_load"``).
+        results: what ``run`` returned; must be JSON-serialisable.
+        command: the command that reproduces it; defaults to this process's command line.
+        wall_s: wall time of the whole run, when known.
+
+    Returns:
+        The path written.
+    """
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "name": name,
+        "scale": SCALE,
+        "command": command or current_command(),
+        "wall_s": None if wall_s is None else round(wall_s, 1),
+        "machine": machine_info(),
+        "results": results,
+    }
+    path = RESULTS_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=_json_default) + "\n")
+    tmp.replace(path)  # never leave a half-written file for render_docs
+    return path
+
+
+def read_results(name: str) -> dict[str, Any] | None:
+    """The last results document of ``name``, or None if it never ran."""
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars/arrays and Paths appear in results; everything else is a bug.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON-serialisable in benchmark results: {type(obj).__name__}")
+
+
+def bench_main(name: str, run: Callable[[str], dict[str, Any]]) -> Path:
+    """Run one benchmark at :data:`SCALE`, write its results and print where they went.
+
+    Args:
+        name: benchmark name (results file stem).
+        run: the module's ``run(scale)``.
+
+    Returns:
+        The results path.
+    """
+    t0 = time.perf_counter()
+    results = run(SCALE)
+    wall = time.perf_counter() - t0
+    path = write_results(name, results, wall_s=wall)
+    print(f"[{name}] scale={SCALE} wall={wall:.1f}s -> {path.relative_to(ROOT)}", flush=True)
+    return path
+
+
+# --------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Timer:
+    """Wall-clock stopwatch (``time.perf_counter``); ``elapsed`` is seconds once stopped."""
+
+    elapsed: float = 0.0
+    _start: float = field(default=0.0, repr=False)
+
+    def __enter__(self) -> Timer:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.elapsed = time.perf_counter() - self._start
+
+
+@contextmanager
+def timed(label: str, sink: dict[str, float] | None = None) -> Iterator[Timer]:
+    """Time a block; record ``label -> seconds`` into ``sink`` when given.
+
+    Example:
+        >>> phases: dict[str, float] = {}
+        >>> with timed("warmup", phases):
+        ...     pass
+    """
+    t = Timer()
+    with t:
+        yield t
+    if sink is not None:
+        sink[label] = round(t.elapsed, 4)
+
+
+def time_repeated(
+    fn: Callable[[], Any],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times timed.
+
+    Args:
+        fn: the work of one step.
+        repeats: timed calls.
+        warmup: untimed calls first (allocator, autotuning, caches).
+        sync: called after each ``fn`` before the clock stops, e.g. ``torch.cuda.synchronize``
+            (CUDA calls return before the kernel finishes).
+
+    Returns:
+        ``mean_s``, ``median_s``, ``std_s``, ``min_s`` and ``repeats``.
+    """
+    for _ in range(warmup):
+        fn()
+        if sync:
+            sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+    return summarize(times)
+
+
+def summarize(times: Sequence[float]) -> dict[str, float]:
+    """Mean, median, standard deviation and minimum of a list of durations (seconds)."""
+    return {
+        "mean_s": statistics.fmean(times),
+        "median_s": statistics.median(times),
+        "std_s": statistics.stdev(times) if len(times) > 1 else 0.0,
+        "min_s": min(times),
+        "repeats": float(len(times)),
+    }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by linear interpolation (numpy's default method)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """Format a number for a markdown table; ``None``/NaN print as an em dash."""
+    if value is None or value != value:
+        return "—"
+    return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:,.0f}"
