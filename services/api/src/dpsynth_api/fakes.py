@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -20,6 +21,8 @@ from dpsynth_shared.ledger_contract import (
     BudgetView,
     ChainKey,
     CreateBudget,
+    Evaluation,
+    EvaluationRequest,
     HistogramRelease,
     HistogramRequest,
     LabelPlan,
@@ -56,6 +59,7 @@ class FakeLedger:
     fail_create: bool = False
     reconciled: list[ReconcileRequest] = field(default_factory=list)
     is_ready: bool = True
+    evaluations_made: list[Evaluation] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def create_budget(self, request: CreateBudget) -> BudgetView:
@@ -284,6 +288,31 @@ class FakeLedger:
         """The fake anchors nothing: never behind."""
         return AnchorStatus(location="memory", local_seq=0, local_hash="", anchored_seq=0,
                             anchored_hash="", behind=False, public_key="", key_id="")
+
+    def authorise_evaluation(self, request: EvaluationRequest) -> Evaluation:
+        """Record a non-DP evaluation read (nothing charged); 404 for an unknown budget.
+        Idempotent on the job id, like the ledger."""
+        from dpsynth_api.db import utcnow
+
+        with self._lock:
+            if request.dataset_id not in self.budgets:
+                raise NotFound("budget", request.dataset_id)
+            for made in self.evaluations_made:
+                if made.job_id == request.job_id:
+                    return made
+            evaluation = Evaluation(evaluation_id=f"evl_{uuid.uuid4().hex}",
+                                    dataset_id=request.dataset_id,
+                                    job_id=request.job_id,
+                                    reference_dataset_id=request.reference_dataset_id,
+                                    requested_by=request.requested_by, purpose=request.purpose,
+                                    created_at=utcnow())
+            self.evaluations_made.append(evaluation)
+        return evaluation
+
+    def evaluations(self, dataset_id: str) -> list[Evaluation]:
+        """The evaluations authorised on the budget."""
+        with self._lock:
+            return [e for e in self.evaluations_made if e.dataset_id == dataset_id]
 
 
 @dataclass

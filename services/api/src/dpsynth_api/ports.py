@@ -15,6 +15,8 @@ from dpsynth_shared.ledger_contract import (
     BudgetView,
     ChainKey,
     CreateBudget,
+    Evaluation,
+    EvaluationRequest,
     HistogramRelease,
     HistogramRequest,
     LedgerEntry,
@@ -97,6 +99,16 @@ class LedgerPort(Protocol):
 
     def anchor_status(self) -> AnchorStatus:
         """The ledger's chain head against its anchored head (``GET /v1/anchor``)."""
+        ...
+
+    # -- non-DP evaluation reads (issue 5) -------------------------------------------------
+    def authorise_evaluation(self, request: EvaluationRequest) -> Evaluation:
+        """Authorise one non-DP evaluation read of a budget's data (``POST /v1/evaluations``):
+        no epsilon is charged; the ledger records an ``evaluation_authorised`` entry."""
+        ...
+
+    def evaluations(self, dataset_id: str) -> list[Evaluation]:
+        """The budget's evaluation authorisations (``GET /v1/datasets/{id}/evaluations``)."""
         ...
 
 

@@ -92,6 +92,15 @@ class Dataset(Base):
     # Every unit (image or subject) falls in one declared class (per-label parallel comp.).
     partitions_disjoint: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     warning_fraction: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Held-out records set aside at upload (datasets/holdout.py): a second canonical npz
+    # beside the object, excluded from true_size, class_counts and N̂; never trained on.
+    holdout_fraction: Mapped[float | None] = mapped_column(Float, nullable=True)
+    holdout_seed: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    holdout_size: Mapped[int | None] = mapped_column(Integer, nullable=True)  # images
+    holdout_units: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    holdout_object_key: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    holdout_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    holdout_size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class RecordHash(Base):

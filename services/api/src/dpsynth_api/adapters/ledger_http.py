@@ -12,6 +12,8 @@ from dpsynth_shared.ledger_contract import (
     ChainKey,
     CloseRequest,
     CreateBudget,
+    Evaluation,
+    EvaluationRequest,
     HistogramRelease,
     HistogramRequest,
     LedgerEntry,
@@ -196,3 +198,22 @@ class HttpLedger:
     def anchor_status(self) -> AnchorStatus:
         """``GET /v1/anchor``."""
         return AnchorStatus.model_validate(self._call("GET", "/v1/anchor"))
+
+    # -- non-DP evaluation reads (issue 5) -------------------------------------------------
+    def authorise_evaluation(self, request: EvaluationRequest) -> Evaluation:
+        """``POST /v1/evaluations``; idempotent on ``job_id`` in the ledger, so a request
+        whose answer was lost is sent again (like :meth:`reserve`)."""
+        body = request.model_dump(mode="json")
+        for _ in range(RESERVE_ATTEMPTS - 1):
+            try:
+                return Evaluation.model_validate(self._call("POST", "/v1/evaluations", body))
+            except DpsynthError as err:
+                if err.code != ErrorCode.LEDGER_UNAVAILABLE:
+                    raise
+        return Evaluation.model_validate(self._call("POST", "/v1/evaluations", body))
+
+    def evaluations(self, dataset_id: str) -> list[Evaluation]:
+        """``GET /v1/datasets/{dataset_id}/evaluations``."""
+        data = self._call("GET", f"/v1/datasets/{dataset_id}/evaluations")
+        rows = data.get("items", []) if isinstance(data, dict) else data
+        return [Evaluation.model_validate(row) for row in rows or []]

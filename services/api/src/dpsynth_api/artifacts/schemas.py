@@ -35,6 +35,12 @@ class ArtifactList(BaseModel):
 class Presigned(BaseModel):
     url: str
     expires_at: datetime
+    sha256: str | None = Field(None, description="sha256 of the object behind the URL: for a "
+                               "corpus, its release (its manifest lists the non-DP "
+                               "evaluations that preceded it), which differs from the "
+                               "stored corpus's once there are any")
+    non_dp_evaluations: int | None = Field(None, description="corpus: how many non-DP "
+                                           "evaluations on private data its manifest lists")
 
 
 def filename_of(artifact: Artifact) -> str:

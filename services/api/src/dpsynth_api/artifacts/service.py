@@ -9,6 +9,7 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.object_store import PRIVATE_PREFIX, check_presign_allowed
 from sqlalchemy.orm import Session
 
+from dpsynth_api.artifacts.releases import Release
 from dpsynth_api.artifacts.schemas import Presigned
 from dpsynth_api.db import utcnow
 from dpsynth_api.jobs import repository as jobs_repo
@@ -37,21 +38,30 @@ def list_job_artifacts(session: Session, *, principal: Principal, job_id: str) -
     return [a for a in jobs_repo.artifacts_of(session, job.id) if owner or not a.owner_only]
 
 
-def open_download(store: ObjectStore, artifact: Artifact) -> tuple[int, Iterator[bytes]]:
-    """The stored size and the artifact's bytes, chunk by chunk (never a private dataset)."""
-    if artifact.object_key.startswith(PRIVATE_PREFIX):
+def open_download(store: ObjectStore, artifact: Artifact,
+                  release: Release | None = None) -> tuple[int, Iterator[bytes]]:
+    """The stored size and the artifact's bytes, chunk by chunk (never a private dataset);
+    for a corpus, its ``release`` (``artifacts/releases.py``)."""
+    key = release.key if release is not None else artifact.object_key
+    if artifact.object_key.startswith(PRIVATE_PREFIX) or key.startswith(PRIVATE_PREFIX):
         raise DpsynthError(ErrorCode.FORBIDDEN, "private data is never downloadable")
-    info = store.stat(artifact.object_key)
+    info = release.info if release is not None else store.stat(key)
     if info is None:
         raise NotFound("artifact object", artifact.id)
-    return info.size, store.iter_chunks(artifact.object_key)
+    return info.size, store.iter_chunks(key)
 
 
-def presign(store: ObjectStore, artifact: Artifact, *, ttl_s: int) -> Presigned:
-    """A short-lived URL; only synthetic corpora (403 ``presign_refused`` otherwise)."""
+def presign(store: ObjectStore, artifact: Artifact, *, ttl_s: int,
+            release: Release | None = None) -> Presigned:
+    """A short-lived URL; only synthetic corpora (403 ``presign_refused`` otherwise), and
+    for a corpus the URL of its current release."""
     if artifact.kind != "corpus" or artifact.owner_only:
         raise DpsynthError(ErrorCode.PRESIGN_REFUSED, "only synthetic corpora can be presigned")
-    check_presign_allowed(artifact.object_key)
+    key = release.key if release is not None else artifact.object_key
+    check_presign_allowed(key)
     expires_at = utcnow() + timedelta(seconds=ttl_s)
-    return Presigned(url=store.presign_get(artifact.object_key, ttl=timedelta(seconds=ttl_s)),
-                     expires_at=expires_at)
+    return Presigned(url=store.presign_get(key, ttl=timedelta(seconds=ttl_s)),
+                     expires_at=expires_at,
+                     sha256=release.info.sha256 if release is not None else artifact.sha256,
+                     non_dp_evaluations=len(release.evaluations) if release is not None
+                     else None)

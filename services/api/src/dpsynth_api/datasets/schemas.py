@@ -43,6 +43,21 @@ class DatasetMetadata(BaseModel):
         "private datasets: 'refuse' (409 private_data_overlap) or 'link' (the new dataset "
         "charges the existing dataset's budget; its epsilon_limit, delta and neighbouring "
         "are the budget's, and epsilon_limit may be omitted; given ones are ignored)")
+    holdout_fraction: float | None = Field(
+        None, gt=0, le=0.5, description="set aside this share of the upload's units (images, "
+        "or subjects for privacy_unit 'subject') as held-out records: the real test data of "
+        "evaluate jobs, never trained on and excluded from the declared size N̂, the class "
+        "sizes and every derived dataset; stratified by class, seeded, at least one unit on "
+        "each side")
+    holdout_seed: int | None = Field(
+        None, ge=0, le=2**63 - 1, description="the held-out split's seed (default: drawn "
+        "from OS entropy); recorded with the dataset, so the split can be reproduced")
+
+    @model_validator(mode="after")
+    def _holdout(self) -> DatasetMetadata:
+        if self.holdout_seed is not None and self.holdout_fraction is None:
+            raise ValueError("holdout_seed is given only with holdout_fraction")
+        return self
 
     @model_validator(mode="after")
     def _class_sizes(self) -> DatasetMetadata:
@@ -110,6 +125,11 @@ class DatasetOut(BaseModel):
     partitions_disjoint: bool | None = Field(None, description="every unit falls in one class "
                                              "(per-label jobs compose in parallel)")
     warning_fraction: float | None = None
+    holdout_fraction: float | None = Field(None, description="the share of the upload's "
+                                           "units held out at upload (None: none)")
+    holdout_seed: int | None = Field(None, description="the held-out split's seed")
+    holdout_size: int | None = Field(None, description="owner scope only: the number of "
+                                     "held-out images (excluded from true_size)")
     source_format: str
     sha256: str
     size_bytes: int
@@ -144,7 +164,10 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
         privacy_unit=PrivacyUnit(dataset.privacy_unit) if dataset.privacy_unit else None,
         subject_count=dataset.subject_count if owner else None,
         partitions_disjoint=dataset.partitions_disjoint,
-        warning_fraction=dataset.warning_fraction, source_format=dataset.source_format,
+        warning_fraction=dataset.warning_fraction,
+        holdout_fraction=dataset.holdout_fraction, holdout_seed=dataset.holdout_seed,
+        holdout_size=dataset.holdout_size if owner else None,
+        source_format=dataset.source_format,
         sha256=dataset.sha256, size_bytes=dataset.size_bytes, created_at=dataset.created_at)
 
 

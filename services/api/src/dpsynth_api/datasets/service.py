@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api import policies
 from dpsynth_api.archives import ArchiveLimits
-from dpsynth_api.datasets import derive, overlap, units
+from dpsynth_api.datasets import derive, holdout, overlap, units
 from dpsynth_api.datasets import repository as repo
 from dpsynth_api.datasets.ingest import Ingested, IngestLimits, ingest_upload, write_canonical
 from dpsynth_api.datasets.schemas import (
@@ -135,7 +135,7 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
     name = safe_filename(filename, "upload.zip")
     private = meta.visibility == "private"
     dataset_id = new_dataset_id()
-    key = ""
+    stored: list[str] = []
     try:
         with tempfile.TemporaryDirectory(prefix="dpsynth-upload-") as tmp:
             raw = Path(tmp) / "upload"
@@ -143,14 +143,20 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
             column = units.subject_column_for(meta)
             data = ingest_upload(raw, name, private=private, label_domain=meta.label_domain,
                                  limits=_limits(settings), subject_column=column)
+            # every record is hashed, the held-out ones too: they are the budget's records
             hashes = overlap.record_hashes(data.images)
             subjects = _subject_hashes(settings, principal.tenant_id, data)
-            canonical = write_canonical(data, Path(tmp) / "data.npz")
+            split = (holdout.split_upload(data, meta.holdout_fraction, meta.holdout_seed)
+                     if meta.holdout_fraction is not None else None)
+            train = split.train if split is not None else data
+            canonical = write_canonical(train, Path(tmp) / "data.npz")
             overlap.lock_tenant(session, principal.tenant_id)  # held until commit
             link = _check_overlap(session, principal, meta, hashes, subjects)
-            dataset = _new_row(dataset_id, meta, data, principal, link)
-            key = dataset.object_key
-            info = store.put_file(key, canonical)
+            dataset = _new_row(dataset_id, meta, train, principal, link)
+            stored.append(dataset.object_key)
+            info = store.put_file(dataset.object_key, canonical)
+            if split is not None:
+                _store_holdout(dataset, split, store, Path(tmp), meta, stored)
         dataset.sha256, dataset.size_bytes = info.sha256, info.size
         repo.add(session, dataset)
         overlap.add_hashes(session, tenant_id=dataset.tenant_id, dataset_id=dataset.id,
@@ -161,12 +167,24 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
         session.commit()
     except BaseException:
         session.rollback()
-        if key:
+        for key in stored:
             store.delete(key)
         raise
     log.info("dataset uploaded", extra={"dataset_id": dataset.id, "visibility": meta.visibility,
                                         "linked": link is not None})
     return dataset
+
+
+def _store_holdout(dataset: Dataset, split: holdout.Split, store: ObjectStore, tmp: Path,
+                   meta: DatasetMetadata, stored: list[str]) -> None:
+    """Write the held-out records beside the dataset's object and record them on the row."""
+    key = holdout.holdout_key(dataset.object_key)
+    stored.append(key)
+    held = store.put_file(key, write_canonical(split.holdout, tmp / "holdout.npz"))
+    dataset.holdout_fraction, dataset.holdout_seed = meta.holdout_fraction, split.seed
+    dataset.holdout_size, dataset.holdout_units = split.holdout.size, split.holdout_units
+    dataset.holdout_object_key = key
+    dataset.holdout_sha256, dataset.holdout_size_bytes = held.sha256, held.size
 
 
 def _subject_hashes(settings: ApiSettings, tenant_id: str, data: Ingested) -> list[str] | None:
@@ -495,6 +513,8 @@ def delete_dataset(session: Session, *, principal: Principal, store: ObjectStore
                 keys.append(str(selection["indices_key"]))
         elif row is dataset:
             keys.append(row.object_key)
+            if row.holdout_object_key:
+                keys.append(row.holdout_object_key)
     session.flush()
     for key in keys:  # the data goes first: a failure leaves it undeleted, never half-hidden
         store.delete(key)

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import is_valid_id, new_model_id
-from dpsynth_shared.worker_contract import Claim, DatasetInfo, ModelRef, RegisterArtifact
+from dpsynth_shared.worker_contract import (
+    Claim,
+    CorpusRef,
+    DatasetInfo,
+    ModelRef,
+    RegisterArtifact,
+)
 from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.derive import selection_of
@@ -17,7 +23,7 @@ from dpsynth_api.jobs import repository as jobs_repo
 from dpsynth_api.models import repository as models_repo
 from dpsynth_api.models.conditioning import check_layout_generator, layout_channels, model_target
 from dpsynth_api.settings import ApiSettings
-from dpsynth_api.tables import Dataset, Job, Model
+from dpsynth_api.tables import Artifact, Dataset, Job, Model
 
 
 def _model(session: Session, job: Job) -> Model | None:
@@ -97,16 +103,8 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
     dataset = _dataset(session, job)
     model = _model(session, job)
     checkpoint = jobs_repo.latest_checkpoint(session, job.id)
-    info = None
-    if dataset is not None:
-        info = DatasetInfo(dataset_id=dataset.id,
-                           visibility=dataset.visibility, has_masks=bool(dataset.has_masks),
-                           object_key=dataset.object_key, class_names=list(dataset.class_names),
-                           declared_size=dataset.declared_size, delta=dataset.delta,
-                           class_sizes=dataset.class_sizes,
-                           privacy_unit="subject" if dataset.privacy_unit == "subject"
-                           else "image",
-                           selection=selection_of(dataset), budget_id=dataset.budget_id)
+    info = dataset_info(dataset) if dataset is not None else None
+    evaluate = _evaluate_inputs(session, job) if job.type == "evaluate" else {}
     return Claim(
         job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
         type=job.type,
@@ -115,8 +113,57 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
         resume_checkpoint_key=checkpoint.object_key if checkpoint else None,
         resume_step=(checkpoint.checkpoint_step or 0) if checkpoint else 0,
         layout_dataset=_layout_dataset(session, job),
-        layout_model=_layout_model(session, job),
+        layout_model=_layout_model(session, job), **evaluate,
         lease_ttl_s=settings.lease_ttl_s, heartbeat_s=settings.heartbeat_s)
+
+
+def dataset_info(dataset: Dataset) -> DatasetInfo:
+    """How a worker reads a dataset: its object (and selection) and its held-out records
+    (an upload's own; a derived dataset has none of its own)."""
+    return DatasetInfo(dataset_id=dataset.id,
+                       visibility=dataset.visibility, has_masks=bool(dataset.has_masks),
+                       object_key=dataset.object_key, class_names=list(dataset.class_names),
+                       declared_size=dataset.declared_size, delta=dataset.delta,
+                       class_sizes=dataset.class_sizes,
+                       privacy_unit="subject" if dataset.privacy_unit == "subject"
+                       else "image",
+                       selection=selection_of(dataset), budget_id=dataset.budget_id,
+                       holdout_object_key=dataset.holdout_object_key,
+                       holdout_size=dataset.holdout_size)
+
+
+def _evaluate_inputs(session: Session, job: Job) -> dict[str, object]:
+    """An evaluate claim's corpus, feature network (+ its public dataset) and the ledger's
+    evaluation id (private reference), checked again at claim time."""
+    spec = job.spec or {}
+    artifact = session.get(Artifact, str(spec.get("corpus_artifact_id")))
+    if artifact is None or artifact.tenant_id != job.tenant_id or artifact.kind != "corpus":
+        raise NotFound("corpus artifact", str(spec.get("corpus_artifact_id")))
+    producer = session.get(Job, artifact.job_id)
+    sampled = (models_repo.get_for_tenant(session, tenant_id=job.tenant_id,
+                                          model_id=producer.model_id)
+               if producer is not None and producer.model_id else None)
+    corpus = CorpusRef(artifact_id=artifact.id, object_key=artifact.object_key,
+                       job_id=artifact.job_id, model_id=sampled.id if sampled else None,
+                       dp=bool(sampled.dp) if sampled else False,
+                       budget_id=_budget_of(session, sampled.dataset_id)
+                       if sampled is not None and sampled.dp else None)
+    out: dict[str, object] = {"corpus": corpus,
+                              "evaluation_id": (job.privacy or {}).get("evaluation_id")}
+    feature_id = spec.get("feature_model_id")
+    if feature_id:
+        feature = models_repo.get_for_tenant(session, tenant_id=job.tenant_id,
+                                             model_id=str(feature_id))
+        if feature is None or (feature.info or {}).get("model_kind") != "feature_net":
+            raise DpsynthError(ErrorCode.INVALID_SPEC,
+                               f"model {feature_id} is not a feature network")
+        trained_on = session.get(Dataset, feature.dataset_id) if feature.dataset_id else None
+        if trained_on is None or trained_on.visibility != "public":
+            raise DpsynthError(ErrorCode.INVALID_SPEC, f"feature network {feature_id} was not "
+                               "trained on a public dataset")
+        out["feature_model"] = model_ref(feature)
+        out["feature_dataset"] = dataset_info(trained_on)
+    return out
 
 
 def _model_id_for(session: Session, body: RegisterArtifact) -> str:
@@ -152,6 +199,14 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
         info["layout_channels"] = channels
     if model_target(meta) == "masks":
         info["target"] = "masks"  # a layout generator (GenerateSpec.layout_source.model_id)
+    if job.type == "feature_net":
+        # a feature network (jobs/evaluations.py): usable only as an evaluate job's
+        # feature_model_id, never as a diffusion base or a sampled model
+        info["model_kind"] = "feature_net"
+        feature = meta.get("feature_net")
+        if isinstance(feature, dict):
+            info["feature_net"] = dict(feature)
+        info["public_dataset_id"] = job.dataset_id
     model = Model(id=_model_id_for(session, body), tenant_id=job.tenant_id,
                   name=str(meta.get("name") or f"{job.type} {job.id}"),
                   object_key=body.object_key, source="job", dataset_id=job.dataset_id,

@@ -25,10 +25,10 @@ from sqlalchemy.orm import Session
 from dpsynth_api.db import utcnow
 from dpsynth_api.internal.lineage import build_claim, register_model
 from dpsynth_api.jobs import repository as jobs_repo
-from dpsynth_api.jobs.schemas import RESULT_KEYS
+from dpsynth_api.jobs.schemas import result_keys
 from dpsynth_api.jobs.service import refuse, transition
 from dpsynth_api.settings import ApiSettings
-from dpsynth_api.tables import Artifact, Job
+from dpsynth_api.tables import Artifact, Dataset, Job
 
 _LIVE = (JobState.RUNNING, JobState.CANCELLING)
 _PRIVATE_STAT = re.compile(r"loss|grad|clip", re.IGNORECASE)
@@ -36,7 +36,9 @@ _PRIVATE_STAT = re.compile(r"loss|grad|clip", re.IGNORECASE)
 # from the data (the clipping norm C is part of the published DP mechanism).
 _PUBLIC_HYPERPARAMETERS = frozenset({"max_grad_norm"})
 _PREFIX = {"model": "models/", "checkpoint": "checkpoints/{job}/", "corpus": "corpora/{job}/",
-           "private_stats": "owner/{job}/"}
+           "private_stats": "owner/{job}/", "report": "reports/{job}/"}
+# Reports may also live under the owner-only prefix of their job.
+_OTHER_PREFIXES = {"report": ("owner/{job}/",)}
 
 
 def _locked_live(session: Session, job_id: str, attempt: int) -> Job:
@@ -89,7 +91,10 @@ def heartbeat(session: Session, *, job_id: str, beat: Heartbeat) -> HeartbeatRep
 
 def _check_artifact(job: Job, body: RegisterArtifact, owner_only: bool) -> None:
     prefix = _PREFIX[body.kind].format(job=job.id)
-    if not body.object_key.startswith(prefix):
+    allowed = (prefix, *(p.format(job=job.id) for p in _OTHER_PREFIXES.get(body.kind, ())))
+    if body.kind == "report" and job.type != "evaluate":
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, "only evaluate jobs register reports")
+    if not body.object_key.startswith(allowed):
         raise DpsynthError(ErrorCode.INVALID_REQUEST,
                            f"a {body.kind} artifact of this job must live under '{prefix}'")
     if not owner_only:
@@ -101,11 +106,20 @@ def _check_artifact(job: Job, body: RegisterArtifact, owner_only: bool) -> None:
                                "they belong in an owner-only private_stats artifact")
 
 
+def _private_report(session: Session, job: Job, body: RegisterArtifact) -> bool:
+    """A report of an evaluate job on a PRIVATE reference: owner-only and non-DP whatever
+    the worker says (it is computed from private records outside any DP mechanism)."""
+    if body.kind != "report":
+        return False
+    reference = session.get(Dataset, job.dataset_id) if job.dataset_id else None
+    return reference is None or reference.visibility != "public"
+
+
 def register_artifact(session: Session, *, job_id: str,
                       body: RegisterArtifact) -> RegisteredArtifact:
     """Register an output; ``model`` also records a model with its lineage."""
     job = _locked_live(session, job_id, body.attempt)
-    stats = body.kind == "private_stats"
+    stats = body.kind == "private_stats" or _private_report(session, job, body)
     owner_only, non_dp = body.owner_only or stats, body.non_dp or stats
     _check_artifact(job, body, owner_only)
     existing = session.scalars(select(Artifact).where(
@@ -125,7 +139,7 @@ def register_artifact(session: Session, *, job_id: str,
 
 
 def _apply_result(job: Job, result: dict[str, Any]) -> None:
-    kept = {k: v for k, v in result.items() if k in RESULT_KEYS}
+    kept = {k: v for k, v in result.items() if k in result_keys(job.type)}
     job.result = {**(job.result or {}), **kept}
     if "job_epsilon" in kept and job.privacy is not None:
         job.privacy = {**job.privacy, "job_epsilon_spent": kept["job_epsilon"]}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+from dpsynth_shared.evaluation import EvaluationReport
 from dpsynth_shared.job_specs import JobSpec
 from dpsynth_shared.job_states import JobState
 from fastapi import APIRouter, Body, Query, Response
+from fastapi.responses import StreamingResponse
 
-from dpsynth_api.deps import LedgerDep, ReaderDep, SenderDep, SessionDep, SubmitterDep
-from dpsynth_api.jobs import service, submit
+from dpsynth_api.deps import LedgerDep, ReaderDep, SenderDep, SessionDep, StoreDep, SubmitterDep
+from dpsynth_api.jobs import reports, service, submit
 from dpsynth_api.jobs.schemas import DryRun, JobOut, JobPage, job_out
 from dpsynth_api.pagination import split
 from dpsynth_api.tenants.security import Scope
@@ -34,7 +36,8 @@ def submit_job(spec: Annotated[JobSpec, Body()], response: Response, session: Se
 def list_jobs(session: SessionDep, principal: ReaderDep,
               limit: Annotated[int, Query(ge=1, le=200)] = 50, cursor: str | None = None,
               state: JobState | None = None,
-              type: Literal["pretrain", "finetune", "generate"] | None = None) -> JobPage:
+              type: Literal["pretrain", "finetune", "generate", "feature_net",
+                            "evaluate"] | None = None) -> JobPage:
     """The tenant's jobs, newest first, filtered by state and type."""
     jobs, artifacts = service.list_jobs(session, principal=principal, limit=limit, cursor=cursor,
                                         state=state, job_type=type)
@@ -59,3 +62,35 @@ def cancel_job(job_id: str, session: SessionDep, principal: SubmitterDep,
     job = service.cancel_job(session, principal=principal, ledger=ledger, job_id=job_id)
     return job_out(job, service.job_artifacts(session, job=job),
                    owner=principal.has(Scope.OWNER))
+
+
+_PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}}
+
+
+@router.get("/{job_id}/report", response_model=EvaluationReport, responses={
+    200: {"description": "the report.json document, or with format=html the page",
+          "content": {"text/html": {}}},
+    403: {"description": "owner-only report (private reference) without the 'owner' "
+          "scope", **_PROBLEM},
+    404: {"description": "unknown job, another tenant's job, or not an evaluate job",
+          **_PROBLEM},
+    409: {"description": "the job has no report (yet): report_state 'not_ready' while it "
+          "runs, 'absent' when it ended without one", **_PROBLEM}})
+def get_report(job_id: str, session: SessionDep, principal: ReaderDep, store: StoreDep,
+               format: Literal["json", "html"] = "json") -> Response:
+    """An evaluate job's report: the JSON document (headline numbers, classifier scores,
+    feature-network check, memorisation), or ``?format=html`` the page (served under a
+    strict Content-Security-Policy: no script, only inline styles and ``data:`` images).
+
+    A report on a PRIVATE reference is owner-only and labelled non-DP (``non_dp``): it is
+    computed from private records outside any DP mechanism.
+    """
+    artifact = reports.find_report(session, principal=principal, job_id=job_id, fmt=format)
+    if format == "html":
+        size, chunks = reports.open_html(store, artifact)
+        return StreamingResponse(chunks, media_type="text/html; charset=utf-8", headers={
+            **reports.REPORT_HEADERS, "Content-Length": str(size),
+            "Content-Disposition": f'inline; filename="{job_id}-report.html"'})
+    document = reports.read_json(store, artifact)
+    return Response(document.model_dump_json(), media_type="application/json",
+                    headers=reports.REPORT_HEADERS)

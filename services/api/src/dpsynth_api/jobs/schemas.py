@@ -18,8 +18,18 @@ RESULT_KEYS = frozenset({"job_epsilon", "job_epsilon_granted", "steps", "steps_d
                          "samples", "model_id", "checkpoint_step", "seed", "images",
                          "images_per_second", "sampler", "guidance_scale", "batch_size",
                          "steps_used", "trainable_parameters"})
+# An evaluate job's result: ONLY where its report is and how it is labelled, never a
+# metric (a reader without the owner scope sees job results; the headline numbers are served
+# by GET /v1/jobs/{id}/report, owner-only for a private reference).
+EVALUATE_RESULT_KEYS = frozenset({"report_artifact_id", "report_html_artifact_id", "non_dp",
+                                  "contains_private_images"})
 # Keys the api itself writes into a job's result at submission; a worker never sets them.
 API_RESULT_KEYS = frozenset({"layout_source"})
+
+
+def result_keys(job_type: str) -> frozenset[str]:
+    """The result keys a worker may set (and a reader sees) for a job of this type."""
+    return EVALUATE_RESULT_KEYS if job_type == "evaluate" else RESULT_KEYS
 
 
 class Progress(BaseModel):
@@ -133,7 +143,7 @@ def job_out(job: Job, artifacts: list[Artifact], *, owner: bool) -> JobOut:
                           epsilon_so_far=job.epsilon_so_far, eta_s=job.eta_s,
                           message=job.progress_message),
         privacy=job.privacy, result={k: v for k, v in (job.result or {}).items()
-                                     if k in RESULT_KEYS or k in API_RESULT_KEYS},
+                                     if k in result_keys(job.type) or k in API_RESULT_KEYS},
         artifacts=[ArtifactRef(artifact_id=a.id, kind=a.kind, owner_only=a.owner_only,
                                non_dp=a.non_dp) for a in artifacts if owner or not a.owner_only],
         error=error, heartbeat_at=job.heartbeat_at, created_at=job.created_at,

@@ -10,13 +10,26 @@ from typing import Any
 from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.ids import new_job_id
-from dpsynth_shared.job_specs import FinetuneSpec, GenerateSpec, PretrainSpec, steps_for
+from dpsynth_shared.job_specs import (
+    EvaluateSpec,
+    FeatureNetSpec,
+    FinetuneSpec,
+    GenerateSpec,
+    PretrainSpec,
+    steps_for,
+)
 from dpsynth_shared.job_states import Actor, JobState
-from dpsynth_shared.ledger_contract import LabelShape, Reservation, ReserveRequest
+from dpsynth_shared.ledger_contract import (
+    EvaluationRequest,
+    LabelShape,
+    Reservation,
+    ReserveRequest,
+)
 from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.derive import check_not_deleted
 from dpsynth_api.datasets.service import get_dataset
+from dpsynth_api.jobs import evaluations
 from dpsynth_api.jobs import repository as repo
 from dpsynth_api.jobs.layouts import layout_record, resolve_layout_source
 from dpsynth_api.jobs.options import check_finetune_options
@@ -29,7 +42,7 @@ from dpsynth_api.tables import Dataset, Job, Model
 from dpsynth_api.tenants.security import Principal
 
 log = logging.getLogger(__name__)
-AnySpec = PretrainSpec | FinetuneSpec | GenerateSpec
+AnySpec = PretrainSpec | FinetuneSpec | GenerateSpec | FeatureNetSpec | EvaluateSpec
 
 
 @dataclass
@@ -40,6 +53,7 @@ class _Resolved:
     reserve: ReserveRequest | None = None
     layout: Dataset | Model | None = None  # generate: the public dataset of the layout
     # masks, or the layout generator that draws them
+    evaluate: bool = False  # evaluate: a private reference needs the ledger's authorisation
 
 
 def _require_visibility(dataset: Dataset, wanted: str, job_type: str) -> None:
@@ -63,6 +77,11 @@ def _require_masks_for_target(dataset: Dataset, target: str) -> None:
 
 
 def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str) -> _Resolved:
+    if isinstance(spec, FeatureNetSpec):
+        return _Resolved(dataset=evaluations.resolve_feature_net(session, principal, spec))
+    if isinstance(spec, EvaluateSpec):
+        reference, _, _ = evaluations.resolve_evaluate(session, principal, spec)
+        return _Resolved(dataset=reference, evaluate=True)
     if isinstance(spec, PretrainSpec):
         dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
         check_not_deleted(dataset)
@@ -71,6 +90,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
         return _Resolved(dataset=dataset)
     if isinstance(spec, GenerateSpec):
         model = get_model(session, principal=principal, model_id=spec.model_id)
+        evaluations.refuse_feature_net(model, "model a generate job samples")
         if model.rng == "test":
             # DESIGN §3: a model trained with a test-injected seeded generator has
             # predictable noise; its outputs carry no DP guarantee and are never released.
@@ -85,6 +105,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
     check_finetune_options(dataset, spec)
     _require_masks_for_target(dataset, spec.training.target)
     base = get_model(session, principal=principal, model_id=spec.base_model_id)
+    evaluations.refuse_feature_net(base, "base model of a finetune job")
     if spec.training.target == "masks" and layout_channels(base.info or {}):
         raise DpsynthError(ErrorCode.INVALID_SPEC,
                            f"model {base.id} is layout-conditioned: a layout generator (target "
@@ -162,6 +183,8 @@ def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     """``dry_run``: what the job would be and cost; nothing is stored or reserved."""
     resolved = _resolve(session, principal, spec, new_job_id())
     plan: dict[str, Any] | None = None
+    if resolved.evaluate and resolved.dataset is not None:
+        plan = evaluations.evaluation_privacy(resolved.dataset, None)
     if resolved.reserve is not None and resolved.steps is not None:
         plan = privacy_block(ledger.plan(resolved.reserve), reservation_id=None,
                              steps=resolved.steps)
@@ -183,6 +206,8 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     resolved = _resolve(session, principal, spec, job_id)
     privacy = None
     reservation_id = None
+    if resolved.evaluate and resolved.dataset is not None:
+        privacy = _authorise_evaluation(ledger, principal, resolved.dataset, job_id)
     if resolved.reserve is not None and resolved.steps is not None:
         reservation = ledger.reserve(resolved.reserve)  # before the row exists
         reservation_id = reservation.reservation_id
@@ -207,6 +232,21 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
         raise
     _send(session, ledger=ledger, sender=sender, job=job)
     return job
+
+
+def _authorise_evaluation(ledger: LedgerPort, principal: Principal, dataset: Dataset,
+                          job_id: str) -> dict[str, Any]:
+    """An evaluate job's privacy block; on a PRIVATE reference the ledger first records the
+    non-DP read (before the job row exists: a read is never unrecorded, at worst an
+    authorisation is recorded for a job that never ran)."""
+    evaluation_id = None
+    if dataset.visibility == "private":
+        budget_id, _ = budget_terms(dataset)
+        evaluation = ledger.authorise_evaluation(EvaluationRequest(
+            dataset_id=budget_id, job_id=job_id, reference_dataset_id=dataset.id,
+            requested_by=principal.key_id))
+        evaluation_id = evaluation.evaluation_id
+    return evaluations.evaluation_privacy(dataset, evaluation_id)
 
 
 def _reservation_block(reservation: Reservation, steps: int) -> dict[str, Any]:

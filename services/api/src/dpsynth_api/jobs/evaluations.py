@@ -1,0 +1,161 @@
+"""The inputs and rules of ``feature_net`` and ``evaluate`` jobs (issue 5, item 2).
+
+* ``feature_net`` trains a feature network WITHOUT privacy, so it accepts PUBLIC datasets
+  only (422 ``visibility_mismatch``); the model it registers carries
+  ``model_kind: feature_net`` and can be used only as an evaluate job's ``feature_model_id``
+  (never as a finetune base or a generate model: 422 ``invalid_spec``).
+* ``evaluate`` compares a corpus artifact of the tenant (404 otherwise) with a reference
+  dataset's held-out records (422 ``no_holdout`` without them; 410 when deleted). On a
+  PRIVATE reference it reads private data outside any DP mechanism: it needs the ``owner``
+  scope (403), the ledger records the read (``POST /v1/evaluations``: an
+  ``evaluation_authorised`` entry, no epsilon charged) before the job exists, its report is
+  owner-only and labelled non-DP, and every later release of a corpus of the same budget
+  lists it in its manifest (``artifacts/releases.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.job_specs import EvaluateSpec, FeatureNetSpec
+from sqlalchemy.orm import Session
+
+from dpsynth_api.datasets.derive import check_not_deleted
+from dpsynth_api.datasets.service import get_dataset
+from dpsynth_api.models.service import get_model
+from dpsynth_api.tables import Artifact, Dataset, Job, Model
+from dpsynth_api.tenants.security import Principal, Scope
+
+FEATURE_NET = "feature_net"
+"""``Model.info["model_kind"]`` of a feature network (set only from a feature_net job)."""
+
+
+def is_feature_net(model: Model) -> bool:
+    """Whether a model is a feature network (not a diffusion model)."""
+    return (model.info or {}).get("model_kind") == FEATURE_NET
+
+
+def refuse_feature_net(model: Model, role: str) -> None:
+    """A feature network cannot be a diffusion model's base or be sampled.
+
+    Raises:
+        DpsynthError: 422 ``invalid_spec``.
+    """
+    if is_feature_net(model):
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"model {model.id} is a feature network (a feature_net job's "
+                           f"classifier), not a diffusion model: it cannot be the {role}; use "
+                           "it as an evaluate job's feature_model_id", model_id=model.id)
+
+
+def resolve_feature_net(session: Session, principal: Principal,
+                        spec: FeatureNetSpec) -> Dataset:
+    """The public dataset a feature_net job trains on.
+
+    Raises:
+        DpsynthError: 404, 410 ``dataset_deleted``, 422 ``visibility_mismatch``.
+    """
+    dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
+    check_not_deleted(dataset)
+    if dataset.visibility != "public":
+        raise DpsynthError(ErrorCode.VISIBILITY_MISMATCH,
+                           f"dataset {dataset.id} is {dataset.visibility}: feature_net jobs "
+                           "train without differential privacy, so they only accept PUBLIC "
+                           "datasets", dataset_visibility=dataset.visibility,
+                           job_type="feature_net")
+    return dataset
+
+
+def corpus_artifact(session: Session, *, tenant_id: str, artifact_id: str) -> Artifact:
+    """The tenant's corpus artifact (404 for anything else, other tenants' ids included)."""
+    artifact = session.get(Artifact, artifact_id)
+    if artifact is None or artifact.tenant_id != tenant_id or artifact.kind != "corpus":
+        raise NotFound("corpus artifact", artifact_id)
+    return artifact
+
+
+def feature_model(session: Session, principal: Principal, model_id: str) -> Model:
+    """The tenant's feature network (404 for another tenant's id; 422 for another kind).
+
+    Only a model registered by one of the tenant's feature_net jobs qualifies: an uploaded
+    model or a diffusion model can never stand in for it.
+    """
+    model = get_model(session, principal=principal, model_id=model_id)
+    producer = session.get(Job, model.produced_by_job_id) if model.produced_by_job_id else None
+    if not is_feature_net(model) or producer is None or producer.type != FEATURE_NET:
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"model {model.id} is not a feature network: feature_model_id takes "
+                           "the model of a feature_net job", model_id=model.id)
+    return model
+
+
+def feature_dataset(session: Session, model: Model) -> Dataset:
+    """The PUBLIC dataset a feature network was trained on (its validation data).
+
+    Raises:
+        DpsynthError: 410 ``dataset_deleted``; 422 ``invalid_spec`` when it is not public.
+    """
+    dataset = session.get(Dataset, model.dataset_id) if model.dataset_id else None
+    if dataset is None or dataset.tenant_id != model.tenant_id:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, f"feature network {model.id} names no "
+                           "dataset of yours", model_id=model.id)
+    check_not_deleted(dataset)
+    if dataset.visibility != "public":
+        raise DpsynthError(ErrorCode.INVALID_SPEC, f"feature network {model.id} was not "
+                           "trained on a public dataset", model_id=model.id)
+    return dataset
+
+
+def resolve_evaluate(session: Session, principal: Principal,
+                     spec: EvaluateSpec) -> tuple[Dataset, Artifact, Model | None]:
+    """The reference dataset, the corpus and the feature network of an evaluate job.
+
+    Raises:
+        DpsynthError: 404 (unknown ids or another tenant's), 410 ``dataset_deleted``, 422
+            ``no_holdout`` / ``invalid_spec``, 403 ``forbidden`` (private reference without
+            the owner scope).
+    """
+    artifact = corpus_artifact(session, tenant_id=principal.tenant_id,
+                               artifact_id=spec.corpus_artifact_id)
+    dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
+    check_not_deleted(dataset)
+    if not dataset.holdout_object_key:
+        raise DpsynthError(ErrorCode.NO_HOLDOUT,
+                           f"dataset {dataset.id} has no held-out records: upload the "
+                           "reference data with holdout_fraction (derived datasets have no "
+                           "held-out part of their own)", dataset_id=dataset.id)
+    if dataset.visibility == "private" and not principal.has(Scope.OWNER):
+        raise DpsynthError(ErrorCode.FORBIDDEN,
+                           f"dataset {dataset.id} is private: evaluating against it reads its "
+                           "records outside any DP mechanism, which only the data's owner "
+                           "may do; the 'owner' scope is required", required_scope="owner")
+    model = None
+    if spec.feature_model_id is not None:
+        model = feature_model(session, principal, spec.feature_model_id)
+        feature_dataset(session, model)
+    return dataset, artifact, model
+
+
+def evaluation_privacy(dataset: Dataset, evaluation_id: str | None) -> dict[str, Any]:
+    """The privacy block of an evaluate job (shown by ``dry_run`` and on the job)."""
+    private = dataset.visibility == "private"
+    block: dict[str, Any] = {
+        "epsilon_charged": 0.0,
+        "non_dp_read": private,
+        "reference_visibility": dataset.visibility,
+        "budget_id": (dataset.budget_id or dataset.id) if private else None,
+        "evaluation_id": evaluation_id,
+        "report_access": "owner_only" if private else "tenant",
+        "notes": ([
+            "no epsilon is charged: the evaluation is not differentially private",
+            "it reads the private training and held-out records outside any DP mechanism; "
+            "the ledger records the read (evaluation_authorised, then evaluation_read)",
+            "its report is owner-only and labelled non-DP, and is never bundled with a corpus",
+            "every corpus of this budget released afterwards lists this evaluation in its "
+            "manifest (non_dp_evaluations)",
+        ] if private else [
+            "no epsilon is charged and no private data is read: the reference is public",
+        ]),
+    }
+    return block
