@@ -5,7 +5,8 @@ Two kinds of series:
 
 * **Counters of this process** (reset on restart; ``rate()``/``increase()`` handle that):
   admissions by ``kind`` × ``decision`` × ``reason``, histogram releases, read grants and
-  step leases granted. Every label takes a value from a fixed, closed set.
+  step leases granted, non-DP evaluation reads authorised and their read grants. Every label
+  takes a value from a fixed, closed set.
 * **Figures read at scrape time** by :class:`BudgetCollector` (one read-only transaction per
   scrape): datasets by state, the distribution of spent fractions, leases active and lapsed,
   open reservations, where the chain stands against its anchor (admissions are refused
@@ -319,6 +320,13 @@ class LedgerMetrics:
                                    registry=self.registry)
         self.leases = Counter("dpsynth_ledger_leases_granted", "Step leases granted (charged)",
                               registry=self.registry)
+        self.evaluations_authorised = Counter(
+            "dpsynth_ledger_evaluations_authorised", "Non-DP evaluation reads of private data "
+            "authorised (recorded in the chain, no epsilon charged)", registry=self.registry)
+        self.evaluation_reads = Counter(
+            "dpsynth_ledger_evaluation_reads", "Read grants issued for non-DP evaluation reads "
+            "of private data (recorded in the chain, no epsilon charged)",
+            registry=self.registry)
         for kind in ADMISSION_KINDS:  # every series exists from the start (rate() of zero)
             self.admissions.labels(kind=kind, decision="accepted", reason="none")
             for reason in REASONS[1:]:

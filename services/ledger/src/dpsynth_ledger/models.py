@@ -164,3 +164,25 @@ class ChainHead(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     seq: Mapped[int] = mapped_column(BigInteger)
     hash: Mapped[str] = mapped_column(Text)
+
+
+class EvaluationRow(Base):
+    """A non-DP evaluation read authorised on a budget (no epsilon: recorded, never charged).
+
+    One row per evaluate job (``job_id`` unique: authorisation is idempotent); ``grants``
+    counts the read grants a worker took for it, ``touched_at`` is the first one's time.
+    """
+
+    __tablename__ = "evaluations"
+    __table_args__ = (UniqueConstraint("job_id", name="uq_evaluations_job_id"),)
+
+    evaluation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("ledger.budgets.dataset_id"), index=True)
+    job_id: Mapped[str] = mapped_column(String(64))
+    reference_dataset_id: Mapped[str] = mapped_column(String(64))
+    requested_by: Mapped[str] = mapped_column(String(64))
+    purpose: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    touched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    grants: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -12,6 +12,9 @@ from dpsynth_shared.ledger_contract import (
     ChainKey,
     CloseRequest,
     CreateBudget,
+    Evaluation,
+    EvaluationGrantRequest,
+    EvaluationRequest,
     ExtendRequest,
     HistogramRelease,
     HistogramRequest,
@@ -39,7 +42,14 @@ from sqlalchemy.orm import Session
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.chain import anchor_status, verify_chain
 from dpsynth_ledger.context import LedgerContext
-from dpsynth_ledger.service import budgets, histograms, leases, policies, reservations
+from dpsynth_ledger.service import (
+    budgets,
+    evaluations,
+    histograms,
+    leases,
+    policies,
+    reservations,
+)
 from dpsynth_ledger.service import reconcile as reconciliation
 
 
@@ -130,6 +140,31 @@ def extend(reservation_id: str, body: ExtendRequest, session: SessionDep,
 def close(reservation_id: str, body: CloseRequest, session: SessionDep,
           ctx: CtxDep) -> Reservation:
     return reservations.close(session, reservation_id=reservation_id, request=body, ctx=ctx)
+
+
+# -- non-DP evaluation reads, recorded and never charged (service/evaluations.py) --------
+
+@router.post("/evaluations", response_model=Evaluation, status_code=201)
+def authorise_evaluation(body: EvaluationRequest, session: SessionDep,
+                         ctx: CtxDep) -> Evaluation:
+    """Authorise one non-DP evaluation read of the budget's private data (the api, when an
+    evaluate job on a private reference is submitted); idempotent on ``job_id``; a chained
+    ``evaluation_authorised`` entry, no epsilon."""
+    return evaluations.authorise(session, request=body, ctx=ctx)
+
+
+@router.post("/evaluations/{evaluation_id}/grant", response_model=ReadGrant, status_code=201)
+def evaluation_grant(evaluation_id: str, body: EvaluationGrantRequest, session: SessionDep,
+                     ctx: CtxDep) -> ReadGrant:
+    """A short-lived read grant for the budget's private prefix (the worker of the evaluate
+    job); a chained ``evaluation_read`` entry, no epsilon."""
+    return evaluations.grant(session, evaluation_id=evaluation_id, request=body, ctx=ctx)
+
+
+@router.get("/datasets/{dataset_id}/evaluations", response_model=list[Evaluation])
+def list_evaluations(dataset_id: str, session: SessionDep) -> list[Evaluation]:
+    """The budget's evaluation reads, oldest first (``dataset_id``: the budget's id)."""
+    return evaluations.list_for_dataset(session, dataset_id=dataset_id)
 
 
 @router.post("/job-epsilon", response_model=JobEpsilon)

@@ -11,7 +11,8 @@ budget row's lock and then the chain head's:
    ``histogram_released``, and the ``restored_charge`` entries of an earlier, uncommitted
    reconciliation), each ONCE, as a new chained ``restored_charge`` entry that carries the
    anchored entry's own signed ``rdp_delta`` and names its lineage, seq and hash;
-3. re-applies lost class sizes and lowered limits;
+3. re-applies lost class sizes and lowered limits, and re-records lost non-DP evaluation
+   reads (``evaluation_authorised`` / ``evaluation_read``: their rows back, never charged);
 4. closes every open reservation the lost entries touched (its run cannot resume against a
    rewound reservation row; the job's granted steps are already charged by step 2);
 5. charges every api DP job whose reservation neither the database nor the anchor knows:
@@ -62,6 +63,7 @@ from dpsynth_ledger.chain import (
 )
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Budget
+from dpsynth_ledger.service import evaluations
 from dpsynth_ledger.service.reservations import write_entry
 
 CHARGES = ("lease_granted", "histogram_released", RESTORED_CHARGE)
@@ -198,8 +200,9 @@ def _reapply(session: Session, record: dict[str, Any], budgets: dict[str, Budget
         return 1
     budget = budgets.get(dataset_id)
     if budget is None:
-        if kind in CHARGES:
-            notes.append(f"entry {record['seq']}: a charge of dataset {dataset_id}, which has "
+        if kind in CHARGES or kind in evaluations.KINDS:
+            what = "a charge" if kind in CHARGES else "an evaluation read"
+            notes.append(f"entry {record['seq']}: {what} of dataset {dataset_id}, which has "
                          "no budget in the database or the anchor: not re-applied")
         return 0
     accs = repo.accumulators(session, dataset_id)
@@ -215,6 +218,10 @@ def _reapply(session: Session, record: dict[str, Any], budgets: dict[str, Budget
             "steps": payload.get("steps"), "rdp_delta": delta,
             "accumulators_after": snapshot(accs), "figures": figures(budget, accs)})
         return 1
+    if kind in evaluations.KINDS:  # a non-DP read: re-recorded, never charged
+        at = record.get("at")
+        return evaluations.restore(session, budget, kind, payload, origin,
+                                   datetime.fromisoformat(at) if isinstance(at, str) else None)
     if kind == "class_sizes_set" and budget.class_sizes is None:
         budget.class_sizes = payload.get("class_sizes")
         append_entry(session, dataset_id=dataset_id, kind="class_sizes_set", payload={
