@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from dpsynth_cli import admin, jobs, ledger, resources
+from dpsynth_cli import admin, evaluate, jobs, ledger, resources
 from dpsynth_cli.common import CliState, console, err_console, print_json, state_of
 from dpsynth_cli.config import resolve_home
 
@@ -24,6 +24,9 @@ app.add_typer(jobs.app, name="jobs")
 app.add_typer(ledger.app, name="ledger")
 app.command("budget")(resources.budget)
 app.command("download")(resources.download)
+app.add_typer(evaluate.features, name="features")
+app.command("evaluate")(evaluate.evaluate)
+app.command("report")(evaluate.report)
 
 HomeOption = Annotated[Path | None, typer.Option("--home", help="state folder "
                                                   "(default $DPSYNTH_HOME or ./.dpsynth)")]

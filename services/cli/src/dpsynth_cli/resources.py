@@ -60,6 +60,11 @@ def upload_dataset(
     subject_column: Annotated[str | None, typer.Option(
         help="subject unit: the npz array / Parquet column of subject ids (default "
         "'subjects'); an image folder carries subjects.csv (path,subject) instead")] = None,
+    holdout_fraction: Annotated[float | None, typer.Option(
+        help="set this share of the records aside (seeded, recorded): never trained on, "
+        "excluded from N̂, the real test data of `dpsynth evaluate`")] = None,
+    holdout_seed: Annotated[int | None, typer.Option(
+        help="seed of the held-out split (default: the api's)")] = None,
 ) -> None:
     """Upload a zip/tar image folder, .npz or Parquet file."""
     if visibility not in {"public", "private"}:
@@ -68,11 +73,16 @@ def upload_dataset(
         raise typer.BadParameter("must be refuse or link", param_hint="--on-overlap")
     if privacy_unit not in {None, "image", "subject"}:
         raise typer.BadParameter("must be image or subject", param_hint="--privacy-unit")
+    if holdout_fraction is not None and not 0 < holdout_fraction < 1:
+        raise typer.BadParameter("must be in (0, 1)", param_hint="--holdout-fraction")
+    if holdout_seed is not None and holdout_fraction is None:
+        raise typer.BadParameter("needs --holdout-fraction", param_hint="--holdout-seed")
     result = state_of(ctx).client().upload_dataset(
         path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
         label_domain=_split(label_domain), declared_size=declared_size,
         class_sizes=_sizes(class_sizes), on_overlap=on_overlap, privacy_unit=privacy_unit,
-        subject_column=subject_column)
+        subject_column=subject_column, holdout_fraction=holdout_fraction,
+        holdout_seed=holdout_seed)
     print_json(result)
 
 

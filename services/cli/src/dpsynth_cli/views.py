@@ -90,3 +90,103 @@ def spent_after_warning(result: dict[str, Any], budget: dict[str, Any] | None) -
     if float(after) < float(fraction) * float(budget["epsilon_limit"]):
         return None
     return warning_text(after, budget["epsilon_limit"], fraction, after_job=True)
+
+
+NON_DP_LINE = ("NON-DP, OWNER ONLY: computed from private records outside any DP mechanism "
+               "(no epsilon charged; recorded in the ledger as a non-DP read); do not share")
+PRDC_MEANING = {
+    "precision": "share of synthetic inside the real k-NN manifold (fidelity)",
+    "recall": "share of real inside the synthetic k-NN manifold (diversity)",
+    "density": "about 1 for real-like samples (may exceed 1)",
+    "coverage": "share of real with a synthetic neighbour (diversity)",
+}
+FD_NAME = "fd_dpsynth (Fréchet distance in the dpsynth feature network's space; not FID)"
+
+
+def _chance_of(report: dict[str, Any], classifier: str) -> Any:
+    """A classifier's chance accuracy from its scores (the same for both training sets)."""
+    for score in report.get("classifiers") or []:
+        if isinstance(score, dict) and score.get("classifier") == classifier:
+            return score.get("chance")
+    return None
+
+
+def report_header(report: dict[str, Any]) -> list[str]:
+    """The lines above the headline table: what was evaluated against what, and the NON-DP
+    warning when the reference is private (the numbers come from private records)."""
+    lines = [f"evaluate job {report.get('job_id', '-')}: corpus "
+             f"{report.get('corpus_artifact_id', '-')} (model {report.get('model_id') or '-'})"
+             f" vs {report.get('reference_visibility', '?')} dataset "
+             f"{report.get('dataset_id', '-')}"]
+    sizes = report.get("sizes") or {}
+    if sizes:
+        lines.append("images: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))
+    if report.get("non_dp"):
+        lines.append(NON_DP_LINE)
+    if report.get("contains_private_images"):
+        lines.append("the HTML report shows private images (owner scope; never bundle it "
+                     "with a corpus)")
+    return lines
+
+
+def report_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(metric, value, compare with) rows of ``dpsynth report``, from the report's headline.
+
+    Each figure stands beside what it must be read against: TSTR accuracy beside the same
+    classifier trained on real data and chance; ``fd_dpsynth`` beside its floor (real train
+    vs real held-out); the feature network's accuracy beside its threshold and its hash.
+    """
+    head: dict[str, Any] = report.get("headline") or {}
+    rows: list[tuple[str, str, str]] = []
+    tstr: dict[str, Any] = head.get("tstr_accuracy") or {}
+    real: dict[str, Any] = head.get("real_accuracy") or {}
+    for clf in sorted(set(tstr) | set(real)):
+        rows.append((f"TSTR accuracy {clf} (train synthetic, test real)", _num(tstr.get(clf)),
+                     f"trained on real {_num(real.get(clf))}, chance "
+                     f"{_num(_chance_of(report, clf))}"))
+    if head.get("fd_dpsynth") is not None or head.get("fd_dpsynth_real_train") is not None:
+        floor = _num(head.get("fd_dpsynth_real_train"), ".3f")
+        rows.append((FD_NAME, _num(head.get("fd_dpsynth"), ".3f"),
+                     f"floor (real train vs held-out) {floor}; lower is closer"))
+    if head.get("inception_fid") is not None:
+        rows.append(("Inception FID (pinned pytorch-fid weights)",
+                     _num(head["inception_fid"], ".3f"), ""))
+    for name, meaning in PRDC_MEANING.items():
+        if head.get(name) is not None:
+            rows.append((name, _num(head[name]), meaning))
+    if head.get("memorisation_flagged") is not None:
+        total = next((m.get("synthetic") for m in report.get("memorisation") or []
+                      if isinstance(m, dict) and m.get("synthetic") is not None),
+                     (report.get("sizes") or {}).get("synthetic"))
+        flagged = int(head["memorisation_flagged"])
+        rows.append(("memorisation: flagged synthetic images",
+                     f"{flagged}" + (f" of {total}" if total is not None else ""),
+                     "much closer to a training image than to any held-out one"
+                     + ("  ← CHECK THE CLOSEST PAIRS" if flagged else "")))
+    if head.get("memorisation_fraction_closer_to_train") is not None:
+        rows.append(("memorisation: fraction closer to train",
+                     _num(head["memorisation_fraction_closer_to_train"]),
+                     "about 0.5 x (1 + train share) when nothing is memorised"))
+    net = report.get("feature_network")
+    if isinstance(net, dict):
+        verdict = "passed" if net.get("passed") else "FAILED"
+        rows.append(("feature network accuracy (public validation)", _num(net.get("accuracy")),
+                     f"threshold {_num(net.get('threshold'))}, {verdict}; "
+                     f"{net.get('validation_size', '?')} images of public dataset "
+                     f"{net.get('dataset_id', '-')}"))
+        sha = str(net.get("sha256") or "-")
+        rows.append(("feature network sha256", sha[:16] + ("…" if len(sha) > 16 else ""),
+                     f"{net.get('architecture', '-')}, model {net.get('model_id', '-')} "
+                     "(full hash below)"))
+    return rows
+
+
+def report_footer(report: dict[str, Any]) -> list[str]:
+    """The lines below the table: the feature network's full weights hash (to compare with
+    the model's) and the report's notes."""
+    lines = []
+    net = report.get("feature_network")
+    if isinstance(net, dict) and net.get("sha256"):
+        lines.append(f"feature network weights sha256: {net['sha256']}")
+    lines.extend(f"note: {note}" for note in report.get("notes") or [])
+    return lines

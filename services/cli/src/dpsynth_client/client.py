@@ -101,7 +101,9 @@ class Client:
                        declared_size: int | None = None,
                        class_sizes: dict[str, int] | None = None,
                        on_overlap: str | None = None, privacy_unit: str | None = None,
-                       subject_column: str | None = None) -> dict[str, Any]:
+                       subject_column: str | None = None,
+                       holdout_fraction: float | None = None,
+                       holdout_seed: int | None = None) -> dict[str, Any]:
         """Upload a dataset file (zip/tar image folder, ``.npz`` or Parquet).
 
         Sent as multipart: ``file`` and ``metadata`` (a JSON string). Optional privacy
@@ -113,11 +115,15 @@ class Client:
         every image of one subject (user-level DP; N̂ counts subjects), with the subject ids
         in ``subject_column`` (npz array / Parquet column, default ``subjects``) or, for an
         image folder, a ``subjects.csv`` (``path,subject``) at the archive root.
+        ``holdout_fraction`` (with an optional ``holdout_seed``) sets that share of the
+        records aside at upload, seeded and recorded: never trained on, excluded from the
+        declared size, the real test data of ``evaluate`` jobs.
         """
         metadata = {"name": name, "visibility": visibility, "epsilon_limit": epsilon_limit,
                     "delta": delta, "label_domain": label_domain, "declared_size": declared_size,
                     "class_sizes": class_sizes, "on_overlap": on_overlap,
-                    "privacy_unit": privacy_unit, "subject_column": subject_column}
+                    "privacy_unit": privacy_unit, "subject_column": subject_column,
+                    "holdout_fraction": holdout_fraction, "holdout_seed": holdout_seed}
         metadata = {k: v for k, v in metadata.items() if v is not None}
         path = Path(path)
         with path.open("rb") as handle:
@@ -256,6 +262,27 @@ class Client:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"job {job_id} still {job.get('state')} after {timeout}s")
             time.sleep(poll)
+
+    # -- evaluation reports (issue 5) ----------------------------------------------------
+    def get_report(self, job_id: str) -> dict[str, Any]:
+        """``GET /v1/jobs/{id}/report``: an evaluate job's ``report.json`` document
+        (:class:`dpsynth_shared.evaluation.EvaluationReport`; its ``headline`` holds the
+        numbers). A report on a private reference needs the owner scope (403 otherwise);
+        409 while the job has no report yet."""
+        return self._request(  # type: ignore[no-any-return]
+            "GET", f"/v1/jobs/{job_id}/report")
+
+    def download_report(self, job_id: str, dest: Path | str, format: str = "html", *,
+                        on_chunk: Callable[[int, int | None], None] | None = None) -> Path:
+        """Save an evaluate job's report to ``dest``: the self-contained HTML page
+        (``format="html"``) or the JSON document (``format="json"``); temp file + rename.
+
+        Raises:
+            ValueError: for another format.
+        """
+        if format not in ("html", "json"):
+            raise ValueError(f"format must be 'html' or 'json', not {format!r}")
+        return self._download(f"/v1/jobs/{job_id}/report?format={format}", dest, on_chunk)
 
     # -- artifacts -----------------------------------------------------------------------
     def get_artifact(self, artifact_id: str) -> dict[str, Any]:
