@@ -93,14 +93,23 @@ def _torch_info() -> dict[str, Any]:
     return info
 
 
+def _load_average() -> float | None:
+    """1-minute load average when the results are written: on a shared machine a load well
+    above the core count means the numbers were measured under contention."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def machine_info() -> dict[str, Any]:
     """Describe the machine and code a result came from.
 
     Returns:
         CPU model, logical cores (and those this process may use), RAM, torch version, the
-        device (``cpu``/``cuda``) and GPU name, Python version, git commit (with a ``dirty``
-        flag: uncommitted changes mean the commit alone does not reproduce the run) and the
-        UTC date.
+        device (``cpu``/``cuda``) and GPU name, the 1-minute load average, Python version,
+        git commit (with a ``dirty`` flag: uncommitted changes mean the commit alone does not
+        reproduce the run) and the UTC date.
     """
     try:
         usable = len(os.sched_getaffinity(0))
@@ -115,6 +124,7 @@ def machine_info() -> dict[str, Any]:
         **_torch_info(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "load_average_1m": _load_average(),
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,
         "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
