@@ -29,7 +29,7 @@ def run_job_task(job_id: str, attempt: int) -> str:
     try:
         outcome = run_job(str(job_id), int(attempt), api=rt.api, ledger=rt.ledger,
                           store=rt.store, work_dir=rt.work_dir, worker_id=rt.worker_id,
-                          shutdown=rt.shutdown)
+                          shutdown=rt.shutdown, ml=rt.ml)
     except Exception:
         # Crash: leave the job to the api's reaper (the reservation stays open to resume).
         log.exception("job attempt crashed", extra={"job_id": job_id, "attempt": attempt})

@@ -16,6 +16,7 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
 from dpsynth_shared.ledger_contract import (
     BudgetView,
     CloseRequest,
+    EvaluationGrantRequest,
     ExtendRequest,
     Lease,
     LeaseRequest,
@@ -155,6 +156,14 @@ class LedgerClient:
         """Obtain a read grant for the reservation's private dataset (touches it)."""
         body = ReadGrantRequest(attempt=attempt, worker_id=worker_id)
         data = self._http.request("POST", f"/v1/reservations/{reservation_id}/read-grants", body)
+        return _parse(ReadGrant, data)
+
+    def evaluation_grant(self, evaluation_id: str, *, attempt: int,
+                         worker_id: str) -> ReadGrant:
+        """Exchange an evaluation authorisation for a read grant of the budget's private
+        prefix (the ledger writes an ``evaluation_read`` entry; nothing is charged)."""
+        body = EvaluationGrantRequest(attempt=attempt, worker_id=worker_id)
+        data = self._http.request("POST", f"/v1/evaluations/{evaluation_id}/grant", body)
         return _parse(ReadGrant, data)
 
     def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,

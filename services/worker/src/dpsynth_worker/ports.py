@@ -50,6 +50,12 @@ class LedgerPort(Protocol):
 
     def read_grant(self, reservation_id: str, *, attempt: int, worker_id: str) -> ReadGrant: ...
 
+    def evaluation_grant(self, evaluation_id: str, *, attempt: int,
+                         worker_id: str) -> ReadGrant:
+        """A read grant for an evaluate job's PRIVATE reference (a non-DP read the ledger
+        records in its chain; no epsilon charged)."""
+        ...
+
     def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,
               partition: str | None = None) -> Lease:
         """``partition``: the class of a per-label job's steps (None otherwise)."""

@@ -11,6 +11,7 @@ from dpsynth_shared.stores import from_settings
 
 from dpsynth_worker.clients import ApiClient, LedgerClient
 from dpsynth_worker.ports import ApiPort, LedgerPort
+from dpsynth_worker.runners.context import MlCore
 from dpsynth_worker.settings import WorkerSettings
 
 
@@ -24,6 +25,7 @@ class WorkerRuntime:
     work_dir: Path
     worker_id: str
     shutdown: threading.Event = field(default_factory=threading.Event)
+    ml: MlCore = field(default_factory=MlCore)
 
 
 def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
@@ -35,7 +37,8 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
     work_dir = Path(settings.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     return WorkerRuntime(api=api, ledger=ledger, store=store, work_dir=work_dir,
-                         worker_id=settings.worker_id)
+                         worker_id=settings.worker_id,
+                         ml=MlCore(inception_weights=settings.inception_weights))
 
 
 _current: WorkerRuntime | None = None

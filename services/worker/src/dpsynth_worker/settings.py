@@ -38,6 +38,10 @@ class WorkerSettings(BaseSettings):
     lease_ttl_s: int = Field(60, ge=1, description="the ledger's lease TTL; the broker's "
                              "visibility timeout is twice this")
     torch_threads: int | None = Field(None, ge=1)
+    inception_weights: Path | None = Field(
+        None, description="pytorch-fid's InceptionV3 weights file (pt_inception-2015-12-05); "
+        "evaluate jobs asking for Inception FID fail with inception_weights_unavailable "
+        "without it (its sha256 is checked when loaded)")
 
     @property
     def visibility_timeout_s(self) -> int:

@@ -24,6 +24,8 @@ from dpsynth_shared.worker_contract import Claim
 from dpsynth_worker import metrics
 from dpsynth_worker.ports import ApiPort, LedgerPort
 from dpsynth_worker.runners.context import JobContext, MlCore, StopFlags
+from dpsynth_worker.runners.evaluate import EvaluationInputError, run_evaluate
+from dpsynth_worker.runners.feature_net import run_feature_net
 from dpsynth_worker.runners.finetune import run_finetune
 from dpsynth_worker.runners.generate import run_generate
 from dpsynth_worker.runners.heartbeat import FENCED_CODES, Heartbeater
@@ -33,7 +35,8 @@ from dpsynth_worker.runners.pretrain import run_pretrain
 log = logging.getLogger(__name__)
 
 RUNNERS: dict[str, Callable[[JobContext], Outcome]] = {
-    "pretrain": run_pretrain, "finetune": run_finetune, "generate": run_generate}
+    "pretrain": run_pretrain, "finetune": run_finetune, "generate": run_generate,
+    "feature_net": run_feature_net, "evaluate": run_evaluate}
 
 #: Codes that mean "try again later": the attempt crashes and the reaper requeues it.
 TRANSIENT_CODES = frozenset({ErrorCode.LEDGER_UNAVAILABLE, ErrorCode.SERVICE_UNAVAILABLE,
@@ -126,6 +129,14 @@ def _failure_message(claim: Claim, exc: BaseException, code: str) -> str:
     """A message for the job; for a DP job it never repeats details (they may name records)."""
     if claim.type == "finetune":
         return f"the finetune failed ({code}); details are withheld as they may concern " \
+               "private data"
+    if claim.type == "evaluate" and (claim.dataset is None
+                                     or claim.dataset.visibility != "public"):
+        # only errors about the non-private inputs (the spec, the corpus, the worker's
+        # configuration) and the feature network's check on PUBLIC data keep their detail
+        if isinstance(exc, EvaluationInputError) or code == ErrorCode.FEATURE_NETWORK_REJECTED:
+            return str(exc)[:2000]
+        return f"the evaluation failed ({code}); details are withheld as they may concern " \
                "private data"
     return str(exc)[:2000]
 

@@ -27,6 +27,18 @@ def _real(name: str) -> Callable[..., Any]:
     return call
 
 
+def _real_evaluation(name: str) -> Callable[..., Any]:
+    """A late-bound function of :mod:`dpsynth_ml.evaluation` (evaluate and feature_net jobs)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from dpsynth_ml import evaluation
+
+        return getattr(evaluation, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
 @dataclass(frozen=True)
 class MlCore:
     """The ML core's functions, injectable so runners can be tested with a fake core."""
@@ -38,6 +50,13 @@ class MlCore:
         default_factory=lambda: _real("read_model_info"))
     check_training: Callable[[Any, Path], None] = field(
         default_factory=lambda: _real("check_training"))
+    train_feature_net: Callable[..., Any] = field(
+        default_factory=lambda: _real_evaluation("train_feature_net"))
+    evaluate_corpus: Callable[..., Any] = field(
+        default_factory=lambda: _real_evaluation("evaluate_corpus"))
+    #: pytorch-fid's InceptionV3 weights on this worker (DPSYNTH_WORKER_INCEPTION_WEIGHTS);
+    #: None: evaluate jobs asking for Inception FID fail with inception_weights_unavailable
+    inception_weights: Path | None = None
 
 
 @dataclass
