@@ -55,6 +55,7 @@ tr.headline td{font-weight:600}
 .na{color:#9aa1a9;font-style:italic}
 .charts{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(320px,1fr));gap:14px}
+.grid figure{display:inline-block;margin:0 10px 8px 0;vertical-align:top}
 figure{margin:0}figcaption{font-size:12px;color:var(--muted);margin-top:4px}
 img.px{image-rendering:pixelated;image-rendering:crisp-edges;border:1px solid var(--line);
 border-radius:4px;background:#fff;max-width:100%}
@@ -73,7 +74,8 @@ footer{color:var(--muted);font-size:12px;text-align:center;padding:8px 0 24px}
 """
 
 #: Pixel width of one displayed grid tile / pair image (the PNGs stay at native size).
-_TILE_PX = 48
+_TILE_PX = 56
+_GRID_COLUMNS = 5
 _PAIR_PX = 84
 
 
@@ -329,13 +331,15 @@ def _samples(doc: Mapping[str, Any], arrays: ReportArrays, *, show_real: bool) -
         synthetic = arrays.synthetic_images[np.asarray(arrays.synthetic_labels) == idx][:n]
         figs = []
         if len(synthetic):
-            figs.append(_grid(synthetic, f"synthetic · {len(synthetic)} shown", columns=n))
+            figs.append(_grid(synthetic, f"synthetic · {len(synthetic)} shown",
+                              columns=_GRID_COLUMNS))
         else:
             figs.append('<p class="na">no synthetic image of this class</p>')
         if show_real and arrays.real_images is not None and arrays.real_labels is not None:
             real = arrays.real_images[np.asarray(arrays.real_labels) == idx][:n]
             if len(real):
-                figs.append(_grid(real, f"real held-out · {len(real)} shown", columns=n))
+                figs.append(_grid(real, f"real held-out · {len(real)} shown",
+                                  columns=_GRID_COLUMNS))
         blocks.append(f"<div><h3>{escape(name)}</h3>{''.join(figs)}</div>")
     note = ("" if show_real else '<p class="sub">Real images are not shown '
             "(include_private_images is false).</p>")

@@ -92,7 +92,7 @@ def horizontal_bars(labels: Sequence[str], values: Sequence[float], *, title: st
     """One horizontal bar per label (per-class figures); the axis runs 0..``maximum``."""
     finite = [v for v in values if math.isfinite(v)]
     top_value = maximum if maximum is not None else max(finite, default=1.0) or 1.0
-    label_w, plot_w, row = 150, 300, 20
+    label_w, plot_w, row = 130, 270, 20
     width, height = label_w + plot_w + 70, 30 + row * len(labels) + 6
     body = [_text(0, 16, title, anchor="start", size=12, fill="#555")]
     for i, (label, value) in enumerate(zip(labels, values, strict=True)):
