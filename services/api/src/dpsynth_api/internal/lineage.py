@@ -207,6 +207,8 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
         if isinstance(feature, dict):
             info["feature_net"] = dict(feature)
         info["public_dataset_id"] = job.dataset_id
+        if isinstance(meta.get("validation"), dict):
+            info["validation"] = dict(meta["validation"])
     model = Model(id=_model_id_for(session, body), tenant_id=job.tenant_id,
                   name=str(meta.get("name") or f"{job.type} {job.id}"),
                   object_key=body.object_key, source="job", dataset_id=job.dataset_id,

@@ -27,9 +27,16 @@ EVALUATE_RESULT_KEYS = frozenset({"report_artifact_id", "report_html_artifact_id
 API_RESULT_KEYS = frozenset({"layout_source"})
 
 
+# A feature_net job trains on PUBLIC data only: its accuracy on public validation records
+# is no statistic of private data.
+FEATURE_NET_RESULT_KEYS = RESULT_KEYS | {"accuracy", "validation_size", "model_hash"}
+
+
 def result_keys(job_type: str) -> frozenset[str]:
     """The result keys a worker may set (and a reader sees) for a job of this type."""
-    return EVALUATE_RESULT_KEYS if job_type == "evaluate" else RESULT_KEYS
+    if job_type == "evaluate":
+        return EVALUATE_RESULT_KEYS
+    return FEATURE_NET_RESULT_KEYS if job_type == "feature_net" else RESULT_KEYS
 
 
 class Progress(BaseModel):
