@@ -159,6 +159,9 @@ def write_results(
 ) -> Path:
     """Write ``benchmarks/results/<name>.json``: the numbers, the machine and the command.
 
+    A run on a GPU writes ``<name>.gpu.json`` instead, so the CPU numbers of ``make bench``
+    and a measured GPU run sit side by side in the docs (GPU rows exist only from such a file).
+
     Args:
         name: benchmark name (the module name, e.g. ``"service_load"``).
         results: what ``run`` returned; must be JSON-serialisable.
@@ -169,24 +172,30 @@ def write_results(
         The path written.
     """
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()
     doc = {
         "name": name,
         "scale": SCALE,
         "command": command or current_command(),
         "wall_s": None if wall_s is None else round(wall_s, 1),
-        "machine": machine_info(),
+        "machine": machine,
         "results": results,
     }
-    path = RESULTS_DIR / f"{name}.json"
+    path = results_path(name, gpu=machine.get("device") == "cuda")
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=_json_default) + "\n")
     tmp.replace(path)  # never leave a half-written file for render_docs
     return path
 
 
-def read_results(name: str) -> dict[str, Any] | None:
-    """The last results document of ``name``, or None if it never ran."""
-    path = RESULTS_DIR / f"{name}.json"
+def results_path(name: str, *, gpu: bool = False) -> Path:
+    """``benchmarks/results/<name>.json``, or ``<name>.gpu.json`` for a run on a GPU."""
+    return RESULTS_DIR / (f"{name}.gpu.json" if gpu else f"{name}.json")
+
+
+def read_results(name: str, *, gpu: bool = False) -> dict[str, Any] | None:
+    """The last results document of ``name`` (of its GPU run), or None if it never ran."""
+    path = results_path(name, gpu=gpu)
     if not path.exists():
         return None
     data: dict[str, Any] = json.loads(path.read_text())
