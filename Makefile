@@ -1,6 +1,7 @@
 # dpsynth — the two commands a newcomer needs:
 #   make demo   set up, start the embedded platform, run the main job end to end
 #   make test   set up and run the whole test suite (unit, integration, e2e, boundaries)
+#   make bench  run the benchmarks (BENCH_SCALE=cpu|full) and regenerate docs/benchmarks.md
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -29,6 +30,13 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py
+
+# Every benchmark at BENCH_SCALE (cpu: under 30 minutes on 2 cores; full: paper-sized, GPU),
+# each writing benchmarks/results/NAME.json, then the tables of docs/benchmarks.md.
+# BENCH_ONLY=service_load,dp_overhead runs a subset. See benchmarks/README.md.
+BENCH_SCALE ?= cpu
+bench: $(STAMP)
+	BENCH_SCALE=$(BENCH_SCALE) $(PY) -m benchmarks.run_all
 
 boundaries: $(STAMP)
 	$(VENV)/bin/lint-imports --config .importlinter

@@ -462,9 +462,6 @@ def table_markdown(results: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    from benchmarks.common import read_results
-
-    bench_main(NAME, run)
-    doc = read_results(NAME)
-    if doc is None or not doc["results"]["ledger"]["zero_overspend"]:
+    doc = json.loads(bench_main(NAME, run).read_text())
+    if not doc["results"]["ledger"]["zero_overspend"]:
         raise SystemExit("service_load: overspend check FAILED (see the results file)")
