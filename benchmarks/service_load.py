@@ -55,6 +55,7 @@ import numpy as np
 from benchmarks.common import ROOT, bench_main, fmt, percentile
 
 NAME = "service_load"
+GPU_RELEVANT = False  # services only: no GPU row in the docs
 LOCUSTFILE = ROOT / "benchmarks" / "locustfile.py"
 CLASSES = [str(i) for i in range(10)]
 
