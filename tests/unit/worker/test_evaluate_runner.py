@@ -190,7 +190,8 @@ def _report(world: World, fmt: str) -> bytes:
 # --- feature_net ---------------------------------------------------------------------------
 
 
-def _feature_claim(world: World, *, visibility: str = "public", holdout: bool = False) -> Claim:
+def _feature_claim(world: World, *, visibility: str = "public", holdout: bool = False,
+                   epochs: int = 2) -> Claim:
     images, labels = _digits(world)
     dataset_id = f"ds_{uuid.uuid4().hex}"
     root = "public" if visibility == "public" else "private"
@@ -201,7 +202,7 @@ def _feature_claim(world: World, *, visibility: str = "public", holdout: bool = 
         holdout_key = f"{root}/datasets/{dataset_id}/holdout.npz"
         world.store.put_file(holdout_key, _npz(world.tmp_path / "fnh.npz", images[40:],
                                                labels[40:]))
-    spec = {"type": "feature_net", "dataset_id": dataset_id, "image_size": 8, "epochs": 2,
+    spec = {"type": "feature_net", "dataset_id": dataset_id, "image_size": 8, "epochs": epochs,
             "batch_size": 16, "validation_fraction": 0.25, "seed": 3}
     return Claim(job_id=world.job_id, tenant_id="ten_x", attempt=1, type="feature_net",
                  spec=spec, dataset=DatasetInfo(dataset_id=dataset_id, visibility=visibility,
@@ -366,14 +367,15 @@ def test_cancel_during_the_evaluation_proposes_cancelled(world: World) -> None:
 
 def test_feature_network_and_its_public_validation_split_reach_the_metrics(
         world: World) -> None:
-    assert world.run(_feature_claim(world)) == Outcome.SUCCEEDED
+    assert world.run(_feature_claim(world, epochs=40)) == Outcome.SUCCEEDED
     (model,) = world.api.of_kind("model")
     feature_dataset = _feature_dataset_of(world)
     world.api.artifacts.clear()
     world.api.transitions.clear()
     metrics = FakeMetrics()
     model_id = model.metadata["model_id"]
-    claim = _evaluate_claim(world, spec_extra={"feature_model_id": model_id},
+    claim = _evaluate_claim(world, spec_extra={"feature_model_id": model_id,
+                                               "min_feature_accuracy": 0.2},
                             feature_model=ModelRef(model_id=model_id,
                                                    object_key=model.object_key),
                             feature_dataset=feature_dataset)
@@ -384,7 +386,29 @@ def test_feature_network_and_its_public_validation_split_reach_the_metrics(
     val_idx, _ = validation_split(40, seed=3, fraction=0.25)
     digits, digit_labels = _digits(world)
     assert (images == digits[:40][val_idx]).all() and (labels == digit_labels[:40][val_idx]).all()
-    assert call["min_feature_accuracy"] == 0.5
+    assert call["min_feature_accuracy"] == 0.2
+    assert world.ledger.names() == ["evaluation_grant"]
+
+
+def test_a_failing_feature_network_is_refused_before_private_data_is_read(
+        world: World) -> None:
+    assert world.run(_feature_claim(world, epochs=1)) == Outcome.SUCCEEDED
+    (model,) = world.api.of_kind("model")
+    feature_dataset = _feature_dataset_of(world)
+    world.api.artifacts.clear()
+    world.api.transitions.clear()
+    metrics = FakeMetrics()
+    model_id = model.metadata["model_id"]
+    claim = _evaluate_claim(world, spec_extra={"feature_model_id": model_id,
+                                               "min_feature_accuracy": 1.0},
+                            feature_model=ModelRef(model_id=model_id,
+                                                   object_key=model.object_key),
+                            feature_dataset=feature_dataset)
+    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics)) == Outcome.FAILED
+    final = world.api.final
+    assert final.error_code == "feature_network_rejected"
+    assert "below the threshold" in (final.message or "")  # public figures: shown
+    assert world.ledger.calls == [] and metrics.calls == []
 
 
 def _feature_dataset_of(world: World) -> DatasetInfo:

@@ -156,15 +156,34 @@ def _feature_network(ctx: JobContext,
     folder = download_folder(ctx, ref.object_key, "feature-net")
     data, holdout = load_public(ctx, dataset, "feature-data")
     if holdout is not None:
-        return folder, (holdout.images, holdout.labels)
-    validation = read_provenance(folder).get("validation") or {}
-    if validation.get("source") != "split":
-        raise EvaluationInputError(ErrorCode.FEATURE_NETWORK_REJECTED, "the feature "
-                                   "network's validation records cannot be rebuilt (its "
-                                   "provenance does not record them)", model_id=ref.model_id)
-    val_idx, _ = validation_split(len(data.labels), seed=int(validation["seed"]),
-                                  fraction=float(validation["fraction"]))
-    return folder, (data.images[val_idx], data.labels[val_idx])
+        check = (holdout.images, holdout.labels)
+    else:
+        validation = read_provenance(folder).get("validation") or {}
+        if validation.get("source") != "split":
+            raise EvaluationInputError(ErrorCode.FEATURE_NETWORK_REJECTED, "the feature "
+                                       "network's validation records cannot be rebuilt (its "
+                                       "provenance does not record them)",
+                                       model_id=ref.model_id)
+        val_idx, _ = validation_split(len(data.labels), seed=int(validation["seed"]),
+                                      fraction=float(validation["fraction"]))
+        check = (data.images[val_idx], data.labels[val_idx])
+    _precheck(folder, check, spec, tuple(dataset.class_names), ref.model_id)
+    return folder, check
+
+
+def _precheck(folder: Path, check: tuple[Any, Any], spec: EvaluateSpec,
+              class_names: tuple[str, ...], model_id: str) -> None:
+    """Refuse a feature network that fails its accuracy check on its public validation
+    records BEFORE any private data is read (the metrics re-check it and record the figure):
+    a rejected evaluation then leaves no non-DP read in the ledger."""
+    from dpsynth_ml.evaluation import check_feature_net, load_feature_net
+
+    net, info = load_feature_net(folder)
+    if tuple(info.class_names) != class_names:
+        raise EvaluationInputError(ErrorCode.FEATURE_NETWORK_REJECTED, "the feature network's "
+                                   "classes are not those of the dataset it was trained on",
+                                   model_id=model_id)
+    check_feature_net(net, info, check[0], check[1], min_accuracy=spec.min_feature_accuracy)
 
 
 def _reference_data(ctx: JobContext, dataset: DatasetInfo, *, private: bool) -> tuple[Any, Any]:
