@@ -6,6 +6,14 @@ The feature-space Fréchet distance computed here is ``fd_dpsynth``, never FID: 
 is computed only by :mod:`dpsynth_ml.evaluation.inception` with the pinned weights file.
 """
 
+from dpsynth_ml.evaluation.classifiers import (
+    CLASSIFIER_SETTINGS,
+    Classifier,
+    classifier_accuracy,
+    per_class_recall,
+    predict,
+    train_classifier,
+)
 from dpsynth_ml.evaluation.errors import FeatureNetworkRejected, InceptionWeightsUnavailable
 from dpsynth_ml.evaluation.featnet import (
     FEATURE_ARCHITECTURE,
@@ -28,9 +36,27 @@ from dpsynth_ml.evaluation.metrics import (
 )
 
 __all__ = [
-    "FEATURE_ARCHITECTURE", "MEMORISATION_RATIO", "FeatureNet", "FeatureNetInfo",
-    "FeatureNetworkRejected", "InceptionWeightsUnavailable", "MemorisationResult",
-    "accuracy_threshold", "check_feature_net", "extract_features", "feature_net_accuracy",
-    "frechet_distance", "frechet_distance_gaussians", "load_feature_net", "memorisation",
-    "prdc", "train_feature_net",
+    "CLASSIFIER_SETTINGS",
+    "FEATURE_ARCHITECTURE",
+    "MEMORISATION_RATIO",
+    "Classifier",
+    "FeatureNet",
+    "FeatureNetInfo",
+    "FeatureNetworkRejected",
+    "InceptionWeightsUnavailable",
+    "MemorisationResult",
+    "accuracy_threshold",
+    "check_feature_net",
+    "classifier_accuracy",
+    "extract_features",
+    "feature_net_accuracy",
+    "frechet_distance",
+    "frechet_distance_gaussians",
+    "load_feature_net",
+    "memorisation",
+    "per_class_recall",
+    "prdc",
+    "predict",
+    "train_classifier",
+    "train_feature_net",
 ]
