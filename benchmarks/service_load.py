@@ -63,14 +63,14 @@ SETTINGS: dict[str, dict[str, Any]] = {
     # seconds: how long new requests are sent (the ones in flight then are still answered);
     # the ledger-bound rows answer about one request per second on 2 busy cores, so their
     # runs last a few latencies at 32 users.
-    "cpu": {"users": [8, 32], "healthz_s": 10, "pretrain_s": 15, "finetune_s": [20, 40],
-            "dry_run_users": [8], "dry_run_s": 20, "private_datasets": 4,
-            "ledger_users": 32, "ledger_max_s": 150, "ledger_epsilon_limit": 8.0,
-            "ledger_target_epsilon": 1.0},
+    "cpu": {"users": [8, 32], "healthz_s": 8, "pretrain_s": 10, "finetune_s": [15, 30],
+            "dry_run_users": [8], "dry_run_s": 15, "private_datasets": 4,
+            "ledger_users": 32, "ledger_single_s": 15, "ledger_max_s": 150,
+            "ledger_epsilon_limit": 8.0, "ledger_target_epsilon": 1.0},
     "full": {"users": [8, 32, 128], "healthz_s": 30, "pretrain_s": 60,
              "finetune_s": [90, 120, 240], "dry_run_users": [8, 32], "dry_run_s": 90,
-             "private_datasets": 8, "ledger_users": 64, "ledger_max_s": 600,
-             "ledger_epsilon_limit": 10.0, "ledger_target_epsilon": 0.5},
+             "private_datasets": 8, "ledger_users": 64, "ledger_single_s": 60,
+             "ledger_max_s": 600, "ledger_epsilon_limit": 10.0, "ledger_target_epsilon": 0.5},
 }
 FINETUNE_TARGET_EPSILON = 0.5  # small against a limit of 100: (a) never exhausts a budget
 RESERVE_SHAPE = {"expected_batch_size": 50, "steps": 40}
@@ -106,6 +106,12 @@ def embedded_platform() -> Iterator[Platform]:
                        ledger_worker_token=secrets.ledger_token_worker, home=home)
     finally:
         platform.stop()
+        # the services' logs outlive the platform (out/ is not committed): a 5xx under load
+        # is a finding, and its traceback is only in there
+        logs = ROOT / "out" / "bench" / NAME / "logs"
+        shutil.rmtree(logs, ignore_errors=True)
+        if (home / "logs").is_dir():
+            shutil.copytree(home / "logs", logs)
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -166,6 +172,9 @@ def prepare(p: Platform, settings: dict[str, Any]) -> dict[str, Any]:
         _npz(work / "contended.npz", LEDGER_DATASET_SIZE, seed=99), name="bench-contended",
         visibility="private", epsilon_limit=settings["ledger_epsilon_limit"],
         label_domain=CLASSES)
+    single = client.upload_dataset(
+        _npz(work / "single.npz", LEDGER_DATASET_SIZE, seed=98), name="bench-single-client",
+        visibility="private", epsilon_limit=100.0, label_domain=CLASSES)
     pretrain = {"type": "pretrain", "dataset_id": public["dataset_id"], "preset": "tiny",
                 "image_size": 16, "channels": 1, "class_conditional": True, "epochs": 1,
                 "batch_size": 64, "seed": 0}
@@ -178,7 +187,8 @@ def prepare(p: Platform, settings: dict[str, Any]) -> dict[str, Any]:
     } for d in private]
     client.close()
     return {"pretrain": [pretrain], "finetune": finetunes,
-            "contended_dataset_id": contended["dataset_id"]}
+            "contended_dataset_id": contended["dataset_id"],
+            "single_dataset_id": single["dataset_id"]}
 
 
 # --------------------------------------------------------------------------- locust
@@ -336,6 +346,26 @@ def replay_export(export: dict[str, Any], *, rel_tol: float = 1e-9) -> dict[str,
             "overspend": peak > budget * (1 + rel_tol)}
 
 
+def ledger_single_client(p: Platform, dataset_id: str, settings: dict[str, Any],
+                         out: Path) -> dict[str, Any]:
+    """The same workload from ONE user on a budget it cannot exhaust: the baseline of the
+    contention run (what the ledger does without concurrency)."""
+    body = {"dataset_id": dataset_id, "target_epsilon": settings["ledger_target_epsilon"],
+            **RESERVE_SHAPE}
+    env = {"BENCH_RESERVE": json.dumps(body), "BENCH_LIFECYCLE_FRACTION": "0.5"}
+    records = run_locust(p, "LedgerReserveUser", users=1, seconds=settings["ledger_single_s"],
+                         env=env, host=p.ledger_url, out=out)
+    reserves = [r for r in records if r[0] == "reserve"]
+    accepted = [r for r in reserves if r[3] == 201]
+    start = min(r[1] for r in reserves)
+    end = max(r[1] + r[2] for r in records)
+    lat = [r[2] * 1000 for r in accepted]
+    return {"users": 1, "accepted": len(accepted),
+            "errors": sum(1 for r in records if r[3] not in (200, 201)),
+            "admissions_per_s": len(accepted) / (end - start) if end > start else 0.0,
+            "admission_p50_ms": percentile(lat, 50), "admission_p99_ms": percentile(lat, 99)}
+
+
 def ledger_contention(p: Platform, dataset_id: str, settings: dict[str, Any],
                       out: Path) -> dict[str, Any]:
     """(b): reservations from many users against ONE budget until refused; then the checks."""
@@ -409,13 +439,30 @@ def run(scale: str) -> dict[str, Any]:
         inputs = prepare(p, settings)
         print(f"  platform up in {started:.0f}s, inputs ready", flush=True)
         out = Path(tmp)
+        single = ledger_single_client(p, inputs["single_dataset_id"], settings, out)
         ledger = ledger_contention(p, inputs["contended_dataset_id"], settings, out)
+        ledger["single_client"] = single
+        ledger["ratio_to_single_client"] = (ledger["admissions_per_s"]
+                                            / single["admissions_per_s"]
+                                            if single["admissions_per_s"] else None)
         rows = submissions(p, inputs, settings, out)
     return {
         "settings": settings, "platform_start_s": round(started, 1),
         "workers": 0, "load_generator": "locust (FastHttpUser, closed loop, no think time)",
         "submissions": rows, "ledger": ledger,
     }
+
+
+def _single_rows(led: dict[str, Any]) -> list[str]:
+    single = led.get("single_client")
+    if not single:
+        return []
+    ratio = led.get("ratio_to_single_client")
+    return [f"| Same workload, 1 user, budget never exhausted: admissions/s (p50 / p99 ms) | "
+            f"{fmt(single['admissions_per_s'])} ({fmt(single['admission_p50_ms'])} / "
+            f"{fmt(single['admission_p99_ms'])}) |",
+            f"| Ratio: contended / single-user admissions/s | "
+            f"{'—' if ratio is None else f'{ratio:.2f}'} |"]
 
 
 def table_markdown(results: dict[str, Any]) -> str:
@@ -442,6 +489,7 @@ def table_markdown(results: dict[str, Any]) -> str:
         f"| Accepted / refused | {led['accepted']} / {led['refused']} |",
         f"| Jobs taken to close (grant, lease half, close) | {led['jobs_run_to_close']} |",
         f"| Admissions/s until exhaustion | {fmt(led['admissions_per_s'])} |",
+        *_single_rows(led),
         f"| Decisions/s (accepted + refused) | {fmt(led['decisions_per_s'])} |",
         f"| Decision latency p50 / p99 (ms) | {fmt(led['decision_p50_ms'])} / "
         f"{fmt(led['decision_p99_ms'])} |",
