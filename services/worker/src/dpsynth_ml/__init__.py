@@ -12,7 +12,11 @@ Public API::
                  train_embedder=None, noise_multiplicity=1, ema_decay=None, warmup_steps=0,
                  learning_rate=3e-4, epochs=1, batch_size=64, label_dropout=0.1,
                  max_physical_batch_size=64, class_map=None, checkpoint_every=10, seed=0,
-                 dp=None, per_label_dp=None, target="images")
+                 dp=None, per_label_dp=None, target="images", nonprivate=False)
+        nonprivate: BENCHMARKS ONLY: a finetune with dp = per_label_dp = None that trains
+                the same trainable set on uniformly shuffled minibatches of batch_size for
+                epochs epochs, no per-example gradients, clipping or noise, seeded by seed;
+                info.extra.nonprivate = True. The worker and the api never set it.
         target: images | masks (a layout generator: the dataset's masks in place of its
                 images, same labels and DP machinery; info.extra.target = "masks")
         preset: tiny | small (CPU) | base (GPU, ~31M-parameter UNet2DConditionModel on

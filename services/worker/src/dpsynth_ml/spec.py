@@ -110,6 +110,13 @@ class TrainingSpec:
     q, one clipped contribution per subject = the mean gradient of up to
     ``max_images_per_subject`` of its images, chosen uniformly each step; the DpSpec's
     ``expected_batch_size`` is then the expected number of SUBJECTS per step).
+
+    ``nonprivate`` (finetunes, BENCHMARKS ONLY): train the same trainable set without any
+    privacy: uniformly shuffled minibatches of ``batch_size`` for ``epochs`` epochs, plain
+    mean-loss gradients, no per-example gradients, clipping or noise. It needs ``dp`` and
+    ``per_label_dp`` to be None and the image privacy unit; the model is stamped
+    ``extra.nonprivate = True``. The worker and the api never set it (a finetune job always
+    carries a privacy block); it exists so benchmarks can measure the cost of DP.
     """
 
     kind: TrainingKind
@@ -141,8 +148,14 @@ class TrainingSpec:
     per_label_dp: Mapping[str, DpSpec] | None = None
     privacy_unit: PrivacyUnit = "image"
     max_images_per_subject: int = 8
+    nonprivate: bool = False
 
     def __post_init__(self) -> None:
+        if self.nonprivate and (self.kind != "finetune" or self.dp is not None
+                                or self.per_label_dp is not None
+                                or self.privacy_unit != "image"):
+            raise InvalidSpecError("nonprivate is a finetune without dp / per_label_dp, "
+                                   "over images (benchmarks only)")
         if self.privacy_unit not in ("image", "subject"):
             raise InvalidSpecError(f"unknown privacy_unit {self.privacy_unit!r}")
         if self.privacy_unit == "subject" and self.kind != "finetune":
@@ -150,7 +163,8 @@ class TrainingSpec:
         if self.max_images_per_subject < 1:
             raise InvalidSpecError("max_images_per_subject must be >= 1")
         private = self.dp is not None or self.per_label_dp is not None
-        if self.kind == "finetune" and (self.dp is None) == (self.per_label_dp is None):
+        if (self.kind == "finetune" and not self.nonprivate
+                and (self.dp is None) == (self.per_label_dp is None)):
             raise InvalidSpecError("a finetune needs exactly one of dp / per_label_dp")
         if self.kind == "pretrain" and private:
             raise InvalidSpecError("a pretrain must not carry a DpSpec (it is not private)")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from dpsynth_ml.finetune import run_finetune
+from dpsynth_ml.finetune import run_finetune, run_nonprivate_finetune
 from dpsynth_ml.hooks import NullHooks, TrainingHooks
 from dpsynth_ml.per_label import run_per_label
 from dpsynth_ml.pretrain import run_pretrain
@@ -32,7 +32,9 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     Args:
         spec: what to train. A finetune has ``spec.dp`` (whole dataset) or
             ``spec.per_label_dp`` (one model per class, see :mod:`dpsynth_ml.per_label`);
-            a pretrain has neither.
+            a pretrain has neither. ``spec.nonprivate`` (benchmarks only) trains without
+            privacy, seeded by ``spec.seed`` (see
+            :func:`dpsynth_ml.finetune.run_nonprivate_finetune`).
         dataset_path: canonical ``.npz`` dataset (see :func:`dpsynth_ml.load_dataset`).
         out_dir: the model is written to ``out_dir/model``; a finetune also writes
             ``out_dir/checkpoints/step-NNNNNNN/`` and ``out_dir/trainer_state.json``.
@@ -58,6 +60,14 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
             raise InvalidSpecError("a pretrain starts from scratch (no base model, no resume)")
         return run_pretrain(spec, dataset_path=Path(dataset_path), out_dir=out_dir,
                             hooks=hooks, rng=rng)
+    if spec.nonprivate:  # benchmarks only: the platform never builds such a spec
+        if resume_from is not None:
+            raise InvalidSpecError("a non-private finetune cannot resume")
+        seeded = torch.Generator().manual_seed(spec.seed)
+        return run_nonprivate_finetune(
+            spec, dataset_path=Path(dataset_path), out_dir=out_dir, hooks=hooks,
+            base_model_dir=base_model_dir, rng=rng,
+            generator=_test_generator if _test_generator is not None else seeded)
     generator = _test_generator if _test_generator is not None else os_seeded_generator()
     if spec.per_label_dp is not None:
         return run_per_label(spec, dataset_path=Path(dataset_path), out_dir=out_dir,
