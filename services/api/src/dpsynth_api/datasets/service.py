@@ -123,7 +123,11 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
     """Validate an upload, check its records against the tenant's, store its canonical form
     and (private) register its budget, or link it to the budget it overlaps.
 
-    Nothing is kept when any step fails: the stored object is deleted and the row (with
+    With ``holdout_fraction`` the upload is first cut in two (``datasets/holdout.py``): the
+    held-out records go to their own npz beside the object and take no part in the row's
+    sizes, N̂ or class checks; every record, held out or not, is hashed for overlap.
+
+    Nothing is kept when any step fails: the stored objects are deleted and the row (with
     its record hashes) rolled back when the ledger refuses or cannot be reached.
 
     Raises:
