@@ -14,6 +14,7 @@ from dpsynth_ml.evaluation.classifiers import (
     predict,
     train_classifier,
 )
+from dpsynth_ml.evaluation.corpus import EvaluationResult, evaluate_corpus, resize_uint8
 from dpsynth_ml.evaluation.errors import FeatureNetworkRejected, InceptionWeightsUnavailable
 from dpsynth_ml.evaluation.featnet import (
     FEATURE_ARCHITECTURE,
@@ -40,6 +41,7 @@ __all__ = [
     "FEATURE_ARCHITECTURE",
     "MEMORISATION_RATIO",
     "Classifier",
+    "EvaluationResult",
     "FeatureNet",
     "FeatureNetInfo",
     "FeatureNetworkRejected",
@@ -48,6 +50,7 @@ __all__ = [
     "accuracy_threshold",
     "check_feature_net",
     "classifier_accuracy",
+    "evaluate_corpus",
     "extract_features",
     "feature_net_accuracy",
     "frechet_distance",
@@ -57,6 +60,7 @@ __all__ = [
     "per_class_recall",
     "prdc",
     "predict",
+    "resize_uint8",
     "train_classifier",
     "train_feature_net",
 ]

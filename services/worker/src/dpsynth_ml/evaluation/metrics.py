@@ -197,7 +197,8 @@ class MemorisationResult:
             "exact_copies": int(self.exact.sum()),
             "fraction_closer_to_train": float((self.d_train < self.d_holdout).mean())
             if m else 0.0,
-            "median_ratio": float(np.median(self.ratio)) if m else 0.0,
+            # finite for JSON: inf only where a synthetic image copies a held-out image
+            "median_ratio": float(min(np.median(self.ratio), 1e300)) if m else 0.0,
             "train_size": self.train_size,
             "holdout_size": self.holdout_size,
             "exact_tolerance": float(self.exact_tolerance),
