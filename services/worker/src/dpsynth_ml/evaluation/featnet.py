@@ -110,9 +110,9 @@ class FeatureNetInfo:
 
 
 class FeatureNet(nn.Module):
-    """Three conv blocks (32, 64, 128 channels; 2x2 max-pool after the first two), a global
-    average pool, a 128-d linear embedding (the feature space) and a linear classifier on
-    its ReLU.
+    """Three conv blocks (3x3 conv, BatchNorm, ReLU; 32, 64, 128 channels; 2x2 max-pool
+    after the first two), a global average pool, a 128-d linear embedding (the feature
+    space) and a linear classifier on its ReLU.
 
     The features are the embedding's pre-activation: dense and roughly Gaussian, which suits
     the Fréchet distance's Gaussian fit better than sparse post-ReLU units (fewer dead,
@@ -126,8 +126,6 @@ class FeatureNet(nn.Module):
         c_in = channels
         for i, width in enumerate(_WIDTHS):
             layers += [nn.Conv2d(c_in, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
-                       nn.ReLU(inplace=True),
-                       nn.Conv2d(width, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
                        nn.ReLU(inplace=True)]
             if i < len(_WIDTHS) - 1:
                 layers.append(nn.MaxPool2d(2))
