@@ -81,6 +81,22 @@ Public API::
     model_hash(model_dir) -> str           # sha256 over the sorted files
     read_model_info(model_dir) -> ModelInfo
     PoissonSampler(n, sample_rate, generator).sample() -> LongTensor (from dpsynth_ml.dp)
+    dpsynth_ml.evaluation (docs/evaluation.md): metrics of evaluate jobs
+        train_feature_net(images, labels, *, class_names, image_size, channels, epochs,
+              batch_size, learning_rate, seed, out_dir, val_images=None, val_labels=None,
+              validation_fraction=0.2, progress=None) -> FeatureNetInfo  # PUBLIC data only
+        load_feature_net(dir) -> (FeatureNet, FeatureNetInfo)   # verifies the sha256
+        check_feature_net(net, info, images, labels, *, min_accuracy) -> accuracy
+              # FeatureNetworkRejected (code feature_network_rejected) below max(min, 2/K)
+        extract_features(net, info, images) -> float64 [N, 128]
+        frechet_distance(a, b) / prdc(real, fake, k=5) / memorisation(synthetic, train,
+              holdout, space="pixel"|"features") -> MemorisationResult
+        CLASSIFIER_SETTINGS, train_classifier(kind, images, labels, *, num_classes, seed),
+              classifier_accuracy(model, images, labels), per_class_recall(...)
+        evaluate_corpus(synthetic, real_train, real_holdout, *, classifiers, ...)
+              -> EvaluationResult(document = EvaluationReport's metric keys, arrays)
+        dpsynth_ml.evaluation.inception: FIDInceptionV3, load_inception(path) (pinned
+              sha256; InceptionWeightsUnavailable), inception_features(model, images)
 
 Errors raised for bad inputs are :class:`InvalidSpecError` (``code = "invalid_spec"``).
 Statistics on private data (loss, fraction clipped, realised batch size) go only to
