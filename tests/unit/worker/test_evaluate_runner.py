@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from dpsynth_ml.data import ImageDataset
 from dpsynth_ml.evaluation import memorisation
+from dpsynth_ml.evaluation.corpus import EvaluationResult
 from dpsynth_ml.spec import InvalidSpecError
 from dpsynth_shared.grants import GrantClaims, sign_grant
 from dpsynth_shared.job_states import JobState
@@ -74,17 +75,6 @@ def ledger() -> EvalLedger:
 
 
 @dataclass
-class FakeEvaluation:
-    """What the fake ``evaluate_corpus`` answers (the fields the runner reads)."""
-
-    document: dict[str, Any]
-    synthetic: ImageDataset
-    real_train: ImageDataset
-    real_holdout: ImageDataset
-    memorisation: dict[str, Any]
-
-
-@dataclass
 class FakeMetrics:
     """``evaluate_corpus`` that records its inputs; ``fail_with`` makes it raise."""
 
@@ -92,7 +82,7 @@ class FakeMetrics:
     fail_with: Exception | None = None
 
     def __call__(self, synthetic: ImageDataset, train: ImageDataset, holdout: ImageDataset,
-                 **kwargs: Any) -> FakeEvaluation:
+                 **kwargs: Any) -> EvaluationResult:
         folder = kwargs.get("feature_net_dir")
         self.calls.append({"synthetic": synthetic, "train": train, "holdout": holdout,
                            "feature_files": sorted(p.name for p in Path(folder).iterdir())
@@ -112,8 +102,11 @@ class FakeMetrics:
                             for on, a in (("synthetic", 0.5), ("real", 0.9))],
             "memorisation": [mem.summary()], "notes": [], "settings": {"cnn": {"epochs": 1}},
             "per_class": {}}
-        return FakeEvaluation(document=document, synthetic=synthetic, real_train=train,
-                              real_holdout=holdout, memorisation={"pixel": mem})
+        sets = {"synthetic": synthetic, "real_train": train, "real_holdout": holdout}
+        return EvaluationResult(document=document, class_names=train.class_names,
+                                images={k: v.images for k, v in sets.items()},
+                                labels={k: v.labels for k, v in sets.items()},
+                                memorisation={"pixel": mem})
 
 
 def _npz(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:

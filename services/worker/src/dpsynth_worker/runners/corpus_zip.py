@@ -161,18 +161,3 @@ def _order(name: str) -> tuple[str, int, str]:
     stem = file.rsplit(".", 1)[0]
     return folder, int(stem) if stem.isdigit() else -1, file
 
-
-def conform(images: np.ndarray, *, size: tuple[int, int], channels: int) -> np.ndarray:
-    """``images`` resized (bilinear) and converted to ``size`` (H, W) and ``channels``, so
-    synthetic and real images are compared pixel for pixel."""
-    if images.shape[1:3] == size and images.shape[3] == channels:
-        return images
-    mode = "L" if channels == 1 else "RGB"
-    out = np.empty((len(images), *size, channels), dtype=np.uint8)
-    for i, image in enumerate(images):
-        pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image).convert(mode)
-        if pil.size != (size[1], size[0]):
-            pil = pil.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-        array = np.asarray(pil, dtype=np.uint8)
-        out[i] = array[..., None] if array.ndim == 2 else array
-    return out

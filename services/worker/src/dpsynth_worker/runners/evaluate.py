@@ -28,7 +28,7 @@ from dpsynth_shared.worker_contract import DatasetInfo
 from dpsynth_worker.reports import ClosestPair, ReportArrays, plain, render_html, render_json
 from dpsynth_worker.runners.artifacts import download_folder, read_provenance, upload_and_register
 from dpsynth_worker.runners.context import JobContext
-from dpsynth_worker.runners.corpus_zip import conform, read_corpus
+from dpsynth_worker.runners.corpus_zip import read_corpus
 from dpsynth_worker.runners.feature_net import load_public, require_public, validation_split
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
 from dpsynth_worker.runners.selection import fetch_dataset
@@ -73,12 +73,11 @@ def run_evaluate(ctx: JobContext) -> Outcome:
         raise EvaluationInputError(exc.code, exc.detail, **exc.extensions) from exc
     corpus_path.unlink()
     train, holdout = _reference_data(ctx, reference, private=private)
-    synthetic_images = conform(corpus.images, size=train.images.shape[1:3],
-                               channels=int(train.images.shape[3]))
     from dpsynth_ml.data import ImageDataset
 
     names = tuple(reference.class_names)
-    synthetic = ImageDataset(images=synthetic_images, labels=corpus.labels, class_names=names)
+    # the ML core resizes every set to the feature network's input (else the reference's)
+    synthetic = ImageDataset(images=corpus.images, labels=corpus.labels, class_names=names)
     ctx.heartbeat.phase("evaluating")
 
     def progress(done: int, total: int) -> None:
@@ -98,9 +97,7 @@ def run_evaluate(ctx: JobContext) -> Outcome:
     if ctx.flags.any():
         return stopped(ctx)
     show_private = private and spec.include_private_images
-    document = build_document(ctx, spec, reference, result.document, corpus.manifest,
-                              resized=None if synthetic_images is corpus.images
-                              else corpus.images.shape[1:])
+    document = build_document(ctx, spec, reference, result.document, corpus.manifest)
     arrays = report_arrays(result, names, show_real=show_private or not private)
     return _publish(ctx, document, arrays, private=private, contains_private_images=show_private)
 
@@ -225,14 +222,12 @@ def _manifest_figures(manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_document(ctx: JobContext, spec: EvaluateSpec, reference: DatasetInfo,
-                   metrics: Mapping[str, Any], manifest: Mapping[str, Any], *,
-                   resized: tuple[int, ...] | None = None) -> dict[str, Any]:
+                   metrics: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The ``report.json`` document: identity, labels and the ML core's metrics."""
     corpus = ctx.claim.corpus
     assert corpus is not None
     private = reference.visibility != "public"
-    document: dict[str, Any] = {k: v for k, v in metrics.items()
-                                if k not in ("closest_pairs", "arrays")}
+    document: dict[str, Any] = dict(metrics)
     network = document.get("feature_network")
     if isinstance(network, Mapping) and ctx.claim.feature_model is not None:
         network = dict(network)
@@ -241,9 +236,6 @@ def build_document(ctx: JobContext, spec: EvaluateSpec, reference: DatasetInfo,
             network.setdefault("dataset_id", ctx.claim.feature_dataset.dataset_id)
         document["feature_network"] = network
     notes = list(document.get("notes") or [])
-    if resized is not None:
-        notes.append(f"synthetic images were resized from {resized[0]}x{resized[1]} to the "
-                     "reference's size before comparison")
     if private:
         notes.append("computed from private data outside any DP mechanism: owner only, not "
                      "covered by the corpus's privacy guarantee")
@@ -260,8 +252,9 @@ def build_document(ctx: JobContext, spec: EvaluateSpec, reference: DatasetInfo,
 
 def report_arrays(result: Any, class_names: tuple[str, ...], *, show_real: bool
                   ) -> ReportArrays:
-    """What the page draws, from the ML core's result; real images only when ``show_real``."""
-    synthetic, train, holdout = result.synthetic, result.real_train, result.real_holdout
+    """What the page draws, from the ML core's ``EvaluationResult`` (images after its
+    subsample and resize); real images only when ``show_real``."""
+    images, labels = result.images, result.labels
     pairs: list[ClosestPair] = []
     ratios: dict[str, np.ndarray] = {}
     for space, mem in (result.memorisation or {}).items():
@@ -269,15 +262,15 @@ def report_arrays(result: Any, class_names: tuple[str, ...], *, show_real: bool
         for i in np.asarray(mem.closest)[:REPORT_PAIRS].tolist():
             pairs.append(ClosestPair(
                 synthetic_index=int(i), train_index=int(mem.nearest_train[i]) if show_real
-                else None, class_name=class_names[int(synthetic.labels[i])], space=str(space),
-                d_train=float(mem.d_train[i]), d_holdout=float(mem.d_holdout[i]),
-                flagged=bool(mem.flagged[i])))
+                else None, class_name=class_names[int(labels["synthetic"][i])],
+                space=str(space), d_train=float(mem.d_train[i]),
+                d_holdout=float(mem.d_holdout[i]), flagged=bool(mem.flagged[i])))
     return ReportArrays(
-        class_names=class_names, synthetic_images=synthetic.images,
-        synthetic_labels=synthetic.labels,
-        real_images=holdout.images if show_real else None,
-        real_labels=holdout.labels if show_real else None,
-        train_images=train.images if show_real else None, closest_pairs=pairs,
+        class_names=class_names, synthetic_images=images["synthetic"],
+        synthetic_labels=labels["synthetic"],
+        real_images=images["real_holdout"] if show_real else None,
+        real_labels=labels["real_holdout"] if show_real else None,
+        train_images=images["real_train"] if show_real else None, closest_pairs=pairs,
         ratios=ratios, samples_per_class=GRID_PER_CLASS)
 
 
