@@ -195,15 +195,18 @@ def prepare(p: Platform, settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_locust(p: Platform, user_class: str, *, users: int, seconds: float,
-               env: dict[str, str], host: str, out: Path) -> list[list[Any]]:
+               env: dict[str, str], host: str, out: Path,
+               tag: str | None = None) -> list[list[Any]]:
     """One headless locust run of ``user_class``; returns its per-request records.
 
-    Locust's own CSV (``out/<class>-<users>_stats.csv``) is kept beside the records.
+    Locust's own CSVs (``out/<tag>-<users>_stats.csv``, ...) are kept beside the records
+    (``out/<tag>-<users>.json``); ``tag`` defaults to the class name.
     """
-    raw = out / f"{user_class}-{users}.json"
+    stem = f"{tag or user_class}-{users}"
+    raw = out / f"{stem}.json"
     argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
             "-u", str(users), "-r", str(users), "-t", f"{int(seconds)}s",
-            "--host", host, "--csv", str(out / f"{user_class}-{users}"), "--only-summary",
+            "--host", host, "--csv", str(out / stem), "--only-summary",
             "--loglevel", "WARNING", "--exit-code-on-error", "0",
             "--stop-timeout", str(int(STOP_TIMEOUT_S)), user_class]
     full_env = {**os.environ, "BENCH_API_KEY": p.api_key, "BENCH_LEDGER_TOKEN": p.ledger_token,
@@ -252,20 +255,20 @@ def submissions(p: Platform, inputs: dict[str, Any], settings: dict[str, Any],
     rows: list[dict[str, Any]] = []
     for i, users in enumerate(settings["users"]):
         finetune_s = settings["finetune_s"][min(i, len(settings["finetune_s"]) - 1)]
-        plan = [("healthz", "HealthzUser", settings["healthz_s"], {}),
+        plan = [("healthz", "HealthzUser", settings["healthz_s"], {}, "healthz"),
                 ("submit pretrain (no ledger)", "SubmitUser", settings["pretrain_s"],
-                 {"BENCH_SPECS": json.dumps(inputs["pretrain"])}),
+                 {"BENCH_SPECS": json.dumps(inputs["pretrain"])}, "submit-pretrain"),
                 ("submit finetune (ledger admission)", "SubmitUser", finetune_s,
-                 {"BENCH_SPECS": json.dumps(inputs["finetune"])}),
+                 {"BENCH_SPECS": json.dumps(inputs["finetune"])}, "submit-finetune"),
                 ("dry-run finetune (ledger plan)", "DryRunUser", settings["dry_run_s"],
-                 {"BENCH_SPECS": json.dumps(inputs["finetune"])})]
+                 {"BENCH_SPECS": json.dumps(inputs["finetune"])}, "dry-run-finetune")]
         if users not in settings["dry_run_users"]:
             plan.pop()
         base: float | None = None
-        for scenario, cls, seconds, env in plan:
+        for scenario, cls, seconds, env, tag in plan:
             t0 = time.perf_counter()
             records = run_locust(p, cls, users=users, seconds=seconds, env=env,
-                                 host=p.api_url, out=out)
+                                 host=p.api_url, out=out, tag=tag)
             row = {"scenario": scenario, "users": users, "duration_s": seconds,
                    **summarize_load(records)}
             if scenario == "healthz":
@@ -354,7 +357,7 @@ def ledger_single_client(p: Platform, dataset_id: str, settings: dict[str, Any],
             **RESERVE_SHAPE}
     env = {"BENCH_RESERVE": json.dumps(body), "BENCH_LIFECYCLE_FRACTION": "0.5"}
     records = run_locust(p, "LedgerReserveUser", users=1, seconds=settings["ledger_single_s"],
-                         env=env, host=p.ledger_url, out=out)
+                         env=env, host=p.ledger_url, out=out, tag="ledger-single")
     reserves = [r for r in records if r[0] == "reserve"]
     accepted = [r for r in reserves if r[3] == 201]
     start = min(r[1] for r in reserves)
@@ -379,7 +382,7 @@ def ledger_contention(p: Platform, dataset_id: str, settings: dict[str, Any],
            "BENCH_STOP_AFTER_REFUSALS": str(users)}
     t0 = time.perf_counter()
     records = run_locust(p, "LedgerReserveUser", users=users, seconds=settings["ledger_max_s"],
-                         env=env, host=p.ledger_url, out=out)
+                         env=env, host=p.ledger_url, out=out, tag="ledger-contention")
     wall = time.perf_counter() - t0
     reserves = [r for r in records if r[0] == "reserve"]
     accepted = [r for r in reserves if r[3] == 201]
@@ -434,11 +437,14 @@ def run(scale: str) -> dict[str, Any]:
     """Start the platform, run (a) and (b) at ``scale``, stop it; the results document."""
     settings = SETTINGS[scale]
     t0 = time.perf_counter()
-    with embedded_platform() as p, tempfile.TemporaryDirectory(prefix="bench-locust-") as tmp:
+    # locust's own CSVs and the per-request records stay for inspection (out/ is not committed)
+    out = ROOT / "out" / "bench" / NAME / "locust"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with embedded_platform() as p:
         started = time.perf_counter() - t0
         inputs = prepare(p, settings)
         print(f"  platform up in {started:.0f}s, inputs ready", flush=True)
-        out = Path(tmp)
         single = ledger_single_client(p, inputs["single_dataset_id"], settings, out)
         ledger = ledger_contention(p, inputs["contended_dataset_id"], settings, out)
         ledger["single_client"] = single
