@@ -191,7 +191,8 @@ class Plan(BaseModel):
     admissible: bool
     max_admissible_target_epsilon: float | None = Field(
         description="largest target_epsilon of this shape (q, steps) the filter would admit now; "
-        "None when even a tiny one would not fit")
+        "None when even a tiny one would not fit, and in the plan of an accepted "
+        "reservation (computed for plans, dry runs and refusals only)")
     accountant: str
     per_label: dict[str, LabelPlan] | None = Field(None, description="per-label job: each "
                                                    "class's calibrated run")

@@ -254,9 +254,14 @@ def make_plan(session: Session, *, request: PlanRequest, ctx: LedgerContext) -> 
     return plan_with_runs(session, request=request, ctx=ctx)[0]
 
 
-def plan_with_runs(session: Session, *, request: PlanRequest,
-                   ctx: LedgerContext) -> tuple[Plan, list[RunPlan]]:
-    """:func:`make_plan` and the calibrated runs behind it (for the reservation rows)."""
+def plan_with_runs(session: Session, *, request: PlanRequest, ctx: LedgerContext,
+                   with_max_target: bool = True) -> tuple[Plan, list[RunPlan]]:
+    """:func:`make_plan` and the calibrated runs behind it (for the reservation rows).
+
+    ``with_max_target=False`` skips the largest admissible target (a bisection over PLD
+    evaluations, ~80% of an admission's time in benchmarks/service_load.py): a reservation
+    that is admitted does not need it, and a refusal computes it under the lock.
+    """
     budget = repo.get_budget(session, request.dataset_id)
     if budget is None:
         raise NotFound("budget", request.dataset_id)
@@ -265,15 +270,18 @@ def plan_with_runs(session: Session, *, request: PlanRequest,
     reservations = repo.reservations_of(session, budget.dataset_id)
     plan = plan_from(budget, accs=accs, reservations=reservations, runs=runs,
                      per_label=request.per_label is not None, ctx=ctx,
-                     released=released_events(session, budget.dataset_id))
+                     released=released_events(session, budget.dataset_id),
+                     with_max_target=with_max_target)
     return plan, runs
 
 
 def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],  # type: ignore[type-arg]
               runs: list[RunPlan], per_label: bool, ctx: LedgerContext,
-              released: list[GaussianEvent] | None = None) -> Plan:
+              released: list[GaussianEvent] | None = None,
+              with_max_target: bool = True) -> Plan:
     """The plan of a calibrated job against a snapshot of the dataset's accounts
-    (``released``: the dataset's charged one-shot releases, for the tight figure)."""
+    (``released``: the dataset's charged one-shot releases, for the tight figure;
+    ``with_max_target=False``: the largest admissible target is left out, None)."""
     f = flt(budget)
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
@@ -315,7 +323,8 @@ def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],
                                                 disjoint=disjoint),
         admissible=f.admits(committed=committed, reserved=reserved, new=new),
         max_admissible_target_epsilon=max_target(budget, runs, committed=committed,
-                                                  reserved=reserved, ctx=ctx),
+                                                  reserved=reserved, ctx=ctx)
+        if with_max_target else None,
         accountant=ACCOUNTANT_NAME, per_label=labels, composition=composition, notes=notes,
     )
 

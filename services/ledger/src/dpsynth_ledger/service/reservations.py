@@ -126,7 +126,8 @@ def reserve(session: Session, *, request: ReserveRequest,
         neighbouring=request.neighbouring,
         dataset_id=request.dataset_id, target_epsilon=request.target_epsilon,
         expected_batch_size=request.expected_batch_size, steps=request.steps,
-        per_label=request.per_label, population_size=request.population_size), ctx=ctx)
+        per_label=request.per_label, population_size=request.population_size), ctx=ctx,
+        with_max_target=request.dry_run)
     if request.dry_run:
         return plan
     session.commit()  # end the read transaction: the decision is taken under the lock only
