@@ -26,6 +26,11 @@ def require_strong_secret(value: SecretStr, name: str) -> SecretStr:
 class DatabaseSettings(BaseModel):
     url: str = Field(description="SQLAlchemy URL, e.g. postgresql+psycopg://u:p@host:5432/db")
     pool_size: int = 5
+    max_overflow: int = Field(30, ge=0, description="connections beyond pool_size under load "
+                              "(closed when returned); pool_size + max_overflow should cover "
+                              "the server's worker threads (40 for FastAPI's sync routes)")
+    pool_timeout_s: float = Field(10.0, gt=0, description="wait for a free connection before "
+                                  "answering 503 service_unavailable")
     echo: bool = False
 
 

@@ -24,7 +24,9 @@ def utcnow() -> datetime:
 
 def make_engine(settings: DatabaseSettings) -> Engine:
     """Create the SQLAlchemy engine (psycopg 3) for the api database."""
-    return create_engine(settings.url, pool_size=settings.pool_size, echo=settings.echo,
+    return create_engine(settings.url, pool_size=settings.pool_size,
+                         max_overflow=settings.max_overflow,
+                         pool_timeout=settings.pool_timeout_s, echo=settings.echo,
                          pool_pre_ping=True)
 
 

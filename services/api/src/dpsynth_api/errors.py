@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,15 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(DpsynthError(code, detail), request, status=exc.status_code)
 
 
+async def _pool_exhausted(request: Request, exc: Exception) -> JSONResponse:
+    # Every database connection is busy (a burst of submissions waiting on admissions):
+    # nothing was read or written, so the client may simply retry.
+    log.warning("database pool exhausted")
+    error = DpsynthError(ErrorCode.SERVICE_UNAVAILABLE, "the api is overloaded (no free "
+                         "database connection); retry shortly")
+    return problem_response(error, request, headers={"Retry-After": "2"})
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error")
     return problem_response(DpsynthError(ErrorCode.INTERNAL, "internal error"), request)
@@ -85,4 +95,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DpsynthError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(PoolTimeout, _pool_exhausted)
     app.add_exception_handler(Exception, _unexpected_error)
