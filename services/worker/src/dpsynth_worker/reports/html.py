@@ -19,7 +19,7 @@ import numpy as np
 
 from dpsynth_worker.reports.arrays import ClosestPair, ReportArrays
 from dpsynth_worker.reports.images import montage, png_data_uri
-from dpsynth_worker.reports.svg import accuracy_bars, histogram, horizontal_bars
+from dpsynth_worker.reports.svg import accuracy_bars, histogram, horizontal_bars, paired_bars
 
 _CSS = """
 :root{--ink:#1f2328;--muted:#5b636e;--line:#e3e6ea;--soft:#f6f8fa;--blue:#3b6fb6;
@@ -76,6 +76,7 @@ footer{color:var(--muted);font-size:12px;text-align:center;padding:8px 0 24px}
 #: Pixel width of one displayed grid tile / pair image (the PNGs stay at native size).
 _TILE_PX = 56
 _GRID_COLUMNS = 5
+_MAX_PAIRS = 16
 _PAIR_PX = 84
 
 
@@ -260,13 +261,21 @@ def _per_class(doc: Mapping[str, Any]) -> str:
         return ""
     keys = list(dict.fromkeys(k for row in per_class.values() for k in row))
     labels = list(per_class)
+
+    def column(key: str) -> list[float]:
+        return [_float(per_class[c].get(key)) for c in labels]
+
     charts = []
+    for key in keys:  # per classifier: recall trained on synthetic beside trained on real
+        if key.startswith("tstr_recall_"):
+            kind = key.removeprefix("tstr_recall_")
+            charts.append(paired_bars(labels, column(key), column(f"real_recall_{kind}"),
+                                      title=f"per-class recall on real held-out data ({kind})"))
     for key in keys:
-        values = [_float(per_class[c].get(key)) for c in labels]
-        if not any(math.isfinite(v) for v in values):
+        values = column(key)
+        if key.startswith(("tstr_", "real_")) or not any(math.isfinite(v) for v in values):
             continue
-        bounded = ("recall" in key or "accuracy" in key or "precision" in key
-                   or "coverage" in key)
+        bounded = any(word in key for word in ("recall", "accuracy", "precision", "coverage"))
         if bounded or key.startswith("fd"):
             charts.append(horizontal_bars(labels, values, title=key.replace("_", " "),
                                           maximum=1.0 if bounded else None))
@@ -367,7 +376,14 @@ def _pair(pair: ClosestPair, arrays: ReportArrays, *, show_real: bool) -> str:
 def _pairs(doc: Mapping[str, Any], arrays: ReportArrays, *, show_real: bool) -> str:
     if not arrays.closest_pairs:
         return ""
-    pairs = "".join(_pair(p, arrays, show_real=show_real) for p in arrays.closest_pairs)
+    shown: list[ClosestPair] = []
+    seen: set[tuple[int, int | None]] = set()
+    # pixel-space pairs first (what a person sees as a copy), then feature-space ones
+    for pair in sorted(arrays.closest_pairs, key=lambda p: p.space != "pixel"):
+        if (pair.synthetic_index, pair.train_index) not in seen and len(shown) < _MAX_PAIRS:
+            seen.add((pair.synthetic_index, pair.train_index))
+            shown.append(pair)
+    pairs = "".join(_pair(p, arrays, show_real=show_real) for p in shown)
     return ("<section><h2>Closest synthetic / training pairs</h2><p class=\"sub\">The "
             "synthetic images nearest to a training image, each beside that image, with the "
             f'distances to the nearest training and held-out images.</p><div class="pairs">'

@@ -151,3 +151,34 @@ def histogram(values: np.ndarray, *, threshold: float | None, title: str,
     body.append(f'<line x1="{x1:.1f}" y1="{top}" x2="{x1:.1f}" y2="{top + plot_h}" '
                 'stroke="#555" stroke-width="1" stroke-dasharray="2,3"/>')
     return _svg(width, height, body, title)
+
+
+def paired_bars(labels: Sequence[str], first: Sequence[float], second: Sequence[float], *,
+                title: str, names: tuple[str, str] = ("trained on synthetic",
+                                                       "trained on real")) -> str:
+    """Two horizontal bars per label on a 0..1 axis (per-class recall of a classifier
+    trained on synthetic data, beside the same classifier trained on real data)."""
+    label_w, plot_w, row = 130, 270, 26
+    width, height = label_w + plot_w + 70, 48 + row * len(labels)
+    body = [_text(0, 16, title, anchor="start", size=12, fill="#555"),
+            f'<rect x="{label_w}" y="24" width="10" height="10" fill="{SYNTHETIC}"/>',
+            _text(label_w + 14, 33, names[0], anchor="start", size=11),
+            f'<rect x="{label_w + 140}" y="24" width="10" height="10" fill="{REAL}"/>',
+            _text(label_w + 154, 33, names[1], anchor="start", size=11)]
+    for i, label in enumerate(labels):
+        y = 42 + i * row
+        short = label if len(label) <= 22 else label[:21] + "…"
+        body.append(_text(label_w - 8, y + 15, short, anchor="end", size=11))
+        for j, (value, colour) in enumerate(((first[i], SYNTHETIC), (second[i], REAL))):
+            top = y + 3 + j * 10
+            body.append(f'<rect x="{label_w}" y="{top}" width="{plot_w}" height="9" '
+                        'fill="#f1f3f5"/>')
+            if not math.isfinite(value):
+                continue
+            w = plot_w * min(max(value, 0.0), 1.0)
+            body.append(f'<rect x="{label_w}" y="{top}" width="{w:.1f}" height="9" '
+                        f'fill="{colour}"><title>{escape(label)}, {names[j]}: {_fmt(value)}'
+                        "</title></rect>")
+            body.append(_text(label_w + plot_w + 6, top + 8, _fmt(value), anchor="start",
+                              size=9))
+    return _svg(width, height, body, title)
