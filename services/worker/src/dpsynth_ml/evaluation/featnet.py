@@ -238,7 +238,7 @@ def train_feature_net(images: np.ndarray, labels: np.ndarray, *, class_names: Se
             optimiser.step()
         if progress is not None:
             progress(epoch + 1, epochs)
-    net.eval()
+    _recalibrate_batchnorm(net, x, batch_size)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -254,6 +254,27 @@ def train_feature_net(images: np.ndarray, labels: np.ndarray, *, class_names: Se
     info = dataclasses.replace(draft, sha256=_sha256(weights), accuracy=accuracy)
     (out_dir / INFO_FILE).write_text(json.dumps(info.to_dict(), indent=2, sort_keys=True))
     return info
+
+
+def _recalibrate_batchnorm(net: FeatureNet, x: torch.Tensor, batch_size: int) -> None:
+    """Replace BatchNorm's running statistics by the exact statistics of the final weights on
+    the training images (cumulative average over one pass, no gradients).
+
+    The running averages (momentum 0.1) trail the weights: after a few dozen steps they
+    still describe early weights, and the network in eval mode can fall to chance accuracy
+    while it classifies well in train mode (measured: 0.08 against 0.69 after 24 steps).
+    """
+    norms = [m for m in net.modules() if isinstance(m, nn.BatchNorm2d)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative moving average: equal weight to every batch
+    net.train()
+    with torch.no_grad():
+        for start in range(0, x.shape[0], batch_size):
+            net.features(x[start:start + batch_size])
+    for m in norms:
+        m.momentum = 0.1
+    net.eval()
 
 
 def load_feature_net(directory: Path) -> tuple[FeatureNet, FeatureNetInfo]:
