@@ -25,6 +25,7 @@ import pytest
 from dpsynth_ml.data import ImageDataset
 from dpsynth_ml.evaluation import memorisation
 from dpsynth_ml.evaluation.corpus import EvaluationResult
+from dpsynth_ml.evaluation.errors import InceptionWeightsUnavailable
 from dpsynth_ml.spec import InvalidSpecError
 from dpsynth_shared.grants import GrantClaims, sign_grant
 from dpsynth_shared.job_states import JobState
@@ -40,6 +41,8 @@ from dpsynth_worker.runners import MlCore, Outcome
 from dpsynth_worker.runners.artifacts import PROVENANCE_FILE, model_key
 from dpsynth_worker.runners.corpus_zip import class_dirs
 from dpsynth_worker.runners.feature_net import validation_split
+from dpsynth_worker.runtime import build_runtime
+from dpsynth_worker.settings import WorkerSettings
 from PIL import Image
 
 from tests.unit.worker.conftest import CLASS_NAMES, World
@@ -312,6 +315,34 @@ def test_inception_without_weights_fails_before_reading_private_data(world: Worl
     assert final.error_code == "inception_weights_unavailable"
     assert "DPSYNTH_WORKER_INCEPTION_WEIGHTS" in (final.message or "")
     assert world.ledger.calls == [] and metrics.calls == []
+
+
+def test_wrong_inception_weights_fail_with_their_code_and_message(world: World,
+                                                                tmp_path: Path) -> None:
+    weights = tmp_path / "pt_inception.pth"
+    weights.write_bytes(b"not the pinned weights")
+    metrics = FakeMetrics(fail_with=InceptionWeightsUnavailable("the weights file's sha256 "
+                                                                "is not the pinned one"))
+    claim = _evaluate_claim(world, spec_extra={"inception": True})
+    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics, inception_weights=weights)) \
+        == Outcome.FAILED
+    assert metrics.calls[0]["inception_weights"] == weights
+    final = world.api.final
+    assert final.error_code == "inception_weights_unavailable"
+    assert "pinned" in (final.message or "")
+
+
+def test_the_worker_setting_reaches_the_ml_core(tmp_path: Path) -> None:
+    settings = WorkerSettings(broker_url="redis://localhost:6379/0",
+                              api={"url": "http://api", "token": "t" * 32},
+                              ledger={"url": "http://ledger", "token": "t" * 32},
+                              object_store={"kind": "local", "root": str(tmp_path / "o")},
+                              work_dir=tmp_path / "w",
+                              inception_weights=tmp_path / "pt_inception.pth")
+    runtime = build_runtime(settings)
+    assert runtime.ml.inception_weights == tmp_path / "pt_inception.pth"
+    assert build_runtime(settings.model_copy(update={"inception_weights": None})
+                         ).ml.inception_weights is None
 
 
 def test_reference_without_holdout_fails_with_no_holdout(world: World) -> None:

@@ -38,6 +38,11 @@ RUNNERS: dict[str, Callable[[JobContext], Outcome]] = {
     "pretrain": run_pretrain, "finetune": run_finetune, "generate": run_generate,
     "feature_net": run_feature_net, "evaluate": run_evaluate}
 
+#: Failures of an evaluation on private data whose detail concerns only public inputs (the
+#: feature network's check on its public validation records, the worker's Inception weights).
+_PUBLIC_DETAIL_CODES = frozenset({ErrorCode.FEATURE_NETWORK_REJECTED,
+                                  ErrorCode.INCEPTION_UNAVAILABLE})
+
 #: Codes that mean "try again later": the attempt crashes and the reaper requeues it.
 TRANSIENT_CODES = frozenset({ErrorCode.LEDGER_UNAVAILABLE, ErrorCode.SERVICE_UNAVAILABLE,
                              ErrorCode.INTERNAL})
@@ -134,7 +139,7 @@ def _failure_message(claim: Claim, exc: BaseException, code: str) -> str:
                                      or claim.dataset.visibility != "public"):
         # only errors about the non-private inputs (the spec, the corpus, the worker's
         # configuration) and the feature network's check on PUBLIC data keep their detail
-        if isinstance(exc, EvaluationInputError) or code == ErrorCode.FEATURE_NETWORK_REJECTED:
+        if isinstance(exc, EvaluationInputError) or code in _PUBLIC_DETAIL_CODES:
             return str(exc)[:2000]
         return f"the evaluation failed ({code}); details are withheld as they may concern " \
                "private data"
