@@ -99,7 +99,7 @@ def _check(images: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarr
 
 
 def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_classes: int,
-                     seed: int) -> Classifier:
+                     seed: int, device: str | torch.device = "cpu") -> Classifier:
     """Train a downstream classifier with its fixed settings (``CLASSIFIER_SETTINGS``).
 
     Args:
@@ -109,6 +109,8 @@ def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_c
         labels: int [N] in [0, num_classes).
         num_classes: K (classes absent from the training set are still outputs).
         seed: seeds initialisation and shuffling.
+        device: where to train ("cpu" by default; deterministic there, not necessarily on a
+            GPU). The returned classifier is on the CPU.
 
     Returns:
         The trained classifier, in eval mode.
@@ -132,6 +134,7 @@ def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_c
         generator = torch.Generator().manual_seed(seed)
         optimiser = torch.optim.Adam(model.parameters(), lr=settings["learning_rate"],
                                      weight_decay=settings["weight_decay"])
+        model.to(device)
         batch = int(settings["batch_size"])
         n = x.shape[0]
         steps_per_epoch = math.ceil(n / batch)
@@ -143,9 +146,9 @@ def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_c
             for start in range(0, n, batch):
                 idx = perm[start:start + batch]
                 optimiser.zero_grad(set_to_none=True)
-                loss_fn(model(x[idx]), y[idx]).backward()
+                loss_fn(model(x[idx].to(device)), y[idx].to(device)).backward()
                 optimiser.step()
-    model.eval()
+    model.cpu().eval()
     return model
 
 
@@ -157,8 +160,9 @@ def predict(model: Classifier, images: np.ndarray, *, batch_size: int = 512) -> 
     out: list[np.ndarray] = []
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
-            logits = model(model.to_input(images[start:start + batch_size]))
-            out.append(logits.argmax(dim=1).numpy())
+            x = model.to_input(images[start:start + batch_size])
+            logits = model(x.to(next(model.parameters()).device))
+            out.append(logits.argmax(dim=1).cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 

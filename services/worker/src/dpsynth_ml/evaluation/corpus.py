@@ -124,7 +124,8 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
                     min_feature_accuracy: float = 0.5, prdc_k: int = 5,
                     max_images: int = 5000, seed: int = 0,
                     inception_weights: Path | None = None,
-                    progress: Progress | None = None) -> EvaluationResult:
+                    progress: Progress | None = None,
+                    device: str | torch.device = "cpu") -> EvaluationResult:
     """Compute every metric of an evaluation.
 
     Phases (``progress(done, total)`` after each): subsample and resize; feature network
@@ -149,6 +150,7 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
         seed: seeds the subsamples and the classifiers.
         inception_weights: pytorch-fid's InceptionV3 weights file, for Inception FID.
         progress: phase callback.
+        device: where networks run ("cpu" by default: deterministic; a GPU for large sets).
 
     Raises:
         InvalidSpecError: mismatched domains, too few images, unknown classifier.
@@ -229,6 +231,7 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
 
     # 2. feature space: features, Fréchet distances, prdc, memorisation
     if net is not None and info is not None:
+        net.to(device)
         for name in SETS:
             result.features[name] = extract_features(net, info, result.images[name])
         step()
@@ -287,7 +290,7 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
     for kind in classifiers:
         for train_on, source in (("synthetic", "synthetic"), ("real", "real_train")):
             model = train_classifier(kind, result.images[source], result.labels[source],
-                                     num_classes=k_classes, seed=seed)
+                                     num_classes=k_classes, seed=seed, device=device)
             predicted = predict(model, test_x)
             result.predictions[f"{kind}/{train_on}"] = predicted
             accuracy = float((predicted == test_y).mean())
@@ -310,7 +313,7 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
     if inception_weights is not None:
         from dpsynth_ml.evaluation.inception import inception_features, load_inception
 
-        model_i = load_inception(Path(inception_weights))
+        model_i = load_inception(Path(inception_weights)).to(device)
         a = inception_features(model_i, result.images["synthetic"])
         b = inception_features(model_i, result.images["real_holdout"])
         headline["inception_fid"] = frechet_distance(a, b)

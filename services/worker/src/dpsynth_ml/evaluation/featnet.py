@@ -166,7 +166,8 @@ def train_feature_net(images: np.ndarray, labels: np.ndarray, *, class_names: Se
                       val_images: np.ndarray | None = None,
                       val_labels: np.ndarray | None = None,
                       validation_fraction: float = 0.2,
-                      progress: Progress | None = None) -> FeatureNetInfo:
+                      progress: Progress | None = None,
+                      device: str | torch.device = "cpu") -> FeatureNetInfo:
     """Train a feature network on PUBLIC labelled images (no DP: never call it on private
     data) and write it to ``out_dir``.
 
@@ -186,6 +187,8 @@ def train_feature_net(images: np.ndarray, labels: np.ndarray, *, class_names: Se
             absent, a seeded ``validation_fraction`` of ``images`` is held out instead.
         validation_fraction: share held out when no validation records are given.
         progress: ``progress(epochs_done, epochs)`` after each epoch.
+        device: where to train ("cpu" by default; on a GPU the result is not bit-for-bit
+            reproducible). The weights are saved from the CPU.
 
     Returns:
         The network's info (also in ``feature_net.json``).
@@ -222,6 +225,7 @@ def train_feature_net(images: np.ndarray, labels: np.ndarray, *, class_names: Se
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # module initialisation draws from the global generator
         net = FeatureNet(channels=channels, num_classes=k)
+    net.to(device)
     optimiser = torch.optim.Adam(net.parameters(), lr=learning_rate)
     loss_fn = nn.CrossEntropyLoss()
     n = x.shape[0]
@@ -233,7 +237,7 @@ def train_feature_net(images: np.ndarray, labels: np.ndarray, *, class_names: Se
             if idx.numel() < 2 and n >= 2:
                 continue  # BatchNorm needs two samples; a lone last sample is skipped
             optimiser.zero_grad(set_to_none=True)
-            loss = loss_fn(net(x[idx]), y[idx])
+            loss = loss_fn(net(x[idx].to(device)), y[idx].to(device))
             loss.backward()
             optimiser.step()
         if progress is not None:
@@ -243,6 +247,7 @@ def train_feature_net(images: np.ndarray, labels: np.ndarray, *, class_names: Se
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = out_dir / WEIGHTS_FILE
+    net.cpu()
     save_file({name: t.detach().contiguous() for name, t in net.state_dict().items()},
               str(weights))
     draft = FeatureNetInfo(architecture=FEATURE_ARCHITECTURE, sha256="", accuracy=0.0,
@@ -271,7 +276,7 @@ def _recalibrate_batchnorm(net: FeatureNet, x: torch.Tensor, batch_size: int) ->
     net.train()
     with torch.no_grad():
         for start in range(0, x.shape[0], batch_size):
-            net.features(x[start:start + batch_size])
+            net.features(x[start:start + batch_size].to(next(net.parameters()).device))
     for m in norms:
         m.momentum = 0.1
     net.eval()
@@ -314,12 +319,13 @@ def load_feature_net(directory: Path) -> tuple[FeatureNet, FeatureNetInfo]:
 def _batches(net: FeatureNet, info: FeatureNetInfo, images: np.ndarray, batch_size: int,
              fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     outs: list[torch.Tensor] = []
+    device = next(net.parameters()).device
     net.eval()
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
             x = images_to_tensor(images[start:start + batch_size], image_size=info.image_size,
                                  channels=info.channels)
-            outs.append(fn(x))
+            outs.append(fn(x.to(device)).cpu())
     if not outs:
         return torch.zeros(0, info.feature_dim)
     return torch.cat(outs)
