@@ -27,6 +27,7 @@ from dpsynth_ml.evaluation import memorisation
 from dpsynth_ml.evaluation.corpus import EvaluationResult
 from dpsynth_ml.evaluation.errors import InceptionWeightsUnavailable
 from dpsynth_ml.spec import InvalidSpecError
+from dpsynth_shared.errors import DpsynthError
 from dpsynth_shared.grants import GrantClaims, sign_grant
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.ledger_contract import ReadGrant
@@ -39,7 +40,7 @@ from dpsynth_shared.worker_contract import (
 )
 from dpsynth_worker.runners import MlCore, Outcome
 from dpsynth_worker.runners.artifacts import PROVENANCE_FILE, model_key
-from dpsynth_worker.runners.corpus_zip import class_dirs
+from dpsynth_worker.runners.corpus_zip import class_dirs, read_corpus
 from dpsynth_worker.runners.feature_net import validation_split
 from dpsynth_worker.runtime import build_runtime
 from dpsynth_worker.settings import WorkerSettings
@@ -450,3 +451,70 @@ def test_a_private_feature_dataset_is_refused(world: World) -> None:
                                     class_names=CLASS_NAMES))
     assert world.run(claim, ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.FAILED
     assert world.api.final.error_code == "visibility_mismatch"
+
+
+# --- the corpus reader ---------------------------------------------------------------------
+
+
+def _zip(path: Path, members: dict[str, bytes], *,
+         compression: int = zipfile.ZIP_STORED) -> Path:
+    with zipfile.ZipFile(path, "w", compression=compression) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def _png(value: int, size: int = 8, mode: str = "L") -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, (size, size), value if mode == "L" else (value,) * 3).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+MANIFEST = json.dumps({"counts": {"digit 0": 2}}).encode()
+
+
+def test_corpus_reader_orders_images_and_maps_class_folders(tmp_path: Path) -> None:
+    members = {"manifest.json": MANIFEST, "digit_1/10.png": _png(10), "digit_1/9.png": _png(9),
+               "digit_0/0.png": _png(0)}
+    corpus = read_corpus(_zip(tmp_path / "c.zip", members), CLASS_NAMES)
+    assert corpus.labels.tolist() == [0, 1, 1]
+    assert corpus.images[:, 0, 0, 0].tolist() == [0, 9, 10] and corpus.images.shape[1:] == (8, 8, 1)
+    assert corpus.manifest == {"counts": {"digit 0": 2}}
+
+
+@pytest.mark.parametrize(("members", "code"), [
+    ({"digit_0/0.png": _png(0)}, "invalid_spec"),                                  # no manifest
+    ({"manifest.json": MANIFEST, "cats/0.png": _png(0)}, "invalid_spec"),          # unknown class
+    ({"manifest.json": MANIFEST, "digit_0/0.png": _png(0),
+      "digit_0/1.png": _png(0, size=16)}, "invalid_spec"),                         # two shapes
+    ({"manifest.json": MANIFEST, "digit_0/a/0.png": _png(0)}, "invalid_spec"),     # too deep
+    ({"manifest.json": MANIFEST, "digit_0/0.png": b"not a png"}, "invalid_spec"),
+    ({"manifest.json": b"[1, 2]", "digit_0/0.png": _png(0)}, "invalid_spec"),
+    ({"manifest.json": MANIFEST, "digit_0/../../0.png": _png(0)}, "unsafe_archive"),
+])
+def test_corpus_reader_refuses_what_a_generate_job_never_writes(
+        tmp_path: Path, members: dict[str, bytes], code: str) -> None:
+    with pytest.raises(DpsynthError) as info:
+        read_corpus(_zip(tmp_path / "c.zip", members), CLASS_NAMES)
+    assert info.value.code == code
+
+
+def test_corpus_reader_refuses_a_decompression_bomb_before_inflating(tmp_path: Path) -> None:
+    members = {"manifest.json": MANIFEST, "digit_0/0.png": b"\0" * (8 << 20)}
+    path = _zip(tmp_path / "bomb.zip", members, compression=zipfile.ZIP_DEFLATED)
+    assert path.stat().st_size < 100_000
+    with pytest.raises(DpsynthError) as info:
+        read_corpus(path, CLASS_NAMES)
+    assert info.value.code == "unsafe_archive"
+
+
+def test_corpus_reader_refuses_symbolic_links(tmp_path: Path) -> None:
+    path = tmp_path / "link.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("manifest.json", MANIFEST)
+        link = zipfile.ZipInfo("digit_0/0.png")
+        link.external_attr = (0o120777 << 16)
+        zf.writestr(link, "/etc/passwd")
+    with pytest.raises(DpsynthError) as info:
+        read_corpus(path, CLASS_NAMES)
+    assert info.value.code == "unsafe_archive"
