@@ -116,3 +116,17 @@ def test_without_feature_network_and_subset_corpus(digits: Digits) -> None:
     np.testing.assert_array_equal(labels, digits.labels[sel][result.indices["synthetic"]])
     assert report.per_class["digit 1"]["count_synthetic"] > 0
     assert report.per_class["digit 2"]["count_synthetic"] == 0
+
+
+def test_unusable_inception_file_fails_before_any_work(digits: Digits, tmp_path: Path) -> None:
+    from dpsynth_ml.evaluation import InceptionWeightsUnavailable
+
+    bogus = tmp_path / "pt_inception-2015-12-05-6726825d.pth"
+    bogus.write_bytes(b"not the weights")
+    calls: list[tuple[int, int]] = []
+    with pytest.raises(InceptionWeightsUnavailable) as caught:
+        evaluate_corpus(_ds(digits, slice(1500, 1600)), _ds(digits, slice(0, 100)),
+                        _ds(digits, slice(1200, 1300)), classifiers=["logreg"],
+                        inception_weights=bogus, progress=lambda d, t: calls.append((d, t)))
+    assert caught.value.code == "inception_weights_unavailable"
+    assert calls == []

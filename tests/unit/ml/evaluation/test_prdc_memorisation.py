@@ -77,6 +77,7 @@ def test_copies_are_flagged_fresh_samples_are_not(digits: Digits) -> None:
     assert summary["flagged"] <= 0.02 * len(fresh)
     assert 0.3 < summary["fraction_closer_to_train"] < 0.7
     assert summary["median_ratio"] > 0.7
+    assert summary["expected_fraction_closer_to_train"] == 0.5
     assert summary["threshold"] == pytest.approx(MEMORISATION_RATIO)
     Memorisation.model_validate(summary)
 

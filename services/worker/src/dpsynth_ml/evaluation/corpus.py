@@ -184,6 +184,11 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
         if progress is not None:
             progress(done, total)
 
+    model_i = None
+    if inception_weights is not None:  # fail before any work when the file is not usable
+        from dpsynth_ml.evaluation.inception import load_inception
+
+        model_i = load_inception(Path(inception_weights)).to(device)
     notes: list[str] = []
     net = info = None
     feature_doc: dict[str, Any] | None = None
@@ -310,10 +315,9 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
                  "advance (settings.classifiers), never tuned on the test data")
 
     # 5. Inception FID (optional)
-    if inception_weights is not None:
-        from dpsynth_ml.evaluation.inception import inception_features, load_inception
+    if model_i is not None:
+        from dpsynth_ml.evaluation.inception import inception_features
 
-        model_i = load_inception(Path(inception_weights)).to(device)
         a = inception_features(model_i, result.images["synthetic"])
         b = inception_features(model_i, result.images["real_holdout"])
         headline["inception_fid"] = frechet_distance(a, b)

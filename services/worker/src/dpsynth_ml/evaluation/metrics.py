@@ -199,6 +199,10 @@ class MemorisationResult:
             if m else 0.0,
             # finite for JSON: inf only where a synthetic image copies a held-out image
             "median_ratio": float(min(np.median(self.ratio), 1e300)) if m else 0.0,
+            # exchangeability: with nothing memorised, the chance that the nearest of the
+            # train + holdout images is a training image is the training share
+            "expected_fraction_closer_to_train": self.train_size
+            / (self.train_size + self.holdout_size),
             "train_size": self.train_size,
             "holdout_size": self.holdout_size,
             "exact_tolerance": float(self.exact_tolerance),
