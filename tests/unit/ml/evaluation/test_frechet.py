@@ -72,3 +72,16 @@ def test_features_same_distribution_small_disjoint_large(
     far = frechet_distance(held, extract_features(net, info, noise))
     assert disjoint > 5 * same
     assert far > 5 * same
+
+
+def test_agrees_with_scipy_sqrtm_on_well_conditioned_covariances() -> None:
+    from scipy import linalg
+
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(size=(20, 20)), rng.normal(size=(20, 20))
+    c1, c2 = a @ a.T + np.eye(20), b @ b.T + np.eye(20)
+    mu1, mu2 = rng.normal(size=20), rng.normal(size=20)
+    covmean = linalg.sqrtm(c1 @ c2).real
+    reference = float(np.sum((mu1 - mu2) ** 2) + np.trace(c1) + np.trace(c2)
+                      - 2 * np.trace(covmean))
+    assert frechet_distance_gaussians(mu1, c1, mu2, c2) == pytest.approx(reference, rel=1e-8)
