@@ -318,6 +318,29 @@ def test_inception_without_weights_fails_before_reading_private_data(world: Worl
     assert world.ledger.calls == [] and metrics.calls == []
 
 
+def test_a_class_subset_reference_keeps_the_held_out_records_of_its_classes(
+        world: World) -> None:
+    images, labels = _digits(world)
+    kept = ["digit 1", "digit 3"]
+    keep = np.isin(labels[:40], [1, 3])
+    corpus_key = _corpus_zip(world, images[:40][keep], (labels[:40][keep] == 3).astype(int),
+                             names=kept)
+    claim = _evaluate_claim(world, corpus_key=corpus_key)
+    assert claim.dataset is not None
+    subset = claim.dataset.model_copy(update={"class_names": kept,
+                                              "selection": {"classes": kept}})
+    claim = claim.model_copy(update={"dataset": subset})
+    metrics = FakeMetrics()
+    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics)) == Outcome.SUCCEEDED
+    (call,) = metrics.calls
+    for name in ("train", "holdout"):
+        assert call[name].class_names == tuple(kept)
+    assert len(call["train"]) == int(keep.sum())
+    assert len(call["holdout"]) == int(np.isin(labels[40:], [1, 3]).sum())
+    assert sorted(call["synthetic"].labels.tolist()) == sorted(
+        (labels[:40][keep] == 3).astype(int).tolist())
+
+
 def test_wrong_inception_weights_fail_with_their_code_and_message(world: World,
                                                                 tmp_path: Path) -> None:
     weights = tmp_path / "pt_inception.pth"

@@ -31,7 +31,7 @@ from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.corpus_zip import read_corpus
 from dpsynth_worker.runners.feature_net import load_public, require_public, validation_split
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
-from dpsynth_worker.runners.selection import fetch_dataset
+from dpsynth_worker.runners.selection import apply_selection, fetch_dataset
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def _feature_network(ctx: JobContext,
         val_idx, _ = validation_split(len(data.labels), seed=int(validation["seed"]),
                                       fraction=float(validation["fraction"]))
         check = (data.images[val_idx], data.labels[val_idx])
-    _precheck(folder, check, spec, tuple(dataset.class_names), ref.model_id)
+    _precheck(folder, check, spec, tuple(data.class_names), ref.model_id)
     return folder, check
 
 
@@ -198,6 +198,16 @@ def _reference_data(ctx: JobContext, dataset: DatasetInfo, *, private: bool) -> 
     fetch_dataset(ctx, dataset, train_path, grant=grant)
     ctx.store.get_file(dataset.holdout_object_key, holdout_path,  # type: ignore[arg-type]
                        grant=grant)
+    classes = (dataset.selection or {}).get("classes")
+    if classes:  # a class subset: its held-out records are those of its classes
+        with np.load(holdout_path, allow_pickle=False) as npz:
+            domain = [str(c) for c in npz["class_names"].tolist()]
+        if domain != list(dataset.class_names):
+            whole = holdout_path.with_name("holdout-parent.npz")
+            holdout_path.rename(whole)
+            apply_selection(whole, holdout_path, classes=[str(c) for c in classes],
+                            indices=None)
+            whole.unlink()
     train, holdout = load_dataset(train_path), load_dataset(holdout_path)
     if tuple(train.class_names) != tuple(dataset.class_names) \
             or tuple(holdout.class_names) != tuple(dataset.class_names):
