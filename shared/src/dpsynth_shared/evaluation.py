@@ -50,7 +50,9 @@ class Memorisation(_Doc):
     exact_copies: int
     fraction_closer_to_train: float = Field(
         description="share of synthetic images whose nearest training image is nearer than "
-        "their nearest held-out image (about 0.5×(1+train share) when nothing is memorised)")
+        "their nearest held-out image; for samples that behave like fresh real images it is "
+        "about the training share N_train / (N_train + N_holdout) (the nearest of all real "
+        "images is equally likely to be any of them)")
     median_ratio: float = Field(description="median of d_train / d_holdout")
 
 
