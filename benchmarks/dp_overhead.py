@@ -63,7 +63,8 @@ SCALES: dict[str, dict[str, Any]] = {
     "cpu": {"preset": "small", "image_size": 32, "batch": 16, "warmup": 2, "measured": 4,
             "lora_rank": 4, "threads": 1, "pretrain_records": 64},
     # a GPU-sized model: the "base" preset (~31M-parameter UNet) on 128x128 images = 32x32
-    # latents. Never run here (no GPU on the 2-core machine).
+    # latents. Never run: the ML core places nothing on a GPU yet, so today this would run
+    # (slowly) on the CPU; see benchmarks/notes/dp_overhead.md.
     "full": {"preset": "base", "image_size": 128, "batch": 64, "warmup": 3, "measured": 20,
              "lora_rank": 8, "threads": None, "pretrain_records": 64},
 }
