@@ -298,6 +298,10 @@ def run(scale: str) -> dict[str, Any]:
     }
 
 
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
 def table_markdown(results: dict[str, Any]) -> str:
     """The docs table: one row per trainable set, DP and non-DP side by side."""
     res = results.get("results", results)
@@ -321,10 +325,10 @@ def table_markdown(results: dict[str, Any]) -> str:
         cpu_ratio = m.get("cpu_ratio")
         lines.append(
             f"| `{mode}` | {m['trainable_parameters']:,} | {fmt(m['step_s_nondp'])} | "
-            f"{fmt(m['step_s_dp'])} | {fmt(m['time_ratio'], 2)}x | "
-            f"**{fmt(cpu_ratio, 2)}x** | "
+            f"{fmt(m['step_s_dp'])} | {_ratio(m['time_ratio'])} | "
+            f"**{_ratio(cpu_ratio)}** | "
             f"{fmt(m['peak_mem_mib_nondp'])} | {fmt(m['peak_mem_mib_dp'])} | "
-            f"**{fmt(m['mem_ratio'], 2)}x** |")
+            f"**{_ratio(m['mem_ratio'])}** |")
     return "\n".join(lines) + "\n"
 
 
