@@ -213,3 +213,16 @@ def test_a_finetune_job_cannot_ask_for_the_nonprivate_mode() -> None:
         FinetuneSpec.model_validate({**base, "privacy": {"target_epsilon": 1.0},
                                      "training": {"nonprivate": True}})
     assert "nonprivate" not in FinetuneSpec.model_json_schema(mode="validation").__repr__()
+
+
+def test_no_service_code_mentions_the_nonprivate_mode() -> None:
+    """Only the ML core and the benchmarks know the mode: the worker (which builds every
+    TrainingSpec the platform runs) and the api never name it."""
+    import dpsynth_api
+    import dpsynth_worker
+
+    for package in (dpsynth_worker, dpsynth_api):
+        root = Path(package.__file__).parent
+        sources = sorted(root.rglob("*.py"))
+        assert sources
+        assert [p for p in sources if "nonprivate" in p.read_text()] == []
