@@ -60,7 +60,7 @@ SCALES: dict[str, dict[str, Any]] = {
     # channels, attention at both levels) on 32x32 images = 8x8 latents. ONE torch thread:
     # with the cores oversubscribed by other work, two threads spent most of a step in
     # OpenMP barriers (20 s instead of ~2 s), which says nothing about DP.
-    "cpu": {"preset": "small", "image_size": 32, "batch": 16, "warmup": 2, "measured": 4,
+    "cpu": {"preset": "small", "image_size": 32, "batch": 16, "warmup": 2, "measured": 8,
             "lora_rank": 4, "threads": 1, "pretrain_records": 64},
     # a GPU-sized model: the "base" preset (~31M-parameter UNet) on 128x128 images = 32x32
     # latents. Never run: the ML core places nothing on a GPU yet, so today this would run
