@@ -35,7 +35,17 @@ demo: $(STAMP)
 # each writing benchmarks/results/NAME.json, then the tables of docs/benchmarks.md.
 # BENCH_ONLY=service_load,dp_overhead runs a subset. See benchmarks/README.md.
 BENCH_SCALE ?= cpu
+# The Fashion-MNIST benchmark reads Debian's dataset-fashion-mnist (IDX files under
+# /usr/share/datasets/fashion-mnist; nothing is downloaded at run time): installed once,
+# idempotently, as .ci/run installs chromium; DPSYNTH_FMNIST_DIR=<dir> skips the check.
 bench: $(STAMP)
+	@if [ -z "$$DPSYNTH_FMNIST_DIR" ] && ! dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then \
+		( apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends dataset-fashion-mnist ) || { \
+		echo "make bench: Debian's dataset-fashion-mnist is missing and could not be" \
+			"installed; run 'apt-get install dataset-fashion-mnist' as root, or set" \
+			"DPSYNTH_FMNIST_DIR to a folder with the Fashion-MNIST IDX files" >&2; exit 1; }; \
+	fi
 	BENCH_SCALE=$(BENCH_SCALE) $(PY) -m benchmarks.run_all
 
 boundaries: $(STAMP)
