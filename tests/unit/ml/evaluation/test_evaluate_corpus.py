@@ -90,9 +90,9 @@ def test_random_feature_network_is_rejected(digits: Digits, featnet_dir: Path,
     torch.manual_seed(5)
     save_file(FeatureNet(channels=1, num_classes=10).state_dict(), str(rogue / WEIGHTS_FILE))
     info = json.loads((rogue / "feature_net.json").read_text())
-    from dpsynth_ml.evaluation.featnet import _sha256
+    from dpsynth_ml.evaluation.featnet import file_sha256
 
-    info["sha256"] = _sha256(rogue / WEIGHTS_FILE)
+    info["sha256"] = file_sha256(rogue / WEIGHTS_FILE)
     (rogue / "feature_net.json").write_text(json.dumps(info))
     with pytest.raises(FeatureNetworkRejected):
         evaluate_corpus(_ds(digits, slice(1500, 1600)), _ds(digits, slice(0, 100)),

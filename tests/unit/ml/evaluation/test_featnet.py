@@ -21,7 +21,7 @@ from dpsynth_ml.evaluation import (
     load_feature_net,
     train_feature_net,
 )
-from dpsynth_ml.evaluation.featnet import INFO_FILE, WEIGHTS_FILE, _sha256
+from dpsynth_ml.evaluation.featnet import INFO_FILE, WEIGHTS_FILE, file_sha256
 from dpsynth_ml.spec import MlError
 
 from .conftest import CLASS_NAMES, Digits
@@ -66,7 +66,7 @@ def test_threshold_is_at_least_twice_chance(featnet: tuple[FeatureNet, FeatureNe
 def test_roundtrip_keeps_sha256_and_features(featnet_dir: Path, tmp_path: Path,
                                              digits: Digits) -> None:
     net, info = load_feature_net(featnet_dir)
-    assert _sha256(featnet_dir / WEIGHTS_FILE) == info.sha256
+    assert file_sha256(featnet_dir / WEIGHTS_FILE) == info.sha256
     assert FeatureNetInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
     copy = tmp_path / "copy"
     shutil.copytree(featnet_dir, copy)

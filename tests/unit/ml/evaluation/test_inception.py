@@ -16,7 +16,7 @@ from dpsynth_ml.evaluation.errors import InceptionWeightsUnavailable
 from dpsynth_ml.evaluation.inception import (
     INCEPTION_SHA256,
     FIDInceptionV3,
-    _sha256,
+    file_sha256,
     inception_features,
     load_inception,
 )
@@ -78,10 +78,10 @@ def test_load_checks_the_pinned_sha256(model: FIDInceptionV3, tmp_path: Path) ->
         load_inception(path)
     assert INCEPTION_SHA256.startswith("6726825d")
     # the loading path itself (weights_only + strict) with the file's own digest
-    loaded = load_inception(path, sha256=_sha256(path))
+    loaded = load_inception(path, sha256=file_sha256(path))
     for key, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value)
     wrong = tmp_path / "wrong.pth"
     torch.save({"fc.weight": torch.zeros(3)}, wrong)
     with pytest.raises(InceptionWeightsUnavailable, match="cannot load"):
-        load_inception(wrong, sha256=_sha256(wrong))
+        load_inception(wrong, sha256=file_sha256(wrong))

@@ -143,7 +143,8 @@ class FeatureNet(nn.Module):
         return self.head(torch.relu(self.features(x)))  # type: ignore[no-any-return]
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks (weights files are hashed whole)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -256,7 +257,7 @@ def train_feature_net(images: np.ndarray, labels: np.ndarray, *, class_names: Se
                            epochs=epochs, seed=seed, train_size=int(n), batch_size=batch_size,
                            learning_rate=float(learning_rate))
     accuracy = feature_net_accuracy(net, draft, val_images, val_labels)
-    info = dataclasses.replace(draft, sha256=_sha256(weights), accuracy=accuracy)
+    info = dataclasses.replace(draft, sha256=file_sha256(weights), accuracy=accuracy)
     (out_dir / INFO_FILE).write_text(json.dumps(info.to_dict(), indent=2, sort_keys=True))
     return info
 
@@ -303,7 +304,7 @@ def load_feature_net(directory: Path) -> tuple[FeatureNet, FeatureNetInfo]:
         raise InvalidSpecError(f"malformed {INFO_FILE}: {exc}") from exc
     if info.architecture != FEATURE_ARCHITECTURE:
         raise FeatureNetworkRejected(f"unknown feature architecture {info.architecture!r}")
-    digest = _sha256(weights)
+    digest = file_sha256(weights)
     if digest != info.sha256:
         raise FeatureNetworkRejected("feature network weights do not match their sha256")
     net = FeatureNet(channels=info.channels, num_classes=info.num_classes,

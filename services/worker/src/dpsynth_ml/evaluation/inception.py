@@ -38,7 +38,6 @@ environment); :func:`load_inception` refuses any file whose sha256 is not the pi
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpsynth_ml.evaluation.errors import InceptionWeightsUnavailable
+from dpsynth_ml.evaluation.featnet import file_sha256
 from dpsynth_ml.spec import InvalidSpecError
 
 #: sha256 of pytorch-fid's ``pt_inception-2015-12-05-6726825d.pth`` (its name carries the
@@ -222,12 +222,6 @@ class FIDInceptionV3(nn.Module):
         return self.features(x)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_inception(path: Path, *, sha256: str = INCEPTION_SHA256) -> FIDInceptionV3:
@@ -247,7 +241,7 @@ def load_inception(path: Path, *, sha256: str = INCEPTION_SHA256) -> FIDInceptio
     path = Path(path)
     if not path.is_file():
         raise InceptionWeightsUnavailable(f"InceptionV3 weights file not found: {path}")
-    if _sha256(path) != sha256:
+    if file_sha256(path) != sha256:
         raise InceptionWeightsUnavailable(
             f"{path.name} is not pytorch-fid's {INCEPTION_FILE} (sha256 mismatch)")
     try:
