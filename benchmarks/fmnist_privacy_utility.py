@@ -7,7 +7,8 @@ directly, as the worker would, without the REST platform:
 1. **pretrain** a latent diffusion model on the public source (``dpsynth_ml.train``, kind
    ``pretrain``). It is trained ONCE per source (seed 0) and shared by every seed: at CPU scale
    a pretraining per seed does not fit in the budget, so the standard deviations below cover
-   the DP fine-tune, the sampling and the classifier, not the pretraining;
+   the DP fine-tune, the sampling and the classifier, not the pretraining (the same holds for
+   the public pretraining of the DP-Adam baseline's CNN, step 7);
 2. **ε = 0**: sample the pretrained model (no private data at all);
 3. **ε = 1, 10**: DP fine-tune it on the private images (DP-SGD, Poisson rate
    ``q = B / N``, a fixed number of steps; the noise multiplier is the ledger's own calibration
@@ -64,14 +65,17 @@ SIZES: dict[str, dict[str, Any]] = {
         "private_size": 2000,          # private Fashion-MNIST training images
         "public_size": 8000,           # in-distribution public split (disjoint from private)
         "ood_public_size": 1797,       # all of sklearn's digits
-        "ood_repeat": 4,               # digits repeated per epoch: the tiny preset trains its
-                                       # VAE for ONE epoch, too few steps on 1,797 images
+        "generator_public_size": 3000,  # of the public split, for the generator's pretraining:
+                                        # the small preset trains its VAE 8 epochs, so fewer
+                                        # images leave more of the time to UNet steps
         "test_size": 10000,            # official test set, all of it (accuracy)
         "seeds": 3,
         # generator
-        "preset": "tiny",
-        "pretrain_epochs": 2,
+        "preset": "small",             # 4x VAE downsampling: 4x4 latents, cheap UNet steps
+        "pretrain_epochs": 20,         # in-distribution: 20 x 47 = 940 UNet steps
+        "ood_pretrain_epochs": 20,     # digits: 20 x 29 = 580 UNet steps (the cheaper source)
         "pretrain_batch_size": 64,
+        "pretrain_learning_rate": 3e-4,
         "trainable": "attention",      # the platform's default finetune mode (DP-LDMs)
         "finetune_steps": 10,
         "finetune_batch_size": 256,    # expected batch size B; q = B / N
@@ -79,8 +83,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "max_grad_norm": 1.0,
         "samples_per_class": 20,
         "sampler": "ddim",
-        "sampler_steps": 15,
-        "guidance_scale": 1.0,
+        "sampler_steps": 10,           # as good as 25 on public validation images (notes)
+        "guidance_scale": 1.0,         # better than 2 or 3 on public validation images (notes)
         # classifiers and metrics
         "classifier": "cnn",
         "featnet_epochs": 5,
@@ -89,18 +93,21 @@ SIZES: dict[str, dict[str, Any]] = {
         "dpadam_batch_size": 256,
         "dpadam_learning_rate": 1e-3,
         "torch_threads": 1,            # 2 threads on 2 shared cores ran 6x slower (measured)
+        "parallel_sources": True,      # the two public sources in two processes, 1 core each
     },
     "full": {
         "image_size": 32,              # 28x28 resized to 32x32 (the small preset needs 4 | 32/4)
         "private_size": 50000,         # the 60k training set minus the public split
         "public_size": 10000,
         "ood_public_size": 1797,
-        "ood_repeat": 1,
+        "generator_public_size": 10000,
         "test_size": 10000,
         "seeds": 3,
         "preset": "small",
         "pretrain_epochs": 50,
+        "ood_pretrain_epochs": 200,
         "pretrain_batch_size": 128,
+        "pretrain_learning_rate": 3e-4,
         "trainable": "attention",
         "finetune_steps": 2000,
         "finetune_batch_size": 2048,
@@ -117,6 +124,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "dpadam_batch_size": 2048,
         "dpadam_learning_rate": 1e-3,
         "torch_threads": None,         # torch's default
+        "parallel_sources": False,
     },
 }
 
@@ -287,21 +295,23 @@ class FeatureSpace:
     """fd_dpsynth: the Fréchet distance in a feature network trained on the PUBLIC split."""
 
     def __init__(self, public_images: np.ndarray, public_labels: np.ndarray,
-                 reference: np.ndarray, floor_images: np.ndarray, cfg: dict[str, Any],
-                 work: Path) -> None:
+                 reference: np.ndarray, floor_images: np.ndarray | None, cfg: dict[str, Any],
+                 work: Path, *, train: bool = True) -> None:
+        """Train the network into ``work/featnet`` (``train=False``: load the one there)."""
         from dpsynth_ml.evaluation import extract_features, load_feature_net, train_feature_net
 
-        info = train_feature_net(public_images, public_labels, class_names=CLASS_NAMES,
-                                 image_size=cfg["image_size"], channels=1,
-                                 epochs=cfg["featnet_epochs"], batch_size=64,
-                                 learning_rate=1e-3, seed=0, out_dir=work / "featnet")
+        if train:
+            train_feature_net(public_images, public_labels, class_names=CLASS_NAMES,
+                              image_size=cfg["image_size"], channels=1,
+                              epochs=cfg["featnet_epochs"], batch_size=64,
+                              learning_rate=1e-3, seed=0, out_dir=work / "featnet")
         self.net, self.info = load_feature_net(work / "featnet")
         self.extract = extract_features
         self.reference = extract_features(self.net, self.info, reference)
-        self.public_accuracy = float(info.accuracy)
-        self.sha256 = info.sha256
+        self.public_accuracy = float(self.info.accuracy)
+        self.sha256 = self.info.sha256
         #: real test images (disjoint from the reference), as many as a synthetic corpus
-        self.floor = self.distance(floor_images)
+        self.floor = self.distance(floor_images) if floor_images is not None else None
 
     def distance(self, images: np.ndarray) -> float:
         """fd_dpsynth between ``images`` and the real reference set."""
@@ -352,16 +362,24 @@ def dp_adam_classifier(init: Any, images: np.ndarray, labels: np.ndarray, *, eps
 
 
 def public_classifier(images: np.ndarray, labels: np.ndarray, cfg: dict[str, Any], *,
-                      reset_head: bool, seed: int) -> Any:
-    """The downstream CNN trained non-privately on the public source (the baselines' start).
-
-    For the out-of-distribution source the labels mean something else (digits), so its last
-    layer is re-initialised before DP training; its features are what carries over.
-    """
-    import torch
+                      seed: int) -> Any:
+    """The downstream CNN trained non-privately on the public source (the baselines' start)."""
     from dpsynth_ml.evaluation import train_classifier
 
-    model = train_classifier(cfg["classifier"], images, labels, num_classes=10, seed=seed)
+    return train_classifier(cfg["classifier"], images, labels, num_classes=10, seed=seed)
+
+
+def public_start(public_cnn: Any, *, reset_head: bool, seed: int) -> Any:
+    """A copy of the public CNN to start one seed's DP-Adam run from.
+
+    For the out-of-distribution source the labels mean something else (digits), so its last
+    layer is re-initialised (seeded) before DP training; its features are what carries over.
+    """
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(public_cnn)
     if reset_head:
         last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
         with torch.random.fork_rng(devices=[]):
@@ -382,8 +400,9 @@ def _mean_std(values: list[float]) -> dict[str, Any]:
 class _Clock:
     """Wall and CPU seconds per phase (the 2 cores are shared: CPU time is the steadier one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
         self.phases: dict[str, dict[str, float]] = {}
+        self.prefix = prefix
 
     def run(self, label: str, fn: Callable[[], Any]) -> Any:
         w, c = time.perf_counter(), time.process_time()
@@ -392,23 +411,15 @@ class _Clock:
         slot["wall_s"] += time.perf_counter() - w
         slot["cpu_s"] += time.process_time() - c
         slot["calls"] += 1
-        print(f"  [{label}] {time.perf_counter() - w:.1f} s", flush=True)
+        print(f"  {self.prefix}[{label}] {time.perf_counter() - w:.1f} s", flush=True)
         return out
 
 
-def run(scale: str) -> dict[str, Any]:
-    """Run the benchmark at ``scale`` and return its results (see the module docstring)."""
-    import torch
-    from dpsynth_ml import DpSpec, TrainingSpec, sample, train
-
-    cfg = SIZES[scale]
-    if cfg.get("torch_threads"):
-        torch.set_num_threads(cfg["torch_threads"])
-    clock = _Clock()
-    t_start, c_start = time.perf_counter(), time.process_time()
+def _prepare(cfg: dict[str, Any], work_root: Path, *, write: bool) -> dict[str, Any]:
+    """The data of one run: a seeded split of the 60k training set (public / private / unused),
+    the test set, the digits; ``write`` saves the ML core's dataset files under ``work_root``
+    (the parent does; a source's process re-derives the same arrays and reuses the files)."""
     size = cfg["image_size"]
-
-    # ---- data: one seeded split of the 60k training set into public / private / unused
     x_train, y_train, x_test, y_test = load_fmnist()
     perm = np.random.default_rng(20261121).permutation(len(x_train))
     pub_idx = perm[:cfg["public_size"]]
@@ -418,162 +429,242 @@ def run(scale: str) -> dict[str, Any]:
     test_x, test_y = resize(x_test[:cfg["test_size"]], size), y_test[:cfg["test_size"]]
     digits_x, digits_y, digit_names = load_digits_public(size)
     digits_x, digits_y = digits_x[:cfg["ood_public_size"]], digits_y[:cfg["ood_public_size"]]
-    digits_x = np.concatenate([digits_x] * cfg["ood_repeat"])
-    digits_y = np.concatenate([digits_y] * cfg["ood_repeat"])
+    n_gen = min(cfg["generator_public_size"], len(public_x))
+    data_dir = work_root / "data"
+    paths = {"private": data_dir / "private.npz", "in_distribution": data_dir / "public_fmnist.npz",
+             "out_of_distribution": data_dir / "public_digits.npz"}
+    if write:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        save_npz(paths["private"], private_x, private_y, CLASS_NAMES)
+        save_npz(paths["in_distribution"], public_x[:n_gen], public_y[:n_gen], CLASS_NAMES)
+        save_npz(paths["out_of_distribution"], digits_x, digits_y, digit_names)
+    sources = {
+        "in_distribution": {
+            "label": "in-distribution public split (Fashion-MNIST train, disjoint from private)",
+            "path": paths["in_distribution"], "generator_size": n_gen,
+            "epochs": cfg["pretrain_epochs"],
+            "images": public_x, "labels": public_y, "same_labels": True},
+        "out_of_distribution": {
+            "label": "out-of-distribution public source (sklearn digits, upscaled)",
+            "path": paths["out_of_distribution"], "generator_size": len(digits_x),
+            "epochs": cfg["ood_pretrain_epochs"],
+            "images": digits_x, "labels": digits_y, "same_labels": False},
+    }
     n_private = len(private_x)
+    q = cfg["finetune_batch_size"] / n_private
     delta = default_delta(n_private)
-    n_synthetic = 10 * cfg["samples_per_class"]
+    return {"public": (public_x, public_y), "private": (private_x, private_y),
+            "private_path": paths["private"], "test": (test_x, test_y), "sources": sources,
+            "n_private": n_private, "delta": delta, "q": q,
+            "sigmas": {eps: calibrated_sigma(eps, q, cfg["finetune_steps"], delta)
+                       for eps in EPSILONS},
+            "reference": test_x[:cfg["fd_reference_size"]],
+            "floor": test_x[cfg["fd_reference_size"]:
+                            cfg["fd_reference_size"] + 10 * cfg["samples_per_class"]]}
 
+
+def _set_threads(cfg: dict[str, Any]) -> None:
+    import torch
+
+    if cfg.get("torch_threads"):
+        torch.set_num_threads(cfg["torch_threads"])
+
+
+def _source_process(cfg: dict[str, Any], key: str,
+                    work_root: str) -> tuple[dict[str, Any], dict, float]:
+    """One public source in its own process (``parallel_sources``): the second core works on
+    the other source. Re-derives the same data, loads the parent's feature network."""
+    _set_threads(cfg)
+    clock = _Clock(prefix=f"{key}: ")
+    c_start = time.process_time()
+    data = _prepare(cfg, Path(work_root), write=False)
+    fs = FeatureSpace(*data["public"], data["reference"], None, cfg, Path(work_root),
+                      train=False)
+    result = _run_source(cfg, key, data, fs, clock, Path(work_root))
+    return result, clock.phases, time.process_time() - c_start
+
+
+def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: FeatureSpace,
+                clock: _Clock, work_root: Path) -> dict[str, Any]:
+    """Pretrain on one public source, then every row of that source (all seeds)."""
+    from dpsynth_ml import DpSpec, TrainingSpec, sample, train
+    from dpsynth_ml.evaluation import classifier_accuracy
+
+    src = data["sources"][key]
+    size = cfg["image_size"]
+    test = data["test"]
+    private_x, private_y = data["private"]
+    n_private, q, sigmas = data["n_private"], data["q"], data["sigmas"]
+    steps = cfg["finetune_steps"]
+    seeds = list(range(cfg["seeds"]))
+    has_nonprivate = nonprivate_supported()
+    print(f"== source {key}", flush=True)
+    pre_dir = work_root / key / "pretrain"
+    pre = clock.run("pretrain", lambda: train(
+        TrainingSpec(kind="pretrain", preset=cfg["preset"], image_size=size, channels=1,
+                     num_classes=10, epochs=src["epochs"],
+                     batch_size=cfg["pretrain_batch_size"],
+                     learning_rate=cfg["pretrain_learning_rate"], seed=0),
+        dataset_path=src["path"], out_dir=pre_dir))
+    # the in-distribution split has the private label domain: keep the pretrained class
+    # table (identity class map); the digits' labels mean something else: a fresh table.
+    class_map = {i: i for i in range(10)} if src["same_labels"] else None
+    rows: dict[str, dict[str, list[float]]] = {}
+
+    def corpus_row(label: str, model_dir: Path, seed: int) -> None:
+        out = work_root / key / f"samples-{label}-{seed}"
+        clock.run("sample", lambda: sample(
+            model_dir, samples_per_class=cfg["samples_per_class"], sampler=cfg["sampler"],
+            steps=cfg["sampler_steps"], guidance_scale=cfg["guidance_scale"],
+            seed=seed, out_dir=out, batch_size=200))
+        images, labels = read_corpus(out, model_dir)
+        acc = clock.run("classifier", lambda: cnn_accuracy(images, labels, test, cfg, seed))
+        fd = clock.run("fd", lambda: fs.distance(images))
+        row = rows.setdefault(label, {"accuracy": [], "fd_dpsynth": []})
+        row["accuracy"].append(acc)
+        row["fd_dpsynth"].append(fd)
+
+    def finetune(seed: int, dp: Any, nonprivate: bool, out: Path) -> Path:
+        # the same number of steps as the DP runs, over whole epochs of the private set
+        epochs = max(1, round(steps * q))
+        extra = {"nonprivate": True, "epochs": epochs,
+                 "batch_size": math.ceil(n_private * epochs / steps)} if nonprivate else {}
+        spec = TrainingSpec(kind="finetune", image_size=size, channels=1, num_classes=10,
+                            trainable=cfg["trainable"], class_map=class_map,
+                            learning_rate=cfg["finetune_learning_rate"],
+                            max_physical_batch_size=256, checkpoint_every=10**6,
+                            seed=seed, dp=dp, **extra)
+        return train(spec, dataset_path=data["private_path"], out_dir=out,
+                     base_model_dir=pre.model_dir).model_dir
+
+    for seed in seeds:
+        print(f"-- {key} seed {seed}", flush=True)
+        corpus_row("eps_0", pre.model_dir, seed)
+        for eps in EPSILONS:
+            dp = DpSpec(noise_multiplier=sigmas[eps], sample_rate=q,
+                        expected_batch_size=cfg["finetune_batch_size"],
+                        max_grad_norm=cfg["max_grad_norm"], steps=steps)
+            out = work_root / key / f"ft-{eps:g}-{seed}"
+            model_dir = clock.run("dp_finetune", lambda dp=dp, seed=seed, out=out:
+                                  finetune(seed, dp, False, out))
+            corpus_row(f"eps_{eps:g}", model_dir, seed)
+        if has_nonprivate:
+            out = work_root / key / f"ft-inf-{seed}"
+            model_dir = clock.run("nonprivate_finetune", lambda seed=seed, out=out:
+                                  finetune(seed, None, True, out))
+            corpus_row("eps_inf", model_dir, seed)
+
+    # ---- DP-Adam directly, after the same public pretraining (of the classifier), which is
+    # trained ONCE per source (seed 0), like the generator's pretraining; each seed starts
+    # from a copy (with a freshly seeded last layer for the digits)
+    baseline: dict[str, list[float]] = {"eps_0": []}
+    dp_meta: dict[str, Any] = {}
+    public_cnn = clock.run("classifier", lambda: public_classifier(
+        src["images"], src["labels"], cfg, seed=0))
+    for seed in seeds:
+        init = public_start(public_cnn, reset_head=not src["same_labels"], seed=seed)
+        baseline["eps_0"].append(classifier_accuracy(init, *test))
+        for eps in EPSILONS:
+            model, meta = clock.run("dp_adam", lambda init=init, eps=eps, seed=seed:
+                                    dp_adam_classifier(init, private_x, private_y,
+                                                       epsilon=eps, delta=data["delta"],
+                                                       cfg=cfg, seed=seed))
+            dp_meta[f"eps_{eps:g}"] = meta
+            baseline.setdefault(f"eps_{eps:g}", []).append(classifier_accuracy(model, *test))
+    result = {
+        "label": src["label"],
+        "public_size": len(src["images"]),
+        "generator_public_size": src["generator_size"],
+        "pretrain_epochs": src["epochs"],
+        "pretrain_unet_steps": src["epochs"] * math.ceil(src["generator_size"]
+                                                         / cfg["pretrain_batch_size"]),
+        "pretrain_steps": pre.steps_completed,
+        "pretrain_parameters": pre.total_parameters,
+        "rows": {k: {m: _mean_std(v) for m, v in r.items()} for k, r in rows.items()},
+        "dp_adam": {k: _mean_std(v) for k, v in baseline.items()},
+        "dp_adam_settings": dp_meta,
+    }
+    if not has_nonprivate:
+        result["rows"]["eps_inf"] = {"not_measured": True}
+    return result
+
+
+def run(scale: str) -> dict[str, Any]:
+    """Run the benchmark at ``scale`` and return its results (see the module docstring)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    cfg = SIZES[scale]
+    _set_threads(cfg)
+    clock = _Clock()
+    t_start, c_start = time.perf_counter(), time.process_time()
     work_root = Path(tempfile.mkdtemp(prefix="bench-fmnist-"))
     try:
-        data_dir = work_root / "data"
-        data_dir.mkdir()
-        private_path = save_npz(data_dir / "private.npz", private_x, private_y, CLASS_NAMES)
-        sources = {
-            "in_distribution": {
-                "label": "in-distribution public split (Fashion-MNIST train, disjoint from "
-                         "private)",
-                "path": save_npz(data_dir / "public_fmnist.npz", public_x, public_y, CLASS_NAMES),
-                "images": public_x, "labels": public_y, "same_labels": True},
-            "out_of_distribution": {
-                "label": "out-of-distribution public source (sklearn digits, upscaled)",
-                "path": save_npz(data_dir / "public_digits.npz", digits_x, digits_y, digit_names),
-                "images": digits_x, "labels": digits_y, "same_labels": False},
-        }
-
+        data = _prepare(cfg, work_root, write=True)
+        private_x, private_y = data["private"]
+        test = data["test"]
         # ---- feature space for fd_dpsynth (public in-distribution split only)
-        ref = test_x[:cfg["fd_reference_size"]]
-        floor = test_x[cfg["fd_reference_size"]:cfg["fd_reference_size"] + n_synthetic]
-        fs = clock.run("feature_net", lambda: FeatureSpace(public_x, public_y, ref, floor, cfg,
-                                                            work_root))
-        test = (test_x, test_y)
-        seeds = list(range(cfg["seeds"]))
-        has_nonprivate = nonprivate_supported()
-
+        fs = clock.run("feature_net", lambda: FeatureSpace(
+            *data["public"], data["reference"], data["floor"], cfg, work_root))
         # ---- the real-data classifier
         real = [clock.run("classifier",
                           lambda s=s: cnn_accuracy(private_x, private_y, test, cfg, s))
-                for s in seeds]
-
-        # ---- DP fine-tune geometry (same for every source and seed)
-        q = cfg["finetune_batch_size"] / n_private
-        steps = cfg["finetune_steps"]
-        sigmas = {eps: calibrated_sigma(eps, q, steps, delta) for eps in EPSILONS}
-
+                for s in range(cfg["seeds"])]
+        # ---- the two public sources: in two processes (one core each) or one after the other
         results_sources: dict[str, Any] = {}
-        rows_of: dict[str, dict[str, dict[str, list[float]]]] = {}
-        for key, src in sources.items():
-            print(f"== source {key}", flush=True)
-            pre_dir = work_root / key / "pretrain"
-            pre = clock.run("pretrain", lambda src=src, pre_dir=pre_dir: train(
-                TrainingSpec(kind="pretrain", preset=cfg["preset"], image_size=size, channels=1,
-                             num_classes=10, epochs=cfg["pretrain_epochs"],
-                             batch_size=cfg["pretrain_batch_size"], seed=0),
-                dataset_path=src["path"], out_dir=pre_dir))
-            # the in-distribution split has the private label domain: keep the pretrained class
-            # table (identity class map); the digits' labels mean something else: a fresh table.
-            class_map = {i: i for i in range(10)} if src["same_labels"] else None
-            rows_of.setdefault(key, {})
-            rows = rows_of[key]
+        child_phases: dict[str, dict[str, float]] = {}
+        child_cpu = 0.0
+        if cfg.get("parallel_sources"):
+            # by its importable name (under ``-m`` this module is __main__), spawned: no fork
+            # of a process that already ran torch
+            from benchmarks.fmnist_privacy_utility import _source_process as target
 
-            def corpus_row(label: str, model_dir: Path, seed: int, key: str = key) -> None:
-                out = work_root / key / f"samples-{label}-{seed}"
-                clock.run("sample", lambda: sample(
-                    model_dir, samples_per_class=cfg["samples_per_class"], sampler=cfg["sampler"],
-                    steps=cfg["sampler_steps"], guidance_scale=cfg["guidance_scale"],
-                    seed=seed, out_dir=out, batch_size=200))
-                images, labels = read_corpus(out, model_dir)
-                acc = clock.run("classifier", lambda: cnn_accuracy(images, labels, test, cfg, seed))
-                fd = clock.run("fd", lambda: fs.distance(images))
-                row = rows_of[key].setdefault(label, {"accuracy": [], "fd_dpsynth": []})
-                row["accuracy"].append(acc)
-                row["fd_dpsynth"].append(fd)
-
-            def finetune(seed: int, dp: Any, nonprivate: bool, out: Path,
-                         class_map: Any = class_map, pre: Any = pre) -> Path:
-                # the same number of steps as the DP runs, over whole epochs of the private set
-                epochs = max(1, round(steps * q))
-                extra = {"nonprivate": True, "epochs": epochs,
-                         "batch_size": math.ceil(n_private * epochs / steps)} if nonprivate else {}
-                spec = TrainingSpec(kind="finetune", image_size=size, channels=1, num_classes=10,
-                                    trainable=cfg["trainable"], class_map=class_map,
-                                    learning_rate=cfg["finetune_learning_rate"],
-                                    max_physical_batch_size=256, checkpoint_every=10**6,
-                                    seed=seed, dp=dp, **extra)
-                return train(spec, dataset_path=private_path, out_dir=out,
-                             base_model_dir=pre.model_dir).model_dir
-
-            for seed in seeds:
-                print(f"-- {key} seed {seed}", flush=True)
-                corpus_row("eps_0", pre.model_dir, seed)
-                for eps in EPSILONS:
-                    dp = DpSpec(noise_multiplier=sigmas[eps], sample_rate=q,
-                                expected_batch_size=cfg["finetune_batch_size"],
-                                max_grad_norm=cfg["max_grad_norm"], steps=steps)
-                    out = work_root / key / f"ft-{eps:g}-{seed}"
-                    model_dir = clock.run("dp_finetune", lambda dp=dp, seed=seed, out=out:
-                                          finetune(seed, dp, False, out))
-                    corpus_row(f"eps_{eps:g}", model_dir, seed)
-                if has_nonprivate:
-                    out = work_root / key / f"ft-inf-{seed}"
-                    model_dir = clock.run("nonprivate_finetune", lambda seed=seed, out=out:
-                                          finetune(seed, None, True, out))
-                    corpus_row("eps_inf", model_dir, seed)
-
-            # ---- DP-Adam directly, after the same public pretraining (of the classifier)
-            baseline: dict[str, list[float]] = {"eps_0": []}
-            dp_meta: dict[str, Any] = {}
-            for seed in seeds:
-                init = clock.run("classifier", lambda src=src, seed=seed: public_classifier(
-                    src["images"], src["labels"], cfg, reset_head=not src["same_labels"],
-                    seed=seed))
-                from dpsynth_ml.evaluation import classifier_accuracy
-                baseline["eps_0"].append(classifier_accuracy(init, *test))
-                for eps in EPSILONS:
-                    model, meta = clock.run("dp_adam", lambda init=init, eps=eps, seed=seed:
-                                            dp_adam_classifier(init, private_x, private_y,
-                                                               epsilon=eps, delta=delta, cfg=cfg,
-                                                               seed=seed))
-                    dp_meta[f"eps_{eps:g}"] = meta
-                    baseline.setdefault(f"eps_{eps:g}", []).append(
-                        classifier_accuracy(model, *test))
-            results_sources[key] = {
-                "label": src["label"],
-                "public_size": len(src["images"]),
-                "pretrain_steps": pre.steps_completed,
-                "pretrain_parameters": pre.total_parameters,
-                "rows": {k: {m: _mean_std(v) for m, v in r.items()} for k, r in rows.items()},
-                "dp_adam": {k: _mean_std(v) for k, v in baseline.items()},
-                "dp_adam_settings": dp_meta,
-            }
-            if not has_nonprivate:
-                results_sources[key]["rows"]["eps_inf"] = {"not_measured": True}
-
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+                ood = pool.submit(target, cfg, "out_of_distribution",
+                                  str(work_root))
+                results_sources["in_distribution"] = _run_source(
+                    cfg, "in_distribution", data, fs, clock, work_root)
+                results_sources["out_of_distribution"], child_phases, child_cpu = ood.result()
+        else:
+            for key in data["sources"]:
+                results_sources[key] = _run_source(cfg, key, data, fs, clock, work_root)
+        phases = {k: dict(v) for k, v in clock.phases.items()}
+        for k, v in child_phases.items():
+            slot = phases.setdefault(k, {"wall_s": 0.0, "cpu_s": 0.0, "calls": 0})
+            for m in ("wall_s", "cpu_s", "calls"):
+                slot[m] += v[m]
+        n_synthetic = 10 * cfg["samples_per_class"]
         return {
-            "settings": {**cfg, "delta": delta, "private_size": n_private,
-                         "synthetic_per_corpus": n_synthetic, "test_size": len(test_x),
-                         "finetune_sample_rate": q,
-                         "finetune_noise_multipliers": {f"{e:g}": s for e, s in sigmas.items()},
+            "settings": {**cfg, "delta": data["delta"], "private_size": data["n_private"],
+                         "synthetic_per_corpus": n_synthetic, "test_size": len(test[0]),
+                         "finetune_sample_rate": data["q"],
+                         "finetune_noise_multipliers": {f"{e:g}": s
+                                                        for e, s in data["sigmas"].items()},
                          "pretraining": "one pretraining per public source (seed 0), shared by "
                                         "all seeds",
                          "dp_randomness": "DP fine-tunes draw their Poisson batches and noise "
                                           "from OS entropy (not replayable by design); seeds fix "
                                           "sampling, classifier initialisation and shuffling",
-                         "nonprivate_finetune_available": has_nonprivate},
+                         "nonprivate_finetune_available": nonprivate_supported()},
             "feature_net": {"public_accuracy": fs.public_accuracy, "sha256": fs.sha256,
                             "fd_real_floor": fs.floor,
-                            "fd_reference": f"{len(ref)} real test images",
-                            "fd_floor_note": f"fd_dpsynth of {len(floor)} other real test images "
-                                             "against the same reference: the value a perfect "
-                                             "generator would get at this sample size"},
+                            "fd_reference": f"{len(data['reference'])} real test images",
+                            "fd_floor_note": f"fd_dpsynth of {len(data['floor'])} other real "
+                                             "test images against the same reference: the "
+                                             "value a perfect generator would get at this "
+                                             "sample size"},
             "real_data": {"accuracy": _mean_std(real),
                           "note": "the CNN trained non-privately on the private images"},
             "sources": results_sources,
             "published": PUBLISHED,
             "published_setting": PUBLISHED_SETTING,
-            "phases": {k: {m: round(v, 1) for m, v in p.items()} for k, p in clock.phases.items()},
+            "phases": {k: {m: round(v, 1) for m, v in p.items()} for k, p in phases.items()},
+            "phases_note": ("summed over both processes (the two public sources ran in "
+                            "parallel, one core each), so they add up to more than the wall "
+                            "time" if cfg.get("parallel_sources") else "one process"),
             "total_wall_s": round(time.perf_counter() - t_start, 1),
-            "total_cpu_s": round(time.process_time() - c_start, 1),
+            "total_cpu_s": round(time.process_time() - c_start + child_cpu, 1),
         }
     finally:
         shutil.rmtree(work_root, ignore_errors=True)
@@ -598,6 +689,17 @@ def _millions(results: dict[str, Any]) -> str:
     counts = [src.get("pretrain_parameters") for src in results["sources"].values()]
     counts = [c for c in counts if c]
     return f"{max(counts) / 1e6:.2f}M-parameter" if counts else "small"
+
+
+def _pretraining(results: dict[str, Any]) -> str:
+    parts = []
+    for src in results["sources"].values():
+        if "pretrain_unet_steps" in src:
+            parts.append(f"{src['generator_public_size']:,} images × {src['pretrain_epochs']} "
+                         f"epochs = {src['pretrain_unet_steps']:,} UNet steps")
+        else:  # results of the first version (tiny preset)
+            parts.append(f"{src['pretrain_steps']:,} VAE + UNet steps")
+    return "; ".join(parts)
 
 
 def table_markdown(results: dict[str, Any]) -> str:
@@ -650,7 +752,7 @@ def table_markdown(results: dict[str, Any]) -> str:
     lines += ["", f"Differences in setting. The papers: {PUBLISHED_SETTING} This run: "
                   f"{s['image_size']}x{s['image_size']} images, a "
                   f"{_millions(results)} latent diffusion model (`{s['preset']}` preset) "
-                  f"pretrained for {s['pretrain_epochs']} epochs on each public source, "
+                  f"pretrained on each public source ({_pretraining(results)}), "
                   f"{s['private_size']:,} private images, {s['finetune_steps']} DP steps at "
                   f"expected batch {s['finetune_batch_size']} (`{s['trainable']}` layers "
                   f"only), {s['synthetic_per_corpus']} synthetic images per corpus, "
