@@ -52,7 +52,7 @@ boundaries: $(STAMP)
 	$(VENV)/bin/lint-imports --config .importlinter
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shared services tests scripts
+	$(VENV)/bin/ruff check shared services tests scripts benchmarks
 	$(VENV)/bin/mypy shared/src services/api/src services/ledger/src
 
 test: $(STAMP) boundaries lint
