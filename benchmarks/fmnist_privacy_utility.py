@@ -470,30 +470,32 @@ def _set_threads(cfg: dict[str, Any]) -> None:
         torch.set_num_threads(cfg["torch_threads"])
 
 
-def _source_process(cfg: dict[str, Any], key: str,
-                    work_root: str) -> tuple[dict[str, Any], dict, float]:
-    """One public source in its own process (``parallel_sources``): the second core works on
-    the other source. Re-derives the same data, loads the parent's feature network."""
+def _second_process(cfg: dict[str, Any], work_root: str) -> tuple[dict[str, Any], dict, float]:
+    """The second core's share (``parallel_sources``): the out-of-distribution source's
+    generator rows, both DP-Adam baselines and the real-data classifier, while the parent
+    pretrains and evaluates the in-distribution generator. Re-derives the same data and
+    loads the parent's feature network (trained before this process starts)."""
     _set_threads(cfg)
-    clock = _Clock(prefix=f"{key}: ")
+    clock = _Clock(prefix="process 2: ")
     c_start = time.process_time()
     data = _prepare(cfg, Path(work_root), write=False)
     fs = FeatureSpace(*data["public"], data["reference"], None, cfg, Path(work_root),
                       train=False)
-    result = _run_source(cfg, key, data, fs, clock, Path(work_root))
-    return result, clock.phases, time.process_time() - c_start
+    out: dict[str, Any] = {"sources": {"out_of_distribution": _run_source(
+        cfg, "out_of_distribution", data, fs, clock, Path(work_root))}}
+    out["baselines"] = {key: _run_baselines(cfg, key, data, clock) for key in data["sources"]}
+    out["real"] = _real_data(cfg, data, clock)
+    return out, clock.phases, time.process_time() - c_start
 
 
 def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: FeatureSpace,
                 clock: _Clock, work_root: Path) -> dict[str, Any]:
     """Pretrain on one public source, then every row of that source (all seeds)."""
     from dpsynth_ml import DpSpec, TrainingSpec, sample, train
-    from dpsynth_ml.evaluation import classifier_accuracy
 
     src = data["sources"][key]
     size = cfg["image_size"]
     test = data["test"]
-    private_x, private_y = data["private"]
     n_private, q, sigmas = data["n_private"], data["q"], data["sigmas"]
     steps = cfg["finetune_steps"]
     seeds = list(range(cfg["seeds"]))
@@ -554,9 +556,35 @@ def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: Feature
                                   finetune(seed, None, True, out))
             corpus_row("eps_inf", model_dir, seed)
 
-    # ---- DP-Adam directly, after the same public pretraining (of the classifier), which is
-    # trained ONCE per source (seed 0), like the generator's pretraining; each seed starts
-    # from a copy (with a freshly seeded last layer for the digits)
+    result = {
+        "label": src["label"],
+        "public_size": len(src["images"]),
+        "generator_public_size": src["generator_size"],
+        "pretrain_epochs": src["epochs"],
+        "pretrain_unet_steps": src["epochs"] * math.ceil(src["generator_size"]
+                                                         / cfg["pretrain_batch_size"]),
+        "pretrain_steps": pre.steps_completed,
+        "pretrain_parameters": pre.total_parameters,
+        "rows": {k: {m: _mean_std(v) for m, v in r.items()} for k, r in rows.items()},
+    }
+    if not has_nonprivate:
+        result["rows"]["eps_inf"] = {"not_measured": True}
+    return result
+
+
+def _run_baselines(cfg: dict[str, Any], key: str, data: dict[str, Any],
+                   clock: _Clock) -> dict[str, Any]:
+    """DP-Adam directly on the private images, after public pretraining of the same CNN.
+
+    The public CNN is trained ONCE per source (seed 0), like the generator's pretraining;
+    each seed starts from a copy (with a freshly seeded last layer for the digits).
+    """
+    from dpsynth_ml.evaluation import classifier_accuracy
+
+    src = data["sources"][key]
+    test = data["test"]
+    private_x, private_y = data["private"]
+    seeds = list(range(cfg["seeds"]))
     baseline: dict[str, list[float]] = {"eps_0": []}
     dp_meta: dict[str, Any] = {}
     public_cnn = clock.run("classifier", lambda: public_classifier(
@@ -571,22 +599,16 @@ def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: Feature
                                                        cfg=cfg, seed=seed))
             dp_meta[f"eps_{eps:g}"] = meta
             baseline.setdefault(f"eps_{eps:g}", []).append(classifier_accuracy(model, *test))
-    result = {
-        "label": src["label"],
-        "public_size": len(src["images"]),
-        "generator_public_size": src["generator_size"],
-        "pretrain_epochs": src["epochs"],
-        "pretrain_unet_steps": src["epochs"] * math.ceil(src["generator_size"]
-                                                         / cfg["pretrain_batch_size"]),
-        "pretrain_steps": pre.steps_completed,
-        "pretrain_parameters": pre.total_parameters,
-        "rows": {k: {m: _mean_std(v) for m, v in r.items()} for k, r in rows.items()},
-        "dp_adam": {k: _mean_std(v) for k, v in baseline.items()},
-        "dp_adam_settings": dp_meta,
-    }
-    if not has_nonprivate:
-        result["rows"]["eps_inf"] = {"not_measured": True}
-    return result
+    return {"dp_adam": {k: _mean_std(v) for k, v in baseline.items()},
+            "dp_adam_settings": dp_meta}
+
+
+def _real_data(cfg: dict[str, Any], data: dict[str, Any], clock: _Clock) -> list[float]:
+    """The CNN trained non-privately on the private images (the ceiling), one per seed."""
+    private_x, private_y = data["private"]
+    return [clock.run("classifier",
+                      lambda s=s: cnn_accuracy(private_x, private_y, data["test"], cfg, s))
+            for s in range(cfg["seeds"])]
 
 
 def run(scale: str) -> dict[str, Any]:
@@ -601,34 +623,35 @@ def run(scale: str) -> dict[str, Any]:
     work_root = Path(tempfile.mkdtemp(prefix="bench-fmnist-"))
     try:
         data = _prepare(cfg, work_root, write=True)
-        private_x, private_y = data["private"]
         test = data["test"]
         # ---- feature space for fd_dpsynth (public in-distribution split only)
         fs = clock.run("feature_net", lambda: FeatureSpace(
             *data["public"], data["reference"], data["floor"], cfg, work_root))
-        # ---- the real-data classifier
-        real = [clock.run("classifier",
-                          lambda s=s: cnn_accuracy(private_x, private_y, test, cfg, s))
-                for s in range(cfg["seeds"])]
-        # ---- the two public sources: in two processes (one core each) or one after the other
+        # ---- the generator rows of both public sources, both DP-Adam baselines and the
+        # real-data classifier: on two processes (one core each) or one after the other
         results_sources: dict[str, Any] = {}
         child_phases: dict[str, dict[str, float]] = {}
         child_cpu = 0.0
         if cfg.get("parallel_sources"):
             # by its importable name (under ``-m`` this module is __main__), spawned: no fork
             # of a process that already ran torch
-            from benchmarks.fmnist_privacy_utility import _source_process as target
+            from benchmarks.fmnist_privacy_utility import _second_process as target
 
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-                ood = pool.submit(target, cfg, "out_of_distribution",
-                                  str(work_root))
+                second = pool.submit(target, cfg, str(work_root))
                 results_sources["in_distribution"] = _run_source(
                     cfg, "in_distribution", data, fs, clock, work_root)
-                results_sources["out_of_distribution"], child_phases, child_cpu = ood.result()
+                other, child_phases, child_cpu = second.result()
+            results_sources.update(other["sources"])
+            baselines, real = other["baselines"], other["real"]
         else:
             for key in data["sources"]:
                 results_sources[key] = _run_source(cfg, key, data, fs, clock, work_root)
+            baselines = {key: _run_baselines(cfg, key, data, clock) for key in data["sources"]}
+            real = _real_data(cfg, data, clock)
+        for key, base in baselines.items():
+            results_sources[key].update(base)
         phases = {k: dict(v) for k, v in clock.phases.items()}
         for k, v in child_phases.items():
             slot = phases.setdefault(k, {"wall_s": 0.0, "cpu_s": 0.0, "calls": 0})
@@ -660,9 +683,11 @@ def run(scale: str) -> dict[str, Any]:
             "published": PUBLISHED,
             "published_setting": PUBLISHED_SETTING,
             "phases": {k: {m: round(v, 1) for m, v in p.items()} for k, p in phases.items()},
-            "phases_note": ("summed over both processes (the two public sources ran in "
-                            "parallel, one core each), so they add up to more than the wall "
-                            "time" if cfg.get("parallel_sources") else "one process"),
+            "phases_note": ("summed over both processes (one core each: the in-distribution "
+                            "generator in one; the digits generator, the DP-Adam baselines "
+                            "and the real-data classifier in the other), so they add up to "
+                            "more than the wall time" if cfg.get("parallel_sources")
+                            else "one process"),
             "total_wall_s": round(time.perf_counter() - t_start, 1),
             "total_cpu_s": round(time.process_time() - c_start + child_cpu, 1),
         }
