@@ -26,8 +26,13 @@ directly, as the worker would, without the REST platform:
    project's DP engine ``dpsynth_ml.dp.DpSgdEngine`` with Poisson sampling; σ from the same
    ledger calibration). Its ε = 0 row is the publicly pretrained classifier alone.
 
+At CPU scale (``parallel_sources``) the work runs on two processes, one core and one torch
+thread each: the in-distribution generator in this one; the digits generator, both DP-Adam
+baselines and the real-data classifier in a spawned second one.
+
 Nothing is chosen by looking at the test set or at the private data: every setting is in
-:data:`SIZES`, fixed before the run. The published reference points (DPDM Tables 1/2,
+:data:`SIZES`, fixed before the run (the generator's at CPU scale by a check on PUBLIC
+validation images, see the notes). The published reference points (DPDM Tables 1/2,
 DPImageBench) are printed beside the measured rows with the differences in setting.
 
 Run from the repository root: ``.venv/bin/python -m benchmarks.fmnist_privacy_utility``
