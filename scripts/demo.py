@@ -292,14 +292,20 @@ def print_headline(report: dict) -> None:
               f"{real if real is None else format(real, '.3f')}   (chance 0.100)")
     if h.get("fd_dpsynth") is not None:
         print(f"   Fréchet distance in the feature network's space (not FID): "
-              f"{h['fd_dpsynth']:.2f}  (real vs real floor {h.get('fd_dpsynth_real_train')})")
+              f"{h['fd_dpsynth']:.2f}  (real vs real floor "
+              f"{_num(h.get('fd_dpsynth_real_train'))})")
     if h.get("precision") is not None:
         print(f"   precision {h['precision']:.3f}  recall {h['recall']:.3f}  density "
               f"{h['density']:.3f}  coverage {h['coverage']:.3f}")
     if h.get("memorisation_flagged") is not None:
         print(f"   memorisation: {h['memorisation_flagged']} synthetic images flagged; "
-              f"{h.get('memorisation_fraction_closer_to_train')} closer to a training image "
-              "than to any held-out one")
+              f"{_num(h.get('memorisation_fraction_closer_to_train'))} closer to a training "
+              "image than to any held-out one (about the training share when nothing is "
+              "memorised)")
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def audit_ledger(client: Client, dataset_id: str) -> dict:
