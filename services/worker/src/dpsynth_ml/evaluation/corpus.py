@@ -323,7 +323,10 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
         headline["inception_fid"] = frechet_distance(a, b)
         notes.append(f"inception_fid: pytorch-fid InceptionV3 pool features of the evaluated "
                      f"images ({size}x{size} upsampled to 299x299), synthetic vs real "
-                     "held-out; FID is biased upwards on small sets")
+                     "held-out; FID is biased upwards on small sets. The project's "
+                     "InceptionV3 definition loads pytorch-fid's pinned weights but has not yet "
+                     "been checked against pytorch-fid's values on a known pair of sets: treat "
+                     "this number as unverified")
         step()
     else:
         notes.append("Inception FID not computed (no InceptionV3 weights file given)")
