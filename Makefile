@@ -8,7 +8,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=40
 
 export XDG_RUNTIME_DIR ?= /tmp
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
