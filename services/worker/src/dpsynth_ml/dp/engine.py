@@ -40,9 +40,40 @@ from collections.abc import Callable, Sequence
 import torch
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from opacus.validators import ModuleValidator
 from torch import nn
 from torch.optim import Optimizer
+
+
+class GeneratorDeviceDPOptimizer(DPOptimizer):
+    """opacus' ``DPOptimizer`` whose noise is drawn on the generator's device.
+
+    opacus draws the noise with ``torch.normal(..., device=summed_grad.device,
+    generator=generator)``, which fails when the model is on a GPU and the generator (the
+    OS-seeded per-attempt generator, which also drives the CPU Poisson sampler) is a CPU
+    one. Here the noise is drawn on the generator's device and then moved to the gradient's.
+    When both are on the same device this is opacus' own path, bit for bit.
+    """
+
+    def add_noise(self) -> None:
+        generator = self.generator
+        if (generator is None or self.secure_mode
+                or all(p.summed_grad.device == generator.device for p in self.params)):
+            super().add_noise()
+            return
+        std = self.noise_multiplier * self.max_grad_norm
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            summed = p.summed_grad
+            if std == 0:
+                noise = torch.zeros_like(summed)
+            else:
+                noise = torch.normal(mean=0.0, std=std, size=summed.shape,
+                                     generator=generator, device=generator.device,
+                                     dtype=summed.dtype).to(summed.device)
+            p.grad = (summed + noise).view_as(p)
+            _mark_as_processed(p.summed_grad)
 
 
 class DpSgdEngine:
@@ -77,12 +108,21 @@ class DpSgdEngine:
         # optimizer, by expected_batch_size.
         self.module = GradSampleModule(module, batch_first=True, loss_reduction="sum",
                                        strict=True)
-        self.optimizer = DPOptimizer(optimizer, noise_multiplier=noise_multiplier,
-                                     max_grad_norm=max_grad_norm,
-                                     expected_batch_size=expected_batch_size,
-                                     loss_reduction="mean", generator=generator)
+        self.optimizer = self._dp_optimizer(optimizer, noise_multiplier=noise_multiplier,
+                                            max_grad_norm=max_grad_norm,
+                                            expected_batch_size=expected_batch_size,
+                                            generator=generator)
         # user-level DP-SGD: a subject's partial contribution carried across micro-batches
         self._carried: list[torch.Tensor] | None = None
+
+    def _dp_optimizer(self, optimizer: Optimizer, *, noise_multiplier: float,
+                      max_grad_norm: float, expected_batch_size: int,
+                      generator: torch.Generator) -> DPOptimizer:
+        """The opacus optimizer that clips, noises and normalises (overridden for ranks)."""
+        return GeneratorDeviceDPOptimizer(optimizer, noise_multiplier=noise_multiplier,
+                                          max_grad_norm=max_grad_norm,
+                                          expected_batch_size=expected_batch_size,
+                                          loss_reduction="mean", generator=generator)
 
     @property
     def params(self) -> Sequence[nn.Parameter]:

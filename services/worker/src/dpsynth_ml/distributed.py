@@ -1,0 +1,117 @@
+"""Where the ML core runs: a torch device, and for multi-GPU jobs the rank's process group.
+
+A job on W GPUs of one node runs as W processes (ranks 0..W-1), rank r on ``cuda:r``, joined
+by a torch.distributed process group (backend ``nccl`` on GPUs, ``gloo`` on CPU). The DP
+arithmetic across ranks is in :mod:`dpsynth_ml.dp.distributed`; this module only resolves
+devices and starts or ends the group. A single-process job has ``Placement()`` (rank 0 of
+1) on ``cpu`` or one ``cuda`` device and needs no process group.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One rank of a job: which rank, of how many, on which device.
+
+    Attributes:
+        rank: 0..world_size-1; rank 0 owns leases, checkpoints and the model it releases.
+        world_size: W, the number of processes training the one model.
+        device: where this rank's model copy and per-example gradients live.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in a world of size {self.world_size}")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+
+def parse_devices(text: str) -> list[torch.device]:
+    """Devices from a setting such as ``cpu``, ``cuda``, ``cuda:0,cuda:1`` or ``cuda:all``.
+
+    ``cuda`` is one GPU (``cuda:0``); ``cuda:all`` is every visible GPU. The job runs one
+    rank per listed device, so a list of W devices is a world of size W.
+
+    Raises:
+        ValueError: an empty or unknown entry, a GPU that is not visible, a repeated device,
+            or CPU mixed with GPUs.
+    """
+    entries = [e.strip().lower() for e in text.split(",") if e.strip()]
+    if not entries:
+        raise ValueError("no device given")
+    devices: list[torch.device] = []
+    for entry in entries:
+        if entry == "cuda:all":
+            count = torch.cuda.device_count()
+            if count == 0:
+                raise ValueError("cuda:all but no GPU is visible")
+            devices.extend(torch.device("cuda", i) for i in range(count))
+            continue
+        try:
+            device = torch.device(entry)
+        except RuntimeError as exc:
+            raise ValueError(f"unknown device {entry!r}") from exc
+        if device.type == "cuda":
+            index = 0 if device.index is None else device.index
+            if index >= torch.cuda.device_count():
+                raise ValueError(f"{entry} is not a visible GPU "
+                                 f"({torch.cuda.device_count()} visible)")
+            device = torch.device("cuda", index)
+        elif device.type != "cpu":
+            raise ValueError(f"unsupported device type {device.type!r}")
+        devices.append(device)
+    if len(set(devices)) != len(devices) and any(d.type == "cuda" for d in devices):
+        raise ValueError("a GPU is listed twice")
+    if len({d.type for d in devices}) > 1:
+        raise ValueError("CPU and GPUs cannot be mixed in one job")
+    return devices
+
+
+def free_port() -> int:
+    """A TCP port on localhost that was free a moment ago (for a single-node rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_rank(rank: int, world_size: int, device: torch.device, *, port: int,
+               host: str = "127.0.0.1", timeout_s: float = 300.0) -> Placement:
+    """Join this process to the job's process group as ``rank`` (collective: every rank).
+
+    Sets the current CUDA device first, so NCCL binds each rank to its own GPU.
+    """
+    placement = Placement(rank=rank, world_size=world_size, device=device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=placement.backend, init_method=f"tcp://{host}:{port}",
+                            rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    return placement
+
+
+def stop_rank() -> None:
+    """Leave the process group (no-op when none was started)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
