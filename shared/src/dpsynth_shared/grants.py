@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -66,6 +67,28 @@ def public_key_of(private_key_b64: str) -> str:
     return _b64(raw)
 
 
+def check_public_key(public_key_b64: str) -> str:
+    """``public_key_b64`` itself if it is an Ed25519 public key (urlsafe base64 of 32 bytes).
+
+    Raises:
+        ValueError: otherwise.
+    """
+    try:
+        Ed25519PublicKey.from_public_bytes(_unb64(public_key_b64))
+    except (ValueError, TypeError) as exc:
+        raise ValueError("not an Ed25519 public key (urlsafe base64 of 32 bytes)") from exc
+    return public_key_b64
+
+
+def public_keys_of(keys: str | Sequence[str] | None) -> list[str]:
+    """The verification keys ``keys`` names: one key, or several (a key rollover), in order,
+    without empty strings and duplicates."""
+    if keys is None:
+        return []
+    listed = [keys] if isinstance(keys, str) else list(keys)
+    return [k for k in dict.fromkeys(listed) if k]
+
+
 def sign_grant(claims: GrantClaims, private_key_b64: str) -> str:
     """Serialise and sign ``claims``; the token is ``<payload>.<signature>``."""
     payload = json.dumps(claims.__dict__, sort_keys=True, separators=(",", ":")).encode()
@@ -73,8 +96,12 @@ def sign_grant(claims: GrantClaims, private_key_b64: str) -> str:
     return f"{_b64(payload)}.{_b64(key.sign(payload))}"
 
 
-def verify_grant(token: str, public_key_b64: str, *, now: float | None = None) -> GrantClaims:
+def verify_grant(token: str, public_key_b64: str | Sequence[str], *,
+                 now: float | None = None) -> GrantClaims:
     """Check a grant's signature and expiry and return its claims.
+
+    ``public_key_b64`` is the ledger's grant public key, or several during a grant-key
+    rollover (the current and the previous key): a signature by any of them is accepted.
 
     Raises:
         DpsynthError: ``invalid_grant`` when the token is malformed, forged or expired.
@@ -82,7 +109,8 @@ def verify_grant(token: str, public_key_b64: str, *, now: float | None = None) -
     try:
         payload_b64, sig_b64 = token.split(".", 1)
         payload = _unb64(payload_b64)
-        Ed25519PublicKey.from_public_bytes(_unb64(public_key_b64)).verify(_unb64(sig_b64), payload)
+        if not any(verify_message(payload, sig_b64, k) for k in public_keys_of(public_key_b64)):
+            raise InvalidSignature
         claims = GrantClaims(**json.loads(payload))
     except (ValueError, TypeError, InvalidSignature) as exc:
         raise DpsynthError(ErrorCode.INVALID_GRANT, "read grant is malformed or forged") from exc

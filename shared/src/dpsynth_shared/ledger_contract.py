@@ -460,6 +460,9 @@ class ChainKey(BaseModel):
 
     public_key: str = Field(description="Ed25519 public key, urlsafe base64 (unpadded)")
     key_id: str = Field(description="key_id_of(public_key): first 16 hex digits of its sha256")
+    retired_public_keys: list[str] = Field(
+        default_factory=list, description="public halves of earlier chain keys (after a key "
+        "rotation, older entries carry one of their key ids)")
 
 
 class RecomputedCharge(BaseModel):

@@ -11,7 +11,7 @@ ledger's public key. Writes need no grant (the api writes uploads; workers write
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -46,7 +46,8 @@ class ObjectStore(Protocol):
     def presign_get(self, key: str, *, ttl: timedelta) -> str: ...
 
 
-def check_read_access(key: str, grant: str | None, public_key: str | None) -> None:
+def check_read_access(key: str, grant: str | None,
+                      public_key: str | Sequence[str] | None) -> None:
     """Refuse a read of a private object without a valid grant for its dataset.
 
     Raises:

@@ -37,7 +37,7 @@ def _default_store(settings: ApiSettings) -> ObjectStore:
     from dpsynth_shared.stores import from_settings  # the adapters live in shared
 
     store: ObjectStore = from_settings(settings.object_store,
-                                       grant_public_key=settings.grant_public_key)
+                                       grant_public_key=settings.grant_public_keys or None)
     return store
 
 

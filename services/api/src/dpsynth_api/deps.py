@@ -98,10 +98,12 @@ AdminDep = Annotated[Principal, Depends(require(Scope.ADMIN))]
 
 
 def require_worker(request: Request, settings: SettingsDep) -> None:
-    """Workers present ``WORKER_TOKEN`` on ``/internal/v1`` (compared in constant time)."""
-    token = _bearer(request) or ""
-    expected = settings.worker_token.get_secret_value()
-    if not hmac.compare_digest(token.encode(), expected.encode()):
+    """Workers present ``WORKER_TOKEN`` (or, during a rotation, one of
+    ``WORKER_RETIRED_TOKENS``) on ``/internal/v1``, compared in constant time."""
+    token = (_bearer(request) or "").encode()
+    # every candidate is compared, so the time taken does not tell which one matched
+    matches = [hmac.compare_digest(token, t.encode()) for t in settings.worker_tokens]
+    if not any(matches):
         raise DpsynthError(ErrorCode.UNAUTHENTICATED, "the worker token is required")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpsynth_shared.grants import public_keys_of
 from dpsynth_shared.settings import (
     DatabaseSettings,
     ObjectStoreSettings,
@@ -35,6 +36,9 @@ class ApiSettings(BaseSettings):
                                     "ledger; admission calibrates noise, which takes seconds "
                                     "under concurrent submissions")
     worker_token: SecretStr
+    worker_retired_tokens: list[SecretStr] = Field(
+        default_factory=list, description="JSON list of further worker tokens still accepted "
+        "while workers move to a new WORKER_TOKEN (rotation; see docs/deploy.md)")
     record_hash_key: SecretStr = Field(
         description="HMAC-SHA256 key of the keyed subject hashes (datasets/overlap.py): "
         "required, so low-entropy subject ids (patient numbers) cannot be brute-forced from "
@@ -53,6 +57,9 @@ class ApiSettings(BaseSettings):
     port: int = 8000
     log_level: str = "INFO"
     grant_public_key: str | None = None
+    grant_retired_public_keys: list[str] = Field(
+        default_factory=list, description="JSON list of further grant public keys accepted "
+        "during a grant-key rollover (the previous key)")
     reaper_enabled: bool = True
     migrations_dir: Path = _REPO_MIGRATIONS
 
@@ -60,6 +67,11 @@ class ApiSettings(BaseSettings):
     @classmethod
     def _strong_worker_token(cls, v: SecretStr) -> SecretStr:
         return require_strong_secret(v, "DPSYNTH_API_WORKER_TOKEN")
+
+    @field_validator("worker_retired_tokens")
+    @classmethod
+    def _strong_retired_tokens(cls, v: list[SecretStr]) -> list[SecretStr]:
+        return [require_strong_secret(t, "DPSYNTH_API_WORKER_RETIRED_TOKENS") for t in v]
 
     @field_validator("record_hash_key")
     @classmethod
@@ -71,6 +83,16 @@ class ApiSettings(BaseSettings):
     def _strong_ledger_token(cls, v: ServiceEndpoint) -> ServiceEndpoint:
         require_strong_secret(v.token, "DPSYNTH_API_LEDGER__TOKEN")
         return v
+
+    @property
+    def worker_tokens(self) -> list[str]:
+        """Every token ``/internal/v1`` accepts: WORKER_TOKEN and the retired ones."""
+        return [t.get_secret_value() for t in (self.worker_token, *self.worker_retired_tokens)]
+
+    @property
+    def grant_public_keys(self) -> list[str]:
+        """Every public key a read grant may be signed with (current first)."""
+        return public_keys_of([self.grant_public_key or "", *self.grant_retired_public_keys])
 
     @property
     def api_url(self) -> str:

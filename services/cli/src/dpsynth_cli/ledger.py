@@ -11,6 +11,7 @@ shows the server-side verify report (chain, signatures, anchor, every epsilon re
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -51,8 +52,29 @@ def _key_problems(export: dict[str, Any], public_key: str | None,
     return key, problems
 
 
+def _retired_keys(export: dict[str, Any], pinned: bool, retired_key_ids: Sequence[str],
+                  problems: list[str]) -> dict[str, str]:
+    """key id → public key of the export's retired chain keys that may verify entries.
+
+    Unpinned, the export's list is taken as it is. Once the caller pins the current key, a
+    retired key counts only when its id is pinned too: otherwise a forger could re-sign
+    every entry with a key of their own and list it as "retired".
+    """
+    out: dict[str, str] = {}
+    for public in export.get("retired_public_keys") or []:
+        try:
+            kid = key_id_of(str(public))
+        except (ValueError, TypeError):
+            problems.append("export: a retired public key is not valid urlsafe base64")
+            continue
+        if not pinned or kid in retired_key_ids:
+            out[kid] = str(public)
+    return out
+
+
 def verify_export(export: dict[str, Any], *, public_key: str | None = None,
-                  key_id: str | None = None) -> tuple[list[str], int]:
+                  key_id: str | None = None,
+                  retired_key_ids: Sequence[str] = ()) -> tuple[list[str], int]:
     """Check an export locally; returns (problems naming the entries, signatures checked).
 
     Per entry: the hash recomputed from its content and ``prev_hash``; the signature over
@@ -62,6 +84,9 @@ def verify_export(export: dict[str, Any], *, public_key: str | None = None,
     figure (``figures.dataset_epsilon_spent``) that never decreases.
     """
     key, problems = _key_problems(export, public_key, key_id)
+    keys = _retired_keys(export, bool(public_key or key_id), retired_key_ids, problems)
+    if key is not None:
+        keys[key_id_of(key)] = key
     entries: list[dict[str, Any]] = list(export.get("entries") or [])
     budget = export.get("budget_id") or export.get("dataset_id")
     if not entries:
@@ -87,12 +112,14 @@ def verify_export(export: dict[str, Any], *, public_key: str | None = None,
             signed_seen = True
             if key is not None:
                 checked += 1
+                # an entry signed before a chain-key rotation names a retired key
+                signer = keys.get(str(e.get("key_id")), key)
                 if not verify_message(signed_message(int(e["seq"]), str(e["hash"])),
-                                      str(signature), key):
+                                      str(signature), signer):
                     problems.append(f"entry {seq}: signature invalid")
-                elif export.get("key_id") and e.get("key_id") != export["key_id"]:
+                elif e.get("key_id") and e["key_id"] not in keys:
                     problems.append(f"entry {seq}: signed by key {e.get('key_id')}, not the "
-                                    f"chain key {export['key_id']}")
+                                    f"chain key {export.get('key_id')} nor a retired one")
         elif signed_seen:
             problems.append(f"entry {seq}: not signed (after signed entries)")
         if previous is not None:
@@ -141,6 +168,10 @@ def verify(ctx: typer.Context, dataset_id: str,
                help="pin the chain public key (else the export's)")] = None,
            key_id: Annotated[str | None, typer.Option(
                help="pin the chain key id your operator publishes")] = None,
+           retired_key_id: Annotated[list[str] | None, typer.Option(
+               help="with a pinned key: also accept entries signed by this retired chain "
+               "key (repeatable; ids your operator published before a key rotation)")]
+           = None,
            local_only: Annotated[bool, typer.Option(
                "--local-only", help="skip the server-side report")] = False) -> None:
     """Recompute every entry's hash and signature locally, then show the server's report
@@ -148,7 +179,8 @@ def verify(ctx: typer.Context, dataset_id: str,
     client = state_of(ctx).client()
     body = (json.loads(export_file.read_text()) if export_file is not None
             else client.ledger_export(dataset_id))
-    problems, checked = verify_export(body, public_key=public_key, key_id=key_id)
+    problems, checked = verify_export(body, public_key=public_key, key_id=key_id,
+                                      retired_key_ids=retired_key_id or [])
     entries = len(body.get("entries") or [])
     console.print(f"local: {entries} entries, hashes recomputed, {checked} signatures checked "
                   f"(key {body.get('key_id') or '-'})", highlight=False)

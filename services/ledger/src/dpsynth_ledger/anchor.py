@@ -226,21 +226,34 @@ class ChainKeeper:
     Args:
         signing_key: the Ed25519 chain key (urlsafe base64 of its 32 raw bytes).
         anchor: where anchored records go.
+        retired_public_keys: public halves of earlier chain keys. Entries and anchor records
+            carry the id of the key that signed them; after a key rotation the older ones
+            were signed by a retired key and still verify with it (nothing new is signed
+            with a retired key).
     """
 
-    def __init__(self, signing_key: str, anchor: AnchorLog) -> None:
+    def __init__(self, signing_key: str, anchor: AnchorLog,
+                 retired_public_keys: Sequence[str] = ()) -> None:
         self._key = signing_key
         self.anchor = anchor
         self.public_key = public_key_of(signing_key)
         self.key_id = key_id_of(self.public_key)
+        self.retired_public_keys = [k for k in dict.fromkeys(retired_public_keys)
+                                    if k != self.public_key]
+        self.verifying_keys = {key_id_of(k): k for k in self.retired_public_keys}
+        self.verifying_keys[self.key_id] = self.public_key
 
     def sign(self, seq: int, entry_hash: str) -> str:
         """The signature of one chain entry (``signed_message(seq, hash)``)."""
         return sign_message(signed_message(seq, entry_hash), self._key)
 
-    def verify(self, seq: int, entry_hash: str, signature: str) -> bool:
-        """True iff ``signature`` is the chain key's signature of entry ``seq``/``hash``."""
-        return verify_message(signed_message(seq, entry_hash), signature, self.public_key)
+    def verify(self, seq: int, entry_hash: str, signature: str,
+               key_id: str | None = None) -> bool:
+        """True iff ``signature`` is the signature of entry ``seq``/``hash`` by the key
+        ``key_id`` names (default: the current chain key); False for an unknown key id."""
+        public = self.verifying_keys.get(self.key_id if key_id is None else key_id)
+        return public is not None and verify_message(signed_message(seq, entry_hash),
+                                                     signature, public)
 
     def head(self) -> AnchoredHead:
         """The anchored head (genesis for an empty log).

@@ -49,7 +49,8 @@ def create_app(settings: LedgerSettings) -> FastAPI:
     """Build the ledger app: engine, session factory, context, routes, problem handlers."""
     engine = create_engine(settings.database.url, pool_size=settings.database.pool_size,
                            max_overflow=20, echo=settings.database.echo, pool_pre_ping=True)
-    keeper = ChainKeeper(settings.chain_signing_key.get_secret_value(), build_anchor(settings))
+    keeper = ChainKeeper(settings.chain_signing_key.get_secret_value(), build_anchor(settings),
+                         settings.chain_retired_public_keys)
     sessions = sessionmaker(engine, expire_on_commit=False)
     install_anchor_hooks(sessions, keeper)
 

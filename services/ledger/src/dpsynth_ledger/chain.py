@@ -249,10 +249,10 @@ def _check_signature(entry: Entry, keeper: ChainKeeper, signed_seen: bool,
         if signed_seen:
             problems.append(f"entry {entry.seq}: unsigned after signed entries")
         return False
-    if entry.key_id != keeper.key_id:
-        problems.append(f"entry {entry.seq}: signed by key {entry.key_id}, not the chain key "
-                        f"{keeper.key_id}")
-    elif not keeper.verify(entry.seq, entry.hash, entry.signature):
+    if entry.key_id not in keeper.verifying_keys:
+        problems.append(f"entry {entry.seq}: signed by key {entry.key_id}, neither the chain "
+                        f"key {keeper.key_id} nor a retired one")
+    elif not keeper.verify(entry.seq, entry.hash, entry.signature, entry.key_id):
         problems.append(f"entry {entry.seq}: signature invalid (forged, or the entry's seq or "
                         "hash altered)")
     return True
@@ -268,12 +268,13 @@ def _check_record(record: dict[str, Any], keeper: ChainKeeper, problems: list[st
     except (KeyError, TypeError, ValueError):
         problems.append(f"{where}: not a well-formed anchor record")
         return
-    if key_id != keeper.key_id:
-        problems.append(f"{where} (entry {seq}): signed by key {key_id}, not {keeper.key_id}")
+    public = keeper.verifying_keys.get(key_id)
+    if public is None:
+        problems.append(f"{where} (entry {seq}): signed by key {key_id}, neither "
+                        f"{keeper.key_id} nor a retired chain key")
         return
     if kind == "rebase":
-        if not verify_message(rebase_message(lineage, seq, digest), signature,
-                              keeper.public_key):
+        if not verify_message(rebase_message(lineage, seq, digest), signature, public):
             problems.append(f"{where}: rebase record's signature invalid (edited)")
         return
     try:
@@ -286,7 +287,7 @@ def _check_record(record: dict[str, Any], keeper: ChainKeeper, problems: list[st
     if content != digest:
         problems.append(f"{where} (entry {seq}): content does not hash to its recorded hash "
                         "(edited)")
-    if not keeper.verify(seq, digest, signature):
+    if not keeper.verify(seq, digest, signature, key_id):
         problems.append(f"{where} (entry {seq}): signature invalid (edited or forged)")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from dpsynth_shared.grants import public_key_of
+from dpsynth_shared.grants import check_public_key, public_key_of
 from dpsynth_shared.settings import DatabaseSettings, require_strong_secret
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,6 +42,9 @@ class LedgerSettings(BaseSettings):
     grant_signing_key: SecretStr
     chain_signing_key: SecretStr = Field(description="Ed25519 key that signs every chain "
                                          "entry (separate from the grant key)")
+    chain_retired_public_keys: list[str] = Field(
+        default_factory=list, description="JSON list of the public halves of earlier chain "
+        "keys: entries and anchor records signed before a chain-key rotation verify with them")
     anchor: AnchorSettings = Field(default_factory=AnchorSettings)
     lease_ttl_s: int = Field(60, ge=1)
     host: str = "127.0.0.1"
@@ -68,6 +71,15 @@ class LedgerSettings(BaseSettings):
             raise ValueError(f"{name} must be an Ed25519 private key "
                              "(dpsynth_shared.grants.generate_signing_key)") from exc
         return key
+
+    @field_validator("chain_retired_public_keys")
+    @classmethod
+    def _valid_public_keys(cls, keys: list[str]) -> list[str]:
+        try:
+            return [check_public_key(k) for k in keys]
+        except ValueError as exc:
+            raise ValueError("DPSYNTH_LEDGER_CHAIN_RETIRED_PUBLIC_KEYS must list Ed25519 public "
+                             "keys (urlsafe base64)") from exc
 
     @property
     def grant_public_key(self) -> str:

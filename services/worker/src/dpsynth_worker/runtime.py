@@ -33,7 +33,7 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
     api = ApiClient(settings.api.url, settings.api.token.get_secret_value())
     ledger = LedgerClient(settings.ledger.url, settings.ledger.token.get_secret_value())
     store = from_settings(settings.object_store,
-                          grant_public_key=settings.grant_public_key or None)
+                          grant_public_key=settings.grant_public_keys or None)
     work_dir = Path(settings.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     return WorkerRuntime(api=api, ledger=ledger, store=store, work_dir=work_dir,

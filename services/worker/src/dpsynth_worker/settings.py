@@ -10,6 +10,7 @@ import os
 import socket
 from pathlib import Path
 
+from dpsynth_shared.grants import public_keys_of
 from dpsynth_shared.settings import ObjectStoreSettings, ServiceEndpoint
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,9 @@ class WorkerSettings(BaseSettings):
     ledger: ServiceEndpoint = Field(description="the ledger's base URL and a service token")
     object_store: ObjectStoreSettings = ObjectStoreSettings()
     grant_public_key: str = Field("", description="the ledger's Ed25519 public key (base64)")
+    grant_retired_public_keys: list[str] = Field(
+        default_factory=list, description="JSON list of further grant public keys accepted "
+        "during a grant-key rollover (the previous key; see docs/deploy.md)")
     work_dir: Path = Path("./.dpsynth/work")
     log_level: str = "INFO"
     metrics_port: int | None = Field(None, ge=1, le=65535)
@@ -42,6 +46,11 @@ class WorkerSettings(BaseSettings):
         None, description="pytorch-fid's InceptionV3 weights file (pt_inception-2015-12-05); "
         "evaluate jobs asking for Inception FID fail with inception_weights_unavailable "
         "without it (its sha256 is checked when loaded)")
+
+    @property
+    def grant_public_keys(self) -> list[str]:
+        """Every public key a read grant may be signed with (current first)."""
+        return public_keys_of([self.grant_public_key, *self.grant_retired_public_keys])
 
     @property
     def visibility_timeout_s(self) -> int:

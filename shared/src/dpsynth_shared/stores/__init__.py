@@ -6,6 +6,7 @@ Pick one from settings with :func:`from_settings`; both implement
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from dpsynth_shared.object_store import ObjectStore
@@ -15,14 +16,15 @@ from dpsynth_shared.stores.local import LocalDirStore
 
 
 def from_settings(
-    settings: ObjectStoreSettings, *, grant_public_key: str | None = None
+    settings: ObjectStoreSettings, *, grant_public_key: str | Sequence[str] | None = None
 ) -> ObjectStore:
     """Build the store ``settings.kind`` names.
 
     Args:
         settings: the ``OBJECT_STORE__*`` block of a service's settings.
-        grant_public_key: the ledger's public key (workers); ``None`` where the process
-            never reads private objects.
+        grant_public_key: the ledger's public key (workers), or its current and previous
+            keys during a grant-key rollover; ``None`` where the process never reads
+            private objects.
     """
     if settings.kind == "s3":
         from dpsynth_shared.stores.s3 import S3Store  # minio imported only when used

@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
@@ -74,7 +74,8 @@ class LocalDirStore:
             cannot be read at all (every grant is refused).
     """
 
-    def __init__(self, root: Path, *, grant_public_key: str | None = None) -> None:
+    def __init__(self, root: Path, *,
+                 grant_public_key: str | Sequence[str] | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self._public_key = grant_public_key

@@ -13,7 +13,7 @@ import hashlib
 import io
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,8 @@ class S3Store:
     """
 
     def __init__(
-        self, settings: ObjectStoreSettings, *, grant_public_key: str | None = None
+        self, settings: ObjectStoreSettings, *,
+        grant_public_key: str | Sequence[str] | None = None
     ) -> None:
         if not settings.endpoint:
             raise ValueError("S3 object store needs settings.endpoint")

@@ -45,6 +45,9 @@ class LedgerExport(BaseModel):
                                    "(urlsafe base64); compare its key_id with the one your "
                                    "operator publishes")
     key_id: str | None
+    retired_public_keys: list[str] = Field(
+        default_factory=list, description="earlier chain keys' public halves: entries signed "
+        "before a chain-key rotation carry one of their key ids")
     hash_rule: str = HASH_RULE
     entries: list[LedgerEntry]
 
@@ -65,7 +68,9 @@ def export(session: Session, *, principal: Principal, ledger: LedgerPort,
     key = ledger.chain_key()
     return LedgerExport(dataset_id=dataset, budget_id=budget, exported_at=datetime.now(UTC),
                         public_key=key.public_key if key else None,
-                        key_id=key.key_id if key else None, entries=entries)
+                        key_id=key.key_id if key else None,
+                        retired_public_keys=key.retired_public_keys if key else [],
+                        entries=entries)
 
 
 def _steps(payload: dict[str, Any]) -> Any:

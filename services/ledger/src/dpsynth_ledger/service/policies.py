@@ -128,7 +128,8 @@ def chain_key(session: Session) -> ChainKey:
     keeper = session.info.get(CHAIN_KEY)
     if keeper is None:
         raise NotFound("chain key", "chain")
-    return ChainKey(public_key=keeper.public_key, key_id=keeper.key_id)
+    return ChainKey(public_key=keeper.public_key, key_id=keeper.key_id,
+                    retired_public_keys=keeper.retired_public_keys)
 
 
 # -- verification of one dataset ---------------------------------------------------------

@@ -73,13 +73,15 @@ INFORMATIONAL = ("reservation_refused", "extension_refused", "histogram_refused"
 
 
 def _valid(record: dict[str, Any], keeper: ChainKeeper) -> bool:
-    """An entry record whose content hashes to its hash, signed by the chain key."""
+    """An entry record whose content hashes to its hash, signed by the chain key or a
+    retired one (records anchored before a key rotation)."""
     try:
         digest = entry_hash(str(record["prev_hash"]), seq=int(record["seq"]),
                             dataset_id=str(record["dataset_id"]), kind=str(record["kind"]),
                             payload=record["payload"])
-        return (digest == record["hash"] and record.get("key_id") == keeper.key_id
-                and keeper.verify(int(record["seq"]), digest, str(record["signature"])))
+        return (digest == record["hash"]
+                and keeper.verify(int(record["seq"]), digest, str(record["signature"]),
+                                  str(record.get("key_id"))))
     except (KeyError, TypeError, ValueError):
         return False
 
