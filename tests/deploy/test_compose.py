@@ -391,3 +391,28 @@ def test_infrastructure_gets_the_generated_passwords(
     assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == values["GF_SECURITY_ADMIN_PASSWORD"]
     with pytest.raises(KeyError, match="gen_secrets"):
         service_environment(services["postgres"], {})
+
+
+def test_init_scripts_parse_and_make_what_the_services_expect(
+        services: dict[str, Any], example: dict[str, str],
+        generated: tuple[Path, dict[str, str], str]) -> None:
+    scripts = {"minio-init": REPO / "deploy/minio/init.sh",
+               "postgres": REPO / "deploy/postgres/init-databases.sh"}
+    for path in scripts.values():
+        done = subprocess.run(["sh", "-n", str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    minio = scripts["minio-init"].read_text()
+    assert re.search(r'mc mb --ignore-existing --with-lock local/"\$ANCHOR_BUCKET"', minio)
+    assert 'mc version enable local/"$ANCHOR_BUCKET"' in minio
+    env = service_environment(services["minio-init"], generated[1])
+    assert env["DPSYNTH_BUCKET"] == example["DPSYNTH_API_OBJECT_STORE__BUCKET"] == \
+        example["DPSYNTH_WORKER_OBJECT_STORE__BUCKET"] == "dpsynth"
+    assert env["DPSYNTH_ANCHOR_BUCKET"] == "dpsynth-ledger-anchor"
+    # The anchor user may not delete: the anchor is what a restored database is checked against.
+    anchor_policy = minio.split("dpsynth-ledger-anchor.json\" <<JSON", 1)[1].split("JSON", 1)[0]
+    assert "Delete" not in anchor_policy and "s3:*" not in anchor_policy
+    postgres = scripts["postgres"].read_text()
+    for role in ("dpsynth_api", "dpsynth_ledger"):
+        assert f"CREATE DATABASE {role} OWNER {role};" in postgres
+        assert re.search(rf"://{role}:\$\{{POSTGRES_\w+\}}@postgres:5432/{role}$",
+                         example[f"DPSYNTH_{role.split('_')[1].upper()}_DATABASE__URL"])
