@@ -211,3 +211,19 @@ def test_an_export_spanning_a_rotation_verifies_with_the_retired_key() -> None:
     assert problems == ["entry 1: signature invalid"]
     assert verify_export(_export([OLD_PUBLIC]), key_id=pinned,
                          retired_key_ids=[key_id_of(OLD_PUBLIC)]) == ([], 2)
+
+
+def test_a_two_phase_rollout_lets_old_and_new_replicas_verify_each_other(
+        tmp_path: Path) -> None:
+    """Several ledger replicas: phase 1 lists the NEW public key on every replica (still
+    signing with OLD), phase 2 switches; replicas of either phase verify both keys' entries."""
+    anchor = FileAnchor(tmp_path / "anchor.jsonl")
+    phase1 = ChainKeeper(OLD, anchor, [NEW_PUBLIC])
+    phase2 = ChainKeeper(NEW, anchor, [OLD_PUBLIC])
+    by_old = _record(phase1, 1, GENESIS_HASH)
+    by_new = _record(phase2, 2, by_old["hash"])
+    for keeper in (phase1, phase2):
+        for record in (by_old, by_new):
+            problems: list[str] = []
+            _check_record(record, keeper, problems)
+            assert problems == [], (keeper.key_id, record["key_id"])
