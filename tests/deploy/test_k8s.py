@@ -257,12 +257,13 @@ def test_worker_has_its_work_dir_on_an_empty_dir() -> None:
 @pytest.mark.parametrize("name", sorted(RENDERINGS))
 def test_migrations_are_jobs(name: str) -> None:
     objs = render(name)
-    for job, module in (("api-migrate", "dpsynth_api"), ("ledger-migrate", "dpsynth_ledger")):
+    for job, service in (("api-migrate", "api"), ("ledger-migrate", "ledger")):
         spec = one(objs, "Job", job)["spec"]
         assert spec["backoffLimit"] >= 1 and spec["ttlSecondsAfterFinished"] > 0
         c = spec["template"]["spec"]["containers"][0]
-        assert c["args"] == ["migrate"] and module.replace("_", "-") in c["image"].replace(
-            "dpsynth-", "dpsynth_").replace("_", "-")
+        # The image's entry point is `python -m dpsynth_<service>`; `migrate` is its argument.
+        assert c["args"] == ["migrate"] and "command" not in c
+        assert c["image"].rpartition(":")[0] == IMAGE_REPOS[service]
         assert spec["template"]["metadata"]["labels"][COMPONENT_LABEL] == "migration"
 
 
