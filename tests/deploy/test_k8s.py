@@ -31,7 +31,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support.compose import REPO, generate_env
+from tests.support.compose import COMPOSE_FILE, REPO, generate_env, load_compose
 
 K8S = REPO / "k8s"
 SCHEMAS = K8S / "schemas"
@@ -261,10 +261,25 @@ def test_migrations_are_jobs(name: str) -> None:
         spec = one(objs, "Job", job)["spec"]
         assert spec["backoffLimit"] >= 1 and spec["ttlSecondsAfterFinished"] > 0
         c = spec["template"]["spec"]["containers"][0]
-        # The image's entry point is `python -m dpsynth_<service>`; `migrate` is its argument.
-        assert c["args"] == ["migrate"] and "command" not in c
+        # As compose's `command`: replaces the image's CMD, keeps its ENTRYPOINT.
+        assert c["args"] == ["python", "-m", f"dpsynth_{service}", "migrate"]
+        assert "command" not in c
         assert c["image"].rpartition(":")[0] == IMAGE_REPOS[service]
         assert spec["template"]["metadata"]["labels"][COMPONENT_LABEL] == "migration"
+
+
+@pytest.mark.skipif(not COMPOSE_FILE.exists(), reason="docker-compose.yml not present")
+def test_commands_are_the_compose_commands() -> None:
+    """The same process in both deployments: `args` here is compose's `command` there."""
+    services = load_compose()["services"]
+    objs = render("gpu")
+    for kind, name, compose_name in (("Deployment", "api", "api"),
+                                     ("Deployment", "ledger", "ledger"),
+                                     ("Deployment", "worker", "worker"),
+                                     ("Job", "api-migrate", "api-migrate"),
+                                     ("Job", "ledger-migrate", "ledger-migrate")):
+        c = one(objs, kind, name)["spec"]["template"]["spec"]["containers"][0]
+        assert c["args"] == services[compose_name]["command"], name
 
 
 @pytest.mark.parametrize("name", sorted(RENDERINGS))
