@@ -166,6 +166,16 @@ def test_custom_schema_validation_catches_mistakes() -> None:
                                                      "ScaledObject").iter_errors(scaled)]
     assert any("maxReplicaCont" in m for m in messages)
     assert any("is not of type 'integer'" in m for m in messages)
+    monitor = one(render("gpu"), "ServiceMonitor", "ledger")
+    monitor["spec"]["endpoints"][0]["intervall"] = "30s"
+    del monitor["spec"]["selector"]
+    messages = [e.message for e in _custom_validator("monitoring.coreos.com/v1",
+                                                     "ServiceMonitor").iter_errors(monitor)]
+    assert any("intervall" in m for m in messages)
+    assert any("'selector' is a required property" in m for m in messages)
+    auth = one(render("gpu"), "TriggerAuthentication", "dpsynth-redis")
+    del auth["spec"]["secretTargetRef"][0]["parameter"]
+    assert not _custom_validator("keda.sh/v1alpha1", "TriggerAuthentication").is_valid(auth)
 
 
 def test_vendored_schemas_are_the_pinned_files() -> None:
@@ -289,6 +299,29 @@ def test_services_do_not_select_migration_pods(name: str) -> None:
     for svc in (o for o in objs if o["kind"] == "Service" and o["spec"].get("selector")):
         sel = svc["spec"]["selector"]
         assert not any(sel.items() <= labels.items() for labels in job_labels), svc
+
+
+@pytest.mark.parametrize("name", sorted(RENDERINGS))
+def test_services_and_monitors_point_at_named_ports(name: str) -> None:
+    """Each Service's target port is a named port of the pods it selects, and each
+    ServiceMonitor's port is a port of a Service it selects."""
+    objs = render(name)
+    pods = [t for w, t in pod_templates(objs) if w["kind"] == "Deployment"]
+    services = [o for o in objs if o["kind"] == "Service" and o["spec"].get("selector")]
+    for svc in services:
+        selected = [t for t in pods
+                    if svc["spec"]["selector"].items() <= t["metadata"]["labels"].items()]
+        assert selected, f"Service {svc['metadata']['name']} selects no pods"
+        for port in svc["spec"]["ports"]:
+            for t in selected:
+                names = {p["name"] for c in t["spec"]["containers"] for p in c.get("ports", [])}
+                assert port["targetPort"] in names, (svc["metadata"]["name"], port)
+    for monitor in (o for o in objs if o["kind"] == "ServiceMonitor"):
+        want = monitor["spec"]["selector"]["matchLabels"]
+        selected = [s for s in services if want.items() <= s["metadata"]["labels"].items()]
+        assert len(selected) == 1, monitor["metadata"]["name"]
+        ports = {p["name"] for p in selected[0]["spec"]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
 
 
 @pytest.mark.parametrize("name", sorted(RENDERINGS))
