@@ -42,8 +42,9 @@ def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMSche
     """
     batch = latents.shape[0]
     num_t = int(scheduler.config["num_train_timesteps"])
-    timesteps = torch.randint(0, num_t, (batch,), generator=generator)
-    noise = torch.randn(latents.shape, generator=generator)
+    # drawn with the (CPU) job generator, then moved: the same draws on any device
+    timesteps = torch.randint(0, num_t, (batch,), generator=generator).to(latents.device)
+    noise = torch.randn(latents.shape, generator=generator).to(latents.device)
     noisy = scheduler.add_noise(latents, noise, timesteps)
     pred = denoiser(noisy, timesteps, labels, layout=layout)
     return (pred - noise).pow(2).flatten(1).mean(dim=1)

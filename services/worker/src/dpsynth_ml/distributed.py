@@ -10,11 +10,15 @@ devices and starts or ends the group. A single-process job has ``Placement()`` (
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from dpsynth_ml.hooks import TrainingHooks
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,71 @@ def start_rank(rank: int, world_size: int, device: torch.device, *, port: int,
     return placement
 
 
+def broadcast_int(placement: Placement, value: int) -> int:
+    """Rank 0's ``value`` on every rank (collective); ``value`` itself when W = 1."""
+    if not placement.distributed:
+        return value
+    box = torch.tensor([value], dtype=torch.int64, device=placement.device)
+    dist.broadcast(box, src=0)
+    return int(box.item())
+
+
+def broadcast_flag(placement: Placement, flag: bool) -> bool:
+    """Rank 0's decision on every rank (collective); ``flag`` itself when W = 1."""
+    return bool(broadcast_int(placement, int(flag)))
+
+
 def stop_rank() -> None:
     """Leave the process group (no-op when none was started)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class RankHooks:
+    """The job's :class:`~dpsynth_ml.hooks.TrainingHooks` as seen by one rank.
+
+    Only rank 0 talks to the platform (leases, cancellation, progress, checkpoints, private
+    statistics). Its answers to :meth:`acquire_steps` and :meth:`should_stop` are broadcast,
+    so every rank runs exactly the steps rank 0 was granted: each step is a collective, and
+    the ledger charges what rank 0 leased. Every method is collective where it answers or
+    aggregates: all ranks must call it at the same point of the loop.
+    """
+
+    def __init__(self, hooks: TrainingHooks, placement: Placement) -> None:
+        self._hooks = hooks
+        self._placement = placement
+
+    def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
+        granted = (int(self._hooks.acquire_steps(start, count, partition))
+                   if self._placement.is_main else 0)
+        return broadcast_int(self._placement, granted)
+
+    def should_stop(self) -> bool:
+        stop = bool(self._hooks.should_stop()) if self._placement.is_main else False
+        return broadcast_flag(self._placement, stop)
+
+    def on_progress(self, step: int, total: int) -> None:
+        if self._placement.is_main:
+            self._hooks.on_progress(step, total)
+
+    def on_checkpoint(self, step: int, checkpoint_dir: Path) -> None:
+        if self._placement.is_main:
+            self._hooks.on_checkpoint(step, checkpoint_dir)
+
+    def on_private_stats(self, stats: Mapping[str, float]) -> None:
+        """Sum the ranks' counts, clipped counts and loss sums; rank 0 reports the result."""
+        units = float(stats.get("batch_size", 0.0))
+        examples = float(stats.get("images", units))
+        local = torch.tensor([units, examples, stats.get("fraction_clipped", 0.0) * units,
+                              stats.get("loss", 0.0) * examples], dtype=torch.float64,
+                             device=self._placement.device)
+        dist.all_reduce(local, op=dist.ReduceOp.SUM)
+        if not self._placement.is_main:
+            return
+        units, examples, clipped, loss_sum = (float(v) for v in local.tolist())
+        merged = {"batch_size": units, "fraction_clipped": clipped / units if units else 0.0}
+        if "images" in stats:
+            merged["images"] = examples
+        if examples:
+            merged["loss"] = loss_sum / examples
+        self._hooks.on_private_stats(merged)

@@ -49,7 +49,13 @@ from dpsynth_ml.checkpoint import (
 )
 from dpsynth_ml.data import ImageDataset, load_dataset, training_view
 from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
+from dpsynth_ml.distributed import Placement, RankHooks, broadcast_flag
 from dpsynth_ml.dp import DpSgdEngine, PoissonSampler, SubjectPoissonSampler
+from dpsynth_ml.dp.distributed import (
+    DistributedDpSgdEngine,
+    ShardedPoissonSampler,
+    ShardedSubjectPoissonSampler,
+)
 from dpsynth_ml.hooks import TrainingHooks
 from dpsynth_ml.model_io import load_model, model_hash, save_model
 from dpsynth_ml.models import (
@@ -80,7 +86,8 @@ class _Run:
     latents: torch.Tensor
     labels: torch.Tensor
     engine: DpSgdEngine
-    sampler: PoissonSampler | SubjectPoissonSampler
+    sampler: PoissonSampler | SubjectPoissonSampler | ShardedPoissonSampler | (
+        ShardedSubjectPoissonSampler)
     trainable_names: list[str]
     generator: torch.Generator
     out_dir: Path
@@ -89,29 +96,41 @@ class _Run:
     lr_schedule: LambdaLR | None = None
     ema: EMAModel | None = None
     layouts: torch.Tensor | None = None  # encoded private masks (layout-conditioned models)
+    # rank/world/device; the data tensors stay on the CPU, each micro-batch is moved
+    placement: Placement = dataclasses.field(default_factory=Placement)
 
 
 def run_finetune(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path, hooks: TrainingHooks,
                  base_model_dir: Path | None, resume_from: Path | None,
                  generator: torch.Generator, rng: RngKind,
-                 dataset: ImageDataset | None = None) -> TrainingResult:
+                 dataset: ImageDataset | None = None,
+                 placement: Placement | None = None) -> TrainingResult:
     """Run (or resume) a DP finetune; see :func:`dpsynth_ml.train` for the contract.
 
     ``dataset``, when given, is used instead of loading ``dataset_path`` (per-label training
-    passes one class's records).
+    passes one class's records). ``placement`` puts the trained model on a device and, with
+    a world size W > 1, makes this process one rank of a W-rank job (docs/multi-gpu.md):
+    every rank calls this with its own generator; only rank 0 talks to ``hooks`` and writes
+    checkpoints and the model.
     """
+    placement = placement if placement is not None else Placement()
+    if placement.distributed:
+        hooks = RankHooks(hooks, placement)
     run = _prepare(spec, dataset_path=dataset_path, out_dir=out_dir,
                    base_model_dir=base_model_dir, resume_from=resume_from,
-                   generator=generator, rng=rng, dataset=dataset)
+                   generator=generator, rng=rng, dataset=dataset, placement=placement)
     _attach_schedule_and_ema(run, resume_from)
     step, stopped = _train_loop(run, hooks)
     run.engine.close()
     last = out_dir / "checkpoints" / _checkpoint_name(step)
-    if step > run.start_step and not last.exists():
+    # rank 0's disk decides, for every rank (_checkpoint is collective on W ranks)
+    if broadcast_flag(placement, step > run.start_step and not last.exists()):
         _checkpoint(run, step, hooks)
-    with _released_weights(run):
-        model_dir = save_model(run.bundle, _stamp(run, step), out_dir / "model")
-    write_trainer_state(out_dir, _trainer_state(run, step))
+    model_dir = out_dir / "model"
+    if placement.is_main:
+        with _released_weights(run):
+            model_dir = save_model(run.bundle, _stamp(run, step), model_dir)
+        write_trainer_state(out_dir, _trainer_state(run, step))
     trainable = sum(p.numel() for p in run.engine.params)
     return TrainingResult(steps_completed=step, stopped_early=stopped, model_dir=model_dir,
                           trainable_parameters=trainable,
@@ -146,7 +165,7 @@ def _logical_step(run: _Run) -> dict[str, float]:
     Only the examples of the Poisson batch are drawn for (label dropout, K diffusion draws);
     the rest of the dataset is not touched. Returns owner-only, non-DP statistics.
     """
-    if isinstance(run.sampler, SubjectPoissonSampler):
+    if isinstance(run.sampler, (SubjectPoissonSampler, ShardedSubjectPoissonSampler)):
         return _subject_step(run, run.sampler)
     indices = run.sampler.sample()
     # Label dropout: one draw per sampled example per step, shared by its K diffusion draws
@@ -161,8 +180,8 @@ def _logical_step(run: _Run) -> dict[str, float]:
     # An empty Poisson batch has no micro-batch at all (privatize() releases pure noise).
     for start in range(0, size, step_size):
         chunk, chunk_labels = indices[start:start + step_size], labels[start:start + step_size]
-        latents = run.latents[chunk]
-        layout = run.layouts[chunk] if run.layouts is not None else None
+        latents, chunk_labels = _on_device(run, run.latents[chunk], chunk_labels)
+        layout = _on_device(run, run.layouts[chunk])[0] if run.layouts is not None else None
 
         def draw(latents: torch.Tensor = latents, chunk_labels: torch.Tensor = chunk_labels,
                  layout: torch.Tensor | None = layout) -> torch.Tensor:
@@ -182,6 +201,11 @@ def _logical_step(run: _Run) -> dict[str, float]:
     return stats
 
 
+def _on_device(run: _Run, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A micro-batch's tensors on the model's device (no copy on the CPU)."""
+    return tuple(t.to(run.placement.device) for t in tensors)
+
+
 def _noise_and_update(run: _Run) -> None:
     """Noise the clipped sum once, apply it, then advance the LR schedule and the EMA."""
     run.engine.privatize()
@@ -192,7 +216,8 @@ def _noise_and_update(run: _Run) -> None:
         run.ema.step(run.engine.params)
 
 
-def _subject_step(run: _Run, sampler: SubjectPoissonSampler) -> dict[str, float]:
+def _subject_step(run: _Run, sampler: SubjectPoissonSampler | ShardedSubjectPoissonSampler,
+                  ) -> dict[str, float]:
     """One user-level DP-SGD step: Poisson over subjects → each sampled subject's (capped)
     images → per-example gradients (K draws each) → ONE clipped contribution per subject
     (the mean of its images' gradients) → noise once → update.
@@ -213,8 +238,8 @@ def _subject_step(run: _Run, sampler: SubjectPoissonSampler) -> dict[str, float]
     for start in range(0, size, step_size):
         end = min(start + step_size, size)
         chunk, chunk_labels = indices[start:end], labels[start:end]
-        latents = run.latents[chunk]
-        layout = run.layouts[chunk] if run.layouts is not None else None
+        latents, chunk_labels = _on_device(run, run.latents[chunk], chunk_labels)
+        layout = _on_device(run, run.layouts[chunk])[0] if run.layouts is not None else None
         carry_in = start > 0 and bool(groups[start] == groups[start - 1])
         carry_out = end < size and bool(groups[end] == groups[end - 1])
 
@@ -239,8 +264,11 @@ def _subject_step(run: _Run, sampler: SubjectPoissonSampler) -> dict[str, float]
 
 
 def _sampler(spec: TrainingSpec, dp: DpSpec, dataset: ImageDataset,
-             generator: torch.Generator) -> PoissonSampler | SubjectPoissonSampler:
-    """The Poisson sampler of the spec's privacy unit (images, or subjects).
+             generator: torch.Generator, placement: Placement,
+             ) -> PoissonSampler | SubjectPoissonSampler | ShardedPoissonSampler | (
+                 ShardedSubjectPoissonSampler):
+    """The Poisson sampler of the spec's privacy unit (images, or subjects); on W ranks,
+    this rank's shard of it, at the same rate q.
 
     Raises:
         InvalidSpecError: a subject-unit job on a dataset without subjects, or an image-unit
@@ -249,20 +277,30 @@ def _sampler(spec: TrainingSpec, dp: DpSpec, dataset: ImageDataset,
     if spec.privacy_unit == "subject":
         if dataset.subjects is None or dataset.num_subjects is None:
             raise InvalidSpecError("privacy_unit 'subject' needs a dataset with subjects")
+        if placement.distributed:
+            return ShardedSubjectPoissonSampler(
+                dataset.subjects, dataset.num_subjects, dp.sample_rate, generator,
+                rank=placement.rank, world_size=placement.world_size,
+                max_images_per_subject=spec.max_images_per_subject)
         return SubjectPoissonSampler(dataset.subjects, dataset.num_subjects, dp.sample_rate,
                                      generator,
                                      max_images_per_subject=spec.max_images_per_subject)
     if dataset.subjects is not None:
         raise InvalidSpecError("the dataset's privacy unit is 'subject': it trains only "
                                "with user-level DP-SGD (privacy_unit 'subject')")
+    if placement.distributed:
+        return ShardedPoissonSampler(len(dataset), dp.sample_rate, generator,
+                                     rank=placement.rank, world_size=placement.world_size)
     return PoissonSampler(len(dataset), dp.sample_rate, generator)
 
 
 def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
              base_model_dir: Path | None, resume_from: Path | None,
              generator: torch.Generator, rng: RngKind,
-             dataset: ImageDataset | None = None) -> _Run:
+             dataset: ImageDataset | None = None,
+             placement: Placement | None = None) -> _Run:
     """Load model and data, select trainable parameters, build the DP engine."""
+    placement = placement if placement is not None else Placement()
     dp = spec.dp
     assert dp is not None  # TrainingSpec validation guarantees it for finetunes
     source = resume_from if resume_from is not None else base_model_dir
@@ -277,18 +315,35 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
                            fresh=resume_from is None)
     info, latents, layouts, labels = data.info, data.latents, data.layouts, data.labels
     names, denoiser = data.names, data.denoiser
+    denoiser.to(placement.device)  # before the optimizer: its state lives with the params
     named = dict(denoiser.named_parameters())
     optimizer = torch.optim.AdamW([named[n] for n in names], lr=spec.learning_rate,
                                   weight_decay=0.0)
     if resume_from is not None:
         load_optimizer_state(optimizer, names, resume_from)
-    engine = DpSgdEngine(denoiser, optimizer, noise_multiplier=dp.noise_multiplier,
-                         max_grad_norm=dp.max_grad_norm,
-                         expected_batch_size=dp.expected_batch_size, generator=generator)
-    sampler = _sampler(spec, dp, dataset, generator)
+        _optimizer_state_to(optimizer, placement.device)
+    # expected_batch_size is the GLOBAL E on every rank (the distributed engine divides the
+    # all-reduced sum by it once).
+    engine_class = DistributedDpSgdEngine if placement.distributed else DpSgdEngine
+    engine = engine_class(denoiser, optimizer, noise_multiplier=dp.noise_multiplier,
+                          max_grad_norm=dp.max_grad_norm,
+                          expected_batch_size=dp.expected_batch_size, generator=generator)
+    sampler = _sampler(spec, dp, dataset, generator, placement)
     return _Run(spec=spec, dp=dp, bundle=bundle, info=info, latents=latents, labels=labels,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
-                out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts)
+                out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts,
+                placement=placement)
+
+
+def _optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move restored optimizer state (loaded on the CPU) to the parameters' device."""
+    if device.type == "cpu":
+        return
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            # AdamW keeps its scalar "step" on the CPU unless capturable/fused
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device)
 
 
 @dataclass
@@ -468,7 +523,7 @@ def _trainer_state(run: _Run, step: int) -> dict[str, object]:
 
 def _unit_record(run: _Run) -> dict[str, object]:
     """What the sampler ranges over: images, or subjects with the per-subject image cap."""
-    if isinstance(run.sampler, SubjectPoissonSampler):
+    if isinstance(run.sampler, (SubjectPoissonSampler, ShardedSubjectPoissonSampler)):
         return {"unit": "subject", "max_images_per_subject":
                 run.sampler.max_images_per_subject}
     return {"unit": "image"}
@@ -533,6 +588,14 @@ def _checkpoint_name(step: int) -> str:
 
 def _checkpoint(run: _Run, step: int, hooks: TrainingHooks) -> None:
     """Write model dir + trainer state + optimizer state, then tell the platform."""
+    if run.placement.distributed and not isinstance(run.engine, DistributedDpSgdEngine):
+        raise RuntimeError("a multi-rank run needs the distributed engine")
+    if isinstance(run.engine, DistributedDpSgdEngine) and not run.engine.parameters_in_sync():
+        # collective (every rank checkpoints at the same steps); a diverged replica must
+        # never be released
+        raise RuntimeError("the ranks' model copies have diverged")
+    if not run.placement.is_main:
+        return
     ckpt = run.out_dir / "checkpoints" / _checkpoint_name(step)
     with _released_weights(run):
         # LoRA: the checkpoint keeps the unmerged base + adapters so a resume continues

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from dpsynth_ml.distributed import Placement
 from dpsynth_ml.finetune import run_finetune, run_nonprivate_finetune
 from dpsynth_ml.hooks import NullHooks, TrainingHooks
 from dpsynth_ml.per_label import run_per_label
@@ -25,7 +26,7 @@ def os_seeded_generator() -> torch.Generator:
 
 def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
           hooks: TrainingHooks = NullHooks(), base_model_dir: Path | None = None,
-          resume_from: Path | None = None,
+          resume_from: Path | None = None, placement: Placement | None = None,
           _test_generator: torch.Generator | None = None) -> TrainingResult:
     """Pretrain (public data) or DP-finetune (private data) a latent diffusion model.
 
@@ -43,6 +44,9 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
             needs it on resume too: the classes not started yet start from it).
         resume_from: a finetune checkpoint directory to continue from: model, optimizer,
             EMA, LR schedule and steps done are restored; randomness is fresh.
+        placement: rank, world size and device (default: one process on the CPU). Only a
+            whole-dataset DP finetune runs elsewhere so far; on W > 1 ranks every rank calls
+            ``train`` (see docs/multi-gpu.md) and only rank 0 uses ``hooks`` and writes.
         _test_generator: tests only. Replaces the OS-seeded generator for Poisson sampling,
             DP noise and diffusion draws; the output is stamped ``rng: "test"``.
 
@@ -53,6 +57,10 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
         InvalidSpecError: if spec, dataset or base model do not fit together.
     """
     rng: RngKind = "test" if _test_generator is not None else "os"
+    if placement is not None and placement != Placement() and (
+            spec.kind != "finetune" or spec.nonprivate or spec.per_label_dp is not None):
+        raise InvalidSpecError("only a whole-dataset DP finetune runs on another device or "
+                               "on several ranks so far")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if spec.kind == "pretrain":
@@ -75,7 +83,7 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
                              resume_from=resume_from, generator=generator, rng=rng)
     return run_finetune(spec, dataset_path=Path(dataset_path), out_dir=out_dir, hooks=hooks,
                         base_model_dir=base_model_dir, resume_from=resume_from,
-                        generator=generator, rng=rng)
+                        generator=generator, rng=rng, placement=placement)
 
 
 def check_training(spec: TrainingSpec, base_model_dir: Path) -> None:
