@@ -325,6 +325,18 @@ def test_services_and_monitors_point_at_named_ports(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(RENDERINGS))
+def test_autoscaled_deployments_leave_replicas_to_the_autoscaler(name: str) -> None:
+    """A `replicas` in the manifest would be re-applied over the autoscaler's count on every
+    `kubectl apply` (for workers: SIGTERM to busy pods)."""
+    objs = render(name)
+    targets = {o["spec"]["scaleTargetRef"]["name"] for o in objs
+               if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")}
+    assert "api" in targets and (name == "base" or "worker" in targets)
+    for target in targets | {"worker"}:
+        assert "replicas" not in one(objs, "Deployment", target)["spec"], target
+
+
+@pytest.mark.parametrize("name", sorted(RENDERINGS))
 def test_pod_disruption_budgets_cover_each_deployment(name: str) -> None:
     objs = render(name)
     for deployment in ("api", "ledger", "worker"):
