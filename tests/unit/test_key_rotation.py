@@ -106,6 +106,11 @@ def test_grant_verifier_settings_take_a_retired_key_list(
     api = _api_settings(grant_public_key=NEW_PUBLIC, grant_retired_public_keys=[OLD_PUBLIC])
     assert api.grant_public_keys == [NEW_PUBLIC, OLD_PUBLIC]
     assert _api_settings().grant_public_keys == []  # the api without a key stays keyless
+    with pytest.raises(ValidationError, match="DPSYNTH_API_GRANT_RETIRED_PUBLIC_KEYS"):
+        _api_settings(grant_retired_public_keys=["not-a-key"])
+    monkeypatch.setenv("DPSYNTH_WORKER_GRANT_RETIRED_PUBLIC_KEYS", '["not-a-key"]')
+    with pytest.raises(ValidationError, match="DPSYNTH_WORKER_GRANT_RETIRED_PUBLIC_KEYS"):
+        WorkerSettings()  # type: ignore[call-arg]
 
 
 # -- worker tokens -------------------------------------------------------------------------

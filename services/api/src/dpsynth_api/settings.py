@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpsynth_shared.grants import public_keys_of
+from dpsynth_shared.grants import check_public_key, public_keys_of
 from dpsynth_shared.settings import (
     DatabaseSettings,
     ObjectStoreSettings,
@@ -72,6 +72,15 @@ class ApiSettings(BaseSettings):
     @classmethod
     def _strong_retired_tokens(cls, v: list[SecretStr]) -> list[SecretStr]:
         return [require_strong_secret(t, "DPSYNTH_API_WORKER_RETIRED_TOKENS") for t in v]
+
+    @field_validator("grant_retired_public_keys")
+    @classmethod
+    def _valid_public_keys(cls, keys: list[str]) -> list[str]:
+        try:
+            return [check_public_key(k) for k in keys]
+        except ValueError as exc:
+            raise ValueError("DPSYNTH_API_GRANT_RETIRED_PUBLIC_KEYS must list Ed25519 public "
+                             "keys (urlsafe base64)") from exc
 
     @field_validator("record_hash_key")
     @classmethod

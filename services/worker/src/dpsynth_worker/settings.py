@@ -10,9 +10,9 @@ import os
 import socket
 from pathlib import Path
 
-from dpsynth_shared.grants import public_keys_of
+from dpsynth_shared.grants import check_public_key, public_keys_of
 from dpsynth_shared.settings import ObjectStoreSettings, ServiceEndpoint
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -46,6 +46,15 @@ class WorkerSettings(BaseSettings):
         None, description="pytorch-fid's InceptionV3 weights file (pt_inception-2015-12-05); "
         "evaluate jobs asking for Inception FID fail with inception_weights_unavailable "
         "without it (its sha256 is checked when loaded)")
+
+    @field_validator("grant_retired_public_keys")
+    @classmethod
+    def _valid_public_keys(cls, keys: list[str]) -> list[str]:
+        try:
+            return [check_public_key(k) for k in keys]
+        except ValueError as exc:
+            raise ValueError("DPSYNTH_WORKER_GRANT_RETIRED_PUBLIC_KEYS must list Ed25519 "
+                             "public keys (urlsafe base64)") from exc
 
     @property
     def grant_public_keys(self) -> list[str]:
