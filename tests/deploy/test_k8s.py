@@ -45,7 +45,7 @@ KUBERNETES_VERSION = "1.32.0"
 CUSTOM_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): (
         "keda.sh_v1alpha1_scaledobject.json",
-        "ab4a1b6ca6aefb63f448f8fdbfffd91be39012850f4c1068bd724eafbee9cf3c"),
+        "d8dbeba8b31cc28e36a7398d3aa27b60765bf7a39c9a796454bfd4b5219c4f55"),
     ("keda.sh/v1alpha1", "TriggerAuthentication"): (
         "keda.sh_v1alpha1_triggerauthentication.json",
         "467a0adf07c13991d772e65e974845953cf117dbeb01d9506f0d7b9403f5a586"),
