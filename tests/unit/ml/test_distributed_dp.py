@@ -338,55 +338,36 @@ def test_a_cpu_generator_noises_a_gpu_model() -> None:
 
 # the finetune loop on two ranks -----------------------------------------------------------
 
-def _finetune_rank(rank: int, port: int, base_model: str, data: str, out_dir: str) -> None:
-    """One rank of a 2-rank tiny DP finetune; rank 0's lease covers 3 of the 4 steps."""
-    import json
-
-    from dpsynth_ml import train
-
-    from .support import RecordingHooks, finetune_spec, seeded
-
-    torch.set_num_threads(1)
-    placement = start_rank(rank, WORLD, torch.device("cpu"), port=port, timeout_s=120)
-    try:
-        hooks = RecordingHooks(budget=3)
-        spec = finetune_spec(dp_steps=4, checkpoint_every=2, dp_sample_rate=0.1,
-                             dp_expected_batch_size=10)
-        result = train(spec, dataset_path=Path(data), out_dir=Path(out_dir) / f"rank{rank}",
-                       hooks=hooks, base_model_dir=Path(base_model), placement=placement,
-                       _test_generator=seeded(1000 + rank))
-        record = {"steps": result.steps_completed, "stopped": result.stopped_early,
-                  "acquired": hooks.acquired, "progress": hooks.progress,
-                  "checkpoints": [s for s, _ in hooks.checkpoints],
-                  "stats": hooks.private_stats}
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(record))
-    finally:
-        stop_rank()
-
-
 def test_a_two_rank_finetune_obeys_rank_zeros_lease_and_only_rank_zero_writes(
         pretrained: Any, digits_path: Path, tmp_path: Path) -> None:
+    """This process is rank 0 (with the hooks), one spawned rank follows; 3 of 4 steps leased."""
     import json
 
-    mp.spawn(_finetune_rank, args=(free_port(), str(pretrained.model_dir), str(digits_path),
-                                   str(tmp_path)), nprocs=WORLD, join=True)
-    main, other = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
-    # both ranks ran exactly the 3 granted steps (every step is a collective)
-    assert main["steps"] == other["steps"] == 3 and main["stopped"] and other["stopped"]
-    assert main["acquired"] == [[0, 2, 2], [2, 2, 1], [3, 1, 0]]
-    assert main["progress"] == [[s, 4] for s in (1, 2, 3)]
+    from dpsynth_ml.ranks import train_on_ranks
+
+    from .support import RecordingHooks, finetune_spec
+
+    hooks = RecordingHooks(budget=3)
+    spec = finetune_spec(dp_steps=4, checkpoint_every=2, dp_sample_rate=0.1,
+                         dp_expected_batch_size=10)
+    result = train_on_ranks([torch.device("cpu")] * WORLD, spec, dataset_path=digits_path,
+                            out_dir=tmp_path / "out", hooks=hooks,
+                            base_model_dir=pretrained.model_dir, timeout_s=120, _test_seed=1000)
+    assert not dist.is_initialized()
+    # rank 1 ran the same 3 steps, else rank 0 would have failed in a collective
+    assert result.steps_completed == 3 and result.stopped_early
+    assert hooks.acquired == [(0, 2, 2), (2, 2, 1), (3, 1, 0)]
+    assert hooks.progress == [(s, 4) for s in (1, 2, 3)]
     # checkpoints (each preceded by the collective in-sync check of the model copies)
-    assert main["checkpoints"] == [2, 3]
-    # rank 1 never talked to the platform and wrote nothing
-    assert other["acquired"] == other["progress"] == other["checkpoints"] == other["stats"] == []
-    assert (tmp_path / "rank0" / "model").is_dir()
-    assert not (tmp_path / "rank1" / "model").exists()
-    assert not (tmp_path / "rank1" / "checkpoints").exists()
-    state = json.loads((tmp_path / "rank0" / "trainer_state.json").read_text())
+    assert [s for s, _ in hooks.checkpoints] == [2, 3]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "checkpoints", "model", "trainer_state.json"]
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert state["step"] == 3 and state["sampler"]["sample_rate"] == 0.1
     # the sampler counts the whole dataset (q is relative to N, not to a shard)
     with np.load(digits_path) as npz:
         assert state["sampler"]["num_records"] == len(npz["labels"])
     # private statistics are the sums over both ranks' samples
-    assert len(main["stats"]) == 3
-    assert all(s["batch_size"] >= 0 and 0 <= s["fraction_clipped"] <= 1 for s in main["stats"])
+    assert len(hooks.private_stats) == 3
+    assert all(s["batch_size"] >= 0 and 0 <= s["fraction_clipped"] <= 1
+               for s in hooks.private_stats)
