@@ -17,7 +17,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dpsynth_ml.distributed import Placement, free_port, parse_devices, start_rank, stop_rank
+from dpsynth_ml.distributed import (
+    Placement,
+    free_port,
+    parse_devices,
+    same_on_all_ranks,
+    start_rank,
+    stop_rank,
+)
 from dpsynth_ml.dp import DpSgdEngine
 from dpsynth_ml.dp.distributed import (
     DistributedDpSgdEngine,
@@ -75,15 +82,31 @@ def _flat_params(params: Any) -> torch.Tensor:
 
 def _rank_main(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    start_rank(rank, WORLD, torch.device("cpu"), port=port)
+    placement = start_rank(rank, WORLD, torch.device("cpu"), port=port)
     try:
         results: dict[str, Any] = {}
+        results.update(_agreement(placement))
         results.update(_sampling(rank))
         results.update(_noise(rank))
         results.update(_exactness(rank))
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         stop_rank()
+
+
+def _agreement(placement: Placement) -> dict[str, Any]:
+    """Ranks given different DP settings refuse to start (on every rank)."""
+    out: dict[str, Any] = {"same": same_on_all_ranks(placement, [1.0, 2.0]),
+                           "differ": same_on_all_ranks(placement, [1.0, float(placement.rank)])}
+    model = _model()
+    try:
+        DistributedDpSgdEngine(model, _sgd(model), noise_multiplier=1.0 + placement.rank,
+                               max_grad_norm=CLIP, expected_batch_size=E_NOISE,
+                               generator=torch.Generator())
+        out["refused"] = False
+    except RuntimeError:
+        out["refused"] = True
+    return out
 
 
 def _sampling(rank: int) -> dict[str, Any]:
@@ -190,6 +213,11 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_rank_main, args=(free_port(), str(out_dir)), nprocs=WORLD, join=True)
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_ranks_with_different_settings_refuse_to_train(ranks: list[dict[str, Any]]) -> None:
+    for r in ranks:
+        assert r["same"] and not r["differ"] and r["refused"]
 
 
 # (a) sampling ---------------------------------------------------------------------------

@@ -129,6 +129,24 @@ def broadcast_flag(placement: Placement, flag: bool) -> bool:
     return bool(broadcast_int(placement, int(flag)))
 
 
+def same_on_all_ranks(placement: Placement, values: list[float]) -> bool:
+    """Whether every rank passed the same ``values`` (collective; True when W = 1)."""
+    if not placement.distributed:
+        return True
+    mine = torch.tensor([float(len(values)), *values], dtype=torch.float64,
+                        device=placement.device)
+    size = mine[:1].clone()
+    low_size, high_size = size.clone(), size.clone()
+    dist.all_reduce(low_size, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high_size, op=dist.ReduceOp.MAX)
+    if not torch.equal(low_size, high_size):
+        return False
+    low, high = mine.clone(), mine.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(low, high))
+
+
 def stop_rank() -> None:
     """Leave the process group (no-op when none was started)."""
     if dist.is_available() and dist.is_initialized():

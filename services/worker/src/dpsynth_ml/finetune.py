@@ -49,7 +49,7 @@ from dpsynth_ml.checkpoint import (
 )
 from dpsynth_ml.data import ImageDataset, load_dataset, training_view
 from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
-from dpsynth_ml.distributed import Placement, RankHooks, broadcast_flag
+from dpsynth_ml.distributed import Placement, RankHooks, broadcast_flag, same_on_all_ranks
 from dpsynth_ml.dp import DpSgdEngine, PoissonSampler, SubjectPoissonSampler
 from dpsynth_ml.dp.distributed import (
     DistributedDpSgdEngine,
@@ -329,6 +329,12 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
                           max_grad_norm=dp.max_grad_norm,
                           expected_batch_size=dp.expected_batch_size, generator=generator)
     sampler = _sampler(spec, dp, dataset, generator, placement)
+    # the ranks must sample the same N at the same q from the same step on (a resume of
+    # the same checkpoint), or the union would not be the accounted Poisson sample
+    if not same_on_all_ranks(placement, [dp.sample_rate, float(sampler.num_records),
+                                         float(dp.steps), float(start_step),
+                                         float(spec.noise_multiplicity)]):
+        raise RuntimeError("the ranks disagree on the dataset size, q, steps or start step")
     return _Run(spec=spec, dp=dp, bundle=bundle, info=info, latents=latents, labels=labels,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
                 out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts,

@@ -52,6 +52,7 @@ from opacus.optimizers.optimizer import DPOptimizer
 from torch import nn
 from torch.optim import Optimizer
 
+from dpsynth_ml.distributed import Placement, same_on_all_ranks
 from dpsynth_ml.dp.engine import DpSgdEngine, GeneratorDeviceDPOptimizer
 from dpsynth_ml.dp.sampler import PoissonSampler, SubjectBatch, SubjectPoissonSampler
 
@@ -182,20 +183,10 @@ class DistributedDpSgdEngine(DpSgdEngine):
 
     def _check_same_settings(self, sigma: float, clip: float, expected: int) -> None:
         shapes = [float(n) for p in self.params for n in (p.numel(), p.dim())]
-        mine = torch.tensor([sigma, clip, float(expected), float(len(self.params)), *shapes],
-                            dtype=torch.float64, device=self.device)
-        size = torch.tensor([mine.numel()], dtype=torch.float64, device=self.device)
-        low, high = size.clone(), size.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX)
-        if not torch.equal(low, high):
-            raise RuntimeError("the ranks train different parameter sets")
-        low, high = mine.clone(), mine.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX)
-        if not torch.equal(low, high):
+        placement = Placement(rank=self.rank, world_size=self.world_size, device=self.device)
+        if not same_on_all_ranks(placement, [sigma, clip, float(expected), *shapes]):
             raise RuntimeError("the ranks disagree on noise multiplier, clipping norm, "
-                               "expected batch size or parameter shapes")
+                               "expected batch size or trainable parameter shapes")
 
     def privatize(self) -> None:
         """Finish a logical step on all ranks (collective): add this rank's clipped sum to
