@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "migrate":
         return 0
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level.lower(), access_log=False)
+                log_config=None, access_log=False)
     return 0
 
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         serve_metrics(settings.metrics_port)
     install_runtime(build_runtime(settings))
     app = create_app(settings)
-    app.worker_main(["worker", "--pool=solo", "--concurrency=1", "-Q", settings.queue,
+    app.worker_main(["--quiet", "worker", "--pool=solo", "--concurrency=1", "-Q", settings.queue,
                      "--loglevel", settings.log_level.upper(), "--without-gossip",
                      "--without-mingle", "-n", f"dpsynth@{settings.worker_id}",
                      *(argv if argv is not None else sys.argv[1:])])
