@@ -5,16 +5,20 @@ digest-pinned base, ends as the non-root user 10001, runs its command in exec fo
 and copies only paths that exist and that .dockerignore lets into the build context; the
 commands resolve to importable modules; and the dependency closure the api and ledger images
 install (read from the installed distributions' metadata) holds no torch and no CUDA wheels.
+One integration test rebuilds the runtime layout without Docker (non-editable wheels,
+migrations at their image paths) and runs both migrate commands against PostgreSQL.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from importlib import metadata
 from importlib.util import find_spec
@@ -24,6 +28,9 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.support.compose import generate_env
+from tests.support.servers import Postgres
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("api", "ledger", "worker")
@@ -449,3 +456,49 @@ def test_worker_torch_build_args() -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     assert env["DPSYNTH_WORKER_WORK_DIR"] == "/var/lib/dpsynth/work"
+
+
+# --- the installed layout of the images -------------------------------------------------
+
+@pytest.mark.integration
+def test_migrations_run_from_the_installed_layout(
+        pg: Postgres, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What the runtime stage holds, without Docker: wheels built from the tracked files only
+    (not the editable checkout), unpacked as site-packages, and the migrations at their image
+    paths; both migrate commands then upgrade a real PostgreSQL database to head."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs a git checkout")
+    context, wheels, site, app = (tmp_path / d for d in ("context", "wheels", "site", "app"))
+    context.mkdir()
+    archive = subprocess.run(["git", "archive", "HEAD", "shared", "services/api",
+                              "services/ledger", "migrations"], cwd=REPO, capture_output=True,
+                             check=True, timeout=60).stdout
+    subprocess.run(["tar", "-x", "-C", str(context)], input=archive, check=True, timeout=60)
+    # --no-build-isolation: the venv's setuptools builds them offline (the image's builder
+    # gets setuptools from PyPI); the dependencies are the venv's own.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "--wheel-dir", str(wheels), "./shared",
+                    "./services/api", "./services/ledger"],
+                   cwd=context, check=True, timeout=300)
+    for wheel in wheels.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as archive_file:
+            archive_file.extractall(site)
+    assert (site / "dpsynth_api" / "dashboard" / "static" / "index.html").is_file()
+    dotenv, _ = generate_env(tmp_path_factory.mktemp("images-env") / ".env")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DPSYNTH_")}
+    for service in ("ledger", "api"):
+        shutil.copytree(context / "migrations" / service, app / "migrations" / service)
+        database = pg.create_database()
+        prefix = f"DPSYNTH_{service.upper()}_"
+        env = {**base, **dotenv, "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1",
+               prefix + "DATABASE__URL": pg.url(database),
+               prefix + "MIGRATIONS_DIR": str(app / "migrations" / service)}
+        where = subprocess.run([sys.executable, "-c", f"import dpsynth_{service} as m; "
+                                "print(m.__file__)"], cwd=app, env=env, capture_output=True,
+                               text=True, check=True, timeout=120).stdout.strip()
+        assert where.startswith(str(site)), f"dpsynth_{service} came from {where}"
+        done = subprocess.run([sys.executable, "-m", f"dpsynth_{service}", "migrate"], cwd=app,
+                              env=env, capture_output=True, text=True, timeout=300)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-3000:]
+        assert "Running upgrade" in output, output[-3000:]
