@@ -68,6 +68,9 @@ def run_finetune(ctx: JobContext) -> Outcome:
                     "the ledger refused further steps (privacy budget exhausted); "
                     "the last checkpoint is kept")
     if result.stopped_early:
+        log.info("training stopped at a step boundary",
+                 extra={"step": result.steps_completed, "cancelled": ctx.flags.cancel.is_set(),
+                        "shutdown": ctx.flags.shutdown.is_set()})
         if not ctx.flags.cancel.is_set():
             hooks.end_lease()
         return stopped(ctx)

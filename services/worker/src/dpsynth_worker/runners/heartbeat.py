@@ -8,6 +8,7 @@ time: never anything computed from private data (DESIGN §3, "What leaves a DP j
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -64,7 +65,9 @@ class Heartbeater:
 
     def __enter__(self) -> Heartbeater:
         self.beat()
-        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        # In a copy of this context, so the thread's log lines carry the job id too.
+        self._thread = threading.Thread(target=contextvars.copy_context().run,
+                                        args=(self._loop,), name="heartbeat", daemon=True)
         self._thread.start()
         return self
 

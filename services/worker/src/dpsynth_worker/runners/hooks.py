@@ -145,9 +145,11 @@ class LeasedHooks(PlainHooks):
         ctx.heartbeat.phase("checkpointing")
         archive = tar_folder(checkpoint_dir, ctx.work_dir / f"checkpoint-{step}.tar")
         meta: dict[str, Any] = {"step": step, "reservation_id": self._rid}
-        upload_and_register(ctx, key=checkpoint_key(ctx.job_id, step), path=archive,
-                            kind="checkpoint", metadata=meta, checkpoint_step=step)
+        key = checkpoint_key(ctx.job_id, step)
+        upload_and_register(ctx, key=key, path=archive, kind="checkpoint", metadata=meta,
+                            checkpoint_step=step)
         archive.unlink()
+        log.info("checkpoint uploaded", extra={"step": step, "object_key": key})
         self.checkpoints.append(step)
         ctx.heartbeat.phase("training")
 
@@ -163,3 +165,7 @@ class LeasedHooks(PlainHooks):
             self._ctx.ledger.end_lease(self._rid, self.lease.lease_id)
         except DpsynthError as exc:
             log.warning("ending the lease failed", extra={"code": str(exc.code)})
+            return
+        log.info("lease ended early; its steps stay charged",
+                 extra={"lease_id": self.lease.lease_id, "start_step": self.lease.start_step,
+                        "steps": self.lease.steps, "stopped_at_step": self._step})
