@@ -39,9 +39,9 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from sqlalchemy import and_, func, or_, select, text
+from sqlalchemy import and_, exists, func, or_, select, text
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from dpsynth_ledger.book import figures
 from dpsynth_ledger.models import Accumulator, Budget, LeaseRow, ReservationRow
@@ -148,9 +148,12 @@ def read_snapshot(session: Session, now: datetime | None = None,
                   anchor: AnchorCheck | None = None) -> Snapshot:
     """Read every budget's figures and the lease counts in one read-only snapshot.
 
-    A lease has lapsed when its TTL passed before it was ended (never ended, or ended after
-    ``expires_at``): the holder stopped heartbeating. That set only grows, so its size is a
-    counter that survives restarts.
+    A lease has lapsed when its TTL passed while it was still the reservation's current
+    lease: not ended before ``expires_at``, not superseded by a later lease of the same
+    reservation and partition granted before ``expires_at``, and its reservation not closed
+    before ``expires_at``. That is a holder that stopped heartbeating; a worker that goes on to
+    its next lease or finishes the job leaves its used-up lease unended, and that is not a
+    lapse. The set only grows, so its size is a counter that survives restarts.
     """
     session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
     session.execute(text(f"SET LOCAL statement_timeout = {SCRAPE_STATEMENT_TIMEOUT_MS}"))
@@ -162,9 +165,21 @@ def read_snapshot(session: Session, now: datetime | None = None,
     for budget in session.execute(select(Budget)).scalars():
         fig = figures(budget, {a.partition: a for a in accs.get(budget.dataset_id, [])})
         datasets.append(_figures_of(budget, fig))
+    later = aliased(LeaseRow)
+    superseded = exists().where(
+        later.reservation_id == LeaseRow.reservation_id,
+        later.partition.is_not_distinct_from(LeaseRow.partition),
+        later.granted_at > LeaseRow.granted_at,
+        later.granted_at <= LeaseRow.expires_at)
+    closed_in_time = exists().where(
+        ReservationRow.reservation_id == LeaseRow.reservation_id,
+        ReservationRow.closed_at.is_not(None),
+        ReservationRow.closed_at <= LeaseRow.expires_at)
     lapsed = and_(LeaseRow.expires_at < now,
-                  or_(LeaseRow.ended_at.is_(None), LeaseRow.ended_at > LeaseRow.expires_at))
-    active = and_(LeaseRow.expires_at >= now, LeaseRow.ended_at.is_(None))
+                  or_(LeaseRow.ended_at.is_(None), LeaseRow.ended_at > LeaseRow.expires_at),
+                  ~superseded, ~closed_in_time)
+    active = and_(LeaseRow.expires_at >= now, LeaseRow.ended_at.is_(None), ~superseded,
+                  ~closed_in_time)
     row = session.execute(select(
         func.count(), func.count().filter(active), func.count().filter(lapsed),
     ).select_from(LeaseRow)).one()
@@ -238,10 +253,12 @@ def families(snapshot: Snapshot, max_datasets: int) -> list[Metric]:
             gauges[key].add_metric([d.dataset_id], value)
     out.extend(gauges.values())
     out.append(GaugeMetricFamily("dpsynth_ledger_leases_active",
-                                 "Step leases neither ended nor past their expiry",
+                                 "Step leases that are their reservation's current one and neither ended "
+                                 "nor past their expiry",
                                  value=snapshot.leases_active))
     out.append(CounterMetricFamily("dpsynth_ledger_leases_expired",
-                                   "Step leases whose TTL passed before they were ended "
+                                   "Step leases whose TTL passed while they were their reservation's current "
+                                   "one and not ended (a lost holder) "
                                    "(read from the database: survives restarts)",
                                    value=snapshot.leases_lapsed))
     out.append(CounterMetricFamily("dpsynth_ledger_leases_recorded",
