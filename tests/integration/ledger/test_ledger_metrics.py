@@ -327,41 +327,6 @@ def test_used_up_leases_of_a_worker_that_went_on_are_not_lapses(database_url: st
         assert client.post(f"/v1/reservations/{rid_done}/close",
                            json={"outcome": "succeeded"}).status_code == 200
         before = scrape(client)
-        # then time passes: the first lease was superseded by the second before its TTL
-        # passed, the last one's reservation closed before its TTL passed, and the second
-        # was the current lease of a reservation still open when its TTL passed: its holder
-        # was lost
-        times = {first: ("2 hours", "1 hour"), second: ("90 minutes", "30 minutes"),
-                 last: ("2 hours", "1 hour")}
-        with db.begin() as conn:
-            for lease, (granted, expires) in times.items():
-                conn.execute(text(f"UPDATE ledger.leases SET granted_at = now() - interval "
-                                  f"'{granted}', expires_at = now() - interval '{expires}' "
-                                  "WHERE lease_id = :id"), {"id": lease})
-            conn.execute(text("UPDATE ledger.reservations SET closed_at = now() - interval "
-                              "'90 minutes' WHERE reservation_id = :r"), {"r": rid_done})
-        after = scrape(client)
-        assert value(after, "dpsynth_ledger_anchor_state", state="current") == 1
-        assert value(after, "dpsynth_ledger_anchor_state", state="behind") == 0
-
-
-def test_used_up_leases_of_a_worker_that_went_on_are_not_lapses(database_url: str,
-                                                                db: Any) -> None:
-    """A worker leaves each used-up lease unended and asks for the next one (or closes the
-    reservation): only a lease that was still current when its TTL passed is a lapse."""
-    settings = make_settings(database_url, lease_ttl_s=3600)
-    upgrade(settings)
-    with TestClient(create_app(settings), headers=AUTH) as client:
-        new_budget(client, "ds_chain", epsilon_limit=8.0)
-        rid = _running(client, "job_chain", "ds_chain", 1.0)
-        first = _lease(client, rid, 0, 50)["lease_id"]
-        second = _lease(client, rid, 50, 50)["lease_id"]
-        new_budget(client, "ds_done", epsilon_limit=8.0)
-        rid_done = _running(client, "job_done", "ds_done", 1.0)
-        last = _lease(client, rid_done, 0, 50)["lease_id"]
-        assert client.post(f"/v1/reservations/{rid_done}/close",
-                           json={"outcome": "succeeded"}).status_code == 200
-        before = scrape(client)
         # every lease's TTL passes afterwards; the second one was the current lease of a
         # reservation still open: its holder was lost
         with db.begin() as conn:

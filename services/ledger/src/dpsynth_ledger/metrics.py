@@ -253,12 +253,12 @@ def families(snapshot: Snapshot, max_datasets: int) -> list[Metric]:
             gauges[key].add_metric([d.dataset_id], value)
     out.extend(gauges.values())
     out.append(GaugeMetricFamily("dpsynth_ledger_leases_active",
-                                 "Step leases that are their reservation's current one and neither ended "
-                                 "nor past their expiry",
+                                 "Step leases that are their reservation's current one and "
+                                 "neither ended nor past their expiry",
                                  value=snapshot.leases_active))
     out.append(CounterMetricFamily("dpsynth_ledger_leases_expired",
-                                   "Step leases whose TTL passed while they were their reservation's current "
-                                   "one and not ended (a lost holder) "
+                                   "Step leases whose TTL passed while they were their "
+                                   "reservation's current one, not ended (a lost holder) "
                                    "(read from the database: survives restarts)",
                                    value=snapshot.leases_lapsed))
     out.append(CounterMetricFamily("dpsynth_ledger_leases_recorded",
