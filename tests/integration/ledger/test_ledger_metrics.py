@@ -327,18 +327,19 @@ def test_used_up_leases_of_a_worker_that_went_on_are_not_lapses(database_url: st
         assert client.post(f"/v1/reservations/{rid_done}/close",
                            json={"outcome": "succeeded"}).status_code == 200
         before = scrape(client)
-        # every lease's TTL passes afterwards; the second one was the current lease of a
-        # reservation still open: its holder was lost
+        # then time passes: the first lease was superseded by the second before its TTL
+        # passed, the last one's reservation closed before its TTL passed, and the second
+        # was the current lease of a reservation still open when its TTL passed: its holder
+        # was lost
+        times = {first: ("2 hours", "1 hour"), second: ("90 minutes", "30 minutes"),
+                 last: ("2 hours", "1 hour")}
         with db.begin() as conn:
-            for lease in (first, second, last):
-                conn.execute(text("UPDATE ledger.leases SET expires_at = now() + interval "
-                                  "'1 second' WHERE lease_id = :id"), {"id": lease})
-            conn.execute(text("UPDATE ledger.leases SET expires_at = expires_at - interval "
-                              "'1 hour', granted_at = granted_at - interval '1 hour' "
-                              "WHERE lease_id IN (:a, :b, :c)"),
-                         {"a": first, "b": second, "c": last})
-            conn.execute(text("UPDATE ledger.reservations SET closed_at = closed_at - "
-                              "interval '1 hour' WHERE reservation_id = :r"), {"r": rid_done})
+            for lease, (granted, expires) in times.items():
+                conn.execute(text(f"UPDATE ledger.leases SET granted_at = now() - interval "
+                                  f"'{granted}', expires_at = now() - interval '{expires}' "
+                                  "WHERE lease_id = :id"), {"id": lease})
+            conn.execute(text("UPDATE ledger.reservations SET closed_at = now() - interval "
+                              "'90 minutes' WHERE reservation_id = :r"), {"r": rid_done})
         after = scrape(client)
     assert value(before, "dpsynth_ledger_leases_expired_total") == 0
     assert value(before, "dpsynth_ledger_leases_active") == 1  # the second lease only
