@@ -205,3 +205,19 @@ def test_unknown_trainable_blocks_fail_before_the_private_data_is_read(world: Wo
     assert world.api.final.error_code == "invalid_spec"
     assert "read_grant" not in world.ledger.names()  # the reservation is released in full
     assert "lease" not in world.ledger.names()
+
+
+def test_finetune_on_two_cpu_ranks_leases_checkpoints_and_publishes_like_one(
+        world: World) -> None:
+    """DPSYNTH_WORKER_DEVICES=cpu,cpu: the runner trains through dpsynth_ml.train_placed on
+    two gloo ranks (the real core, a spawned second rank); rank 0 is this process and uses
+    the runner's hooks, so the ledger and the api see exactly what one process shows."""
+    from dpsynth_worker.runners.context import MlCore
+
+    claim = world.finetune_claim(steps=6, checkpoint_every=4)
+    assert world.run(claim, ml=MlCore(devices="cpu,cpu")) == Outcome.SUCCEEDED
+    assert _leases(world) == [(0, 4), (4, 2)]
+    assert [a.checkpoint_step for a in world.api.of_kind("checkpoint")] == [4, 6]
+    (model,) = world.api.of_kind("model")
+    assert model.metadata["dp"] is True and model.metadata["steps"] == 6
+    assert world.ledger.reservations[claim.reservation_id].closed == "succeeded"

@@ -38,7 +38,8 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
     work_dir.mkdir(parents=True, exist_ok=True)
     return WorkerRuntime(api=api, ledger=ledger, store=store, work_dir=work_dir,
                          worker_id=settings.worker_id,
-                         ml=MlCore(inception_weights=settings.inception_weights))
+                         ml=MlCore(inception_weights=settings.inception_weights,
+                                   devices=settings.devices))
 
 
 _current: WorkerRuntime | None = None

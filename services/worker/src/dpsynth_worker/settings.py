@@ -42,6 +42,10 @@ class WorkerSettings(BaseSettings):
     lease_ttl_s: int = Field(60, ge=1, description="the ledger's lease TTL; the broker's "
                              "visibility timeout is twice this")
     torch_threads: int | None = Field(None, ge=1)
+    devices: str = Field(
+        "auto", description="where DP finetunes train: auto (every visible GPU, else the "
+        "CPU), cpu, cuda, cuda:all or a list such as cuda:0,cuda:1 (one rank per device, "
+        "docs/multi-gpu.md); other training runs on the CPU")
     inception_weights: Path | None = Field(
         None, description="pytorch-fid's InceptionV3 weights file (pt_inception-2015-12-05); "
         "evaluate jobs asking for Inception FID fail with inception_weights_unavailable "

@@ -27,6 +27,18 @@ def _real(name: str) -> Callable[..., Any]:
     return call
 
 
+def _real_placed() -> Callable[..., Any]:
+    """:func:`dpsynth_ml.placement.train_placed`, late-bound like the others."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from dpsynth_ml.placement import train_placed
+
+        return train_placed(*args, **kwargs)
+
+    call.__name__ = "train_placed"
+    return call
+
+
 def _real_evaluation(name: str) -> Callable[..., Any]:
     """A late-bound function of :mod:`dpsynth_ml.evaluation` (evaluate and feature_net jobs)."""
 
@@ -44,6 +56,8 @@ class MlCore:
     """The ML core's functions, injectable so runners can be tested with a fake core."""
 
     train: Callable[..., Any] = field(default_factory=lambda: _real("train"))
+    #: train on the devices of the worker's DEVICES setting (``devices``, below)
+    train_placed: Callable[..., Any] = field(default_factory=_real_placed)
     sample: Callable[..., Any] = field(default_factory=lambda: _real("sample"))
     model_hash: Callable[[Path], str] = field(default_factory=lambda: _real("model_hash"))
     read_model_info: Callable[[Path], Any] = field(
@@ -57,6 +71,8 @@ class MlCore:
     #: pytorch-fid's InceptionV3 weights on this worker (DPSYNTH_WORKER_INCEPTION_WEIGHTS);
     #: None: evaluate jobs asking for Inception FID fail with inception_weights_unavailable
     inception_weights: Path | None = None
+    #: DPSYNTH_WORKER_DEVICES; "cpu" trains in this process on the CPU through ``train``
+    devices: str = "cpu"
 
 
 @dataclass

@@ -56,9 +56,14 @@ def run_finetune(ctx: JobContext) -> Outcome:
     hooks = LeasedHooks(ctx, inputs.reservation.reservation_id)
     ctx.heartbeat.phase("training")
     try:
-        result = ctx.ml.train(training, dataset_path=inputs.data_path,
-                              out_dir=ctx.work_dir / "out", hooks=hooks,
-                              base_model_dir=inputs.base_dir, resume_from=inputs.resume_dir)
+        where: dict[str, Any] = dict(dataset_path=inputs.data_path,
+                                     out_dir=ctx.work_dir / "out", hooks=hooks,
+                                     base_model_dir=inputs.base_dir,
+                                     resume_from=inputs.resume_dir)
+        # on GPUs (or several ranks) only when the worker is set so; rank 0 is this process
+        # and uses these hooks, so leases, checkpoints and SIGTERM work as on the CPU
+        result = (ctx.ml.train(training, **where) if ctx.ml.devices == "cpu"
+                  else ctx.ml.train_placed(ctx.ml.devices, training, **where))
     finally:
         _upload_private_stats(ctx, hooks)
     if ctx.flags.stale.is_set():
