@@ -248,9 +248,14 @@ def test_every_long_running_container_has_probes(name: str) -> None:
         what = f"{workload['metadata']['name']}/{c['name']}"
         for probe in ("livenessProbe", "readinessProbe"):
             assert probe in c, f"{what}: no {probe}"
-        if workload["metadata"]["name"] in ("api", "ledger"):
+        if workload["metadata"]["name"] == "api":
             assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", what
             assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", what
+        elif workload["metadata"]["name"] == "ledger":
+            # ready or behind its anchor (reconciliation after a restore must reach it)
+            assert c["livenessProbe"]["httpGet"]["path"] == "/healthz", what
+            assert c["readinessProbe"]["exec"]["command"] == [
+                "python", "-m", "dpsynth_ledger.probe", "http://127.0.0.1:8100/readyz"], what
         else:  # the worker serves only metrics: liveness through its metrics port
             assert c["livenessProbe"]["httpGet"]["port"] == "metrics", what
 
