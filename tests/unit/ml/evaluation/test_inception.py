@@ -1,8 +1,10 @@
 """The FID InceptionV3 definition: builds, runs, has pytorch-fid's state-dict layout, and
 load_inception refuses anything but the pinned file.
 
-Not checked here (no network access to fetch the 95 MB weights file): that the real
-``pt_inception-2015-12-05-6726825d.pth`` loads and reproduces pytorch-fid's features.
+test_inception_reference.py compares the definition with pytorch-fid's own code under
+identical random weights. Not checked anywhere (no network access to fetch the 95 MB weights
+file): that the real ``pt_inception-2015-12-05-6726825d.pth`` loads and reproduces
+pytorch-fid's reference values.
 """
 
 from __future__ import annotations

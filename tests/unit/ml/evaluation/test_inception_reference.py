@@ -2,11 +2,12 @@
 
 One seeded random state dict is loaded into both networks: pytorch-fid 0.3.0's
 ``fid_inception_v3`` (torchvision 0.28.0's Inception3 with pytorch-fid's FID blocks, loaded
-with ``strict=True``) and ours. On a known pair of image folders (8 smooth random RGB PNGs of
-64x64, resized to 299x299 by the networks, and 8 of 299x299) pytorch-fid's whole pipeline
-(``calculate_fid_given_paths``: PIL ``convert('RGB')``, ``ToTensor``, its resize and scaling,
-its ``calculate_frechet_distance``) must give the pool features and the FID that
-``inception_features`` and ``frechet_distance`` give on the same files.
+with ``strict=True``) and ours. On a known pair of image folders (8 smooth random PNGs of
+64x64, 4 RGB and 4 grayscale, resized to 299x299 by the networks, and 8 RGB of 299x299)
+pytorch-fid's whole pipeline (``calculate_fid_given_paths``: PIL ``convert('RGB')``,
+``ToTensor``, its resize and scaling, its ``calculate_frechet_distance``) must give the pool
+features and the FID that ``inception_features`` and ``frechet_distance`` give on the same
+files.
 
 What this does not check: the real weights file (``pt_inception-2015-12-05-6726825d.pth``
 cannot be fetched here; load_inception pins its sha256), so pytorch-fid's published values
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -88,10 +90,16 @@ def _smooth_images(rng: np.random.Generator, n: int, size: int, offset: float) -
     return out
 
 
-def _write_folder(folder: Path, images: np.ndarray) -> None:
+def _write_folder(folder: Path, images: Sequence[np.ndarray] | np.ndarray) -> None:
     folder.mkdir()
     for i, image in enumerate(images):
-        Image.fromarray(image).save(folder / f"{i:02d}.png")
+        Image.fromarray(image.squeeze(-1) if image.shape[-1] == 1 else image).save(
+            folder / f"{i:02d}.png")
+
+
+def _read_folder(folder: Path) -> list[np.ndarray]:
+    """uint8 [H, W, C] per file in pytorch-fid's order, C = 1 for grayscale files."""
+    return [np.atleast_3d(np.asarray(Image.open(p))) for p in sorted(folder.glob("*.png"))]
 
 
 @requires_reference
@@ -100,8 +108,11 @@ def test_same_layout_features_and_fid_as_pytorch_fid(tmp_path: Path) -> None:
     torch.save(state, tmp_path / "state.pt")
     rng = np.random.default_rng(5)
     small = _smooth_images(rng, 8, 64, offset=0.0)
+    # half of the small set grayscale: pytorch-fid's PIL convert('RGB') repeats the channel,
+    # inception_features repeats it itself
+    gray = [np.asarray(Image.fromarray(im).convert("L"))[..., None] for im in small[4:]]
     large = _smooth_images(rng, 8, 299, offset=25.0)
-    _write_folder(tmp_path / "a", small)
+    _write_folder(tmp_path / "a", [*small[:4], *gray])
     _write_folder(tmp_path / "b", large)
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -121,20 +132,20 @@ def test_same_layout_features_and_fid_as_pytorch_fid(tmp_path: Path) -> None:
     assert list(ref["keys"]) == list(ours.state_dict())
     assert list(ref["shapes"]) == [str(tuple(v.shape)) for v in ours.state_dict().values()]
 
-    # Features: the files as pytorch-fid reads them (PNG, lossless) through our pipeline.
-    def read(folder: Path) -> np.ndarray:
-        return np.stack([np.asarray(Image.open(p).convert("RGB"))
-                         for p in sorted(folder.glob("*.png"))])
-
-    feats_a = inception_features(ours, read(tmp_path / "a"))
-    feats_b = inception_features(ours, read(tmp_path / "b"))
+    # Features: the same files (PNG, lossless) through our pipeline, the grayscale ones as
+    # 1-channel arrays.
+    files_a = _read_folder(tmp_path / "a")
+    assert [f.shape[-1] for f in files_a] == [3] * 4 + [1] * 4
+    feats_a = np.concatenate([inception_features(ours, np.stack(files_a[:4])),
+                              inception_features(ours, np.stack(files_a[4:]))])
+    feats_b = inception_features(ours, np.stack(_read_folder(tmp_path / "b")))
     for mine, theirs in ((feats_a, ref["features_a"]), (feats_b, ref["features_b"])):
         assert theirs.shape == mine.shape == (8, 2048)
         # features of order 1 that differ between images: the comparison is not vacuous
         assert 0.1 < float(np.abs(theirs).mean()) < 100.0
         assert float(theirs.std(axis=0).mean()) > 0.01 * float(np.abs(theirs).mean())
         # the same float32 operations: equal up to rounding (measured: 2e-5 at most, where
-        # a BatchNorm eps of 1e-5 instead of 1e-3 moves features by 0.5 and the average
+        # a BatchNorm eps of 1e-5 instead of 1e-3 moves features by 0.4 and the average
         # pool of Mixed_7c instead of its max pool by 8)
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-4)
 

@@ -4,8 +4,9 @@ The FID of Heusel et al. (2017) is defined with the TensorFlow InceptionV3 graph
 2015-12-05; pytorch-fid (M. Seitzer) ported those weights to PyTorch as
 ``pt_inception-2015-12-05-6726825d.pth`` (95,628,359 bytes), a state dict of torchvision's
 ``Inception3(num_classes=1008, aux_logits=False)`` layout with the FID patches of the
-TensorFlow graph. torchvision is not available here, so this module defines the network
-itself, written for this project, with exactly the parameter names and shapes of that
+TensorFlow graph. torchvision is not a dependency of the worker (PyPI's Linux wheels are
+CUDA builds, whose C extension does not load with the CPU torch), so this module defines
+the network itself, written for this project, with exactly the parameter names and shapes of that
 state dict so that the file loads with ``torch.load(weights_only=True)`` and
 ``load_state_dict(strict=True)``.
 
@@ -30,10 +31,14 @@ in its pool branch.
 Inputs as pytorch-fid: RGB in [0, 1] (grayscale repeated), bilinearly resized to 299x299
 (``align_corners=False``, no antialiasing), scaled to [-1, 1].
 
-Checked here: the definition builds, a forward pass of random weights gives [N, 2048], and
-the state dict's names and shapes are those listed above. NOT checked here: loading the
-real weights file and reproducing pytorch-fid's features (the file cannot be fetched in this
-environment); :func:`load_inception` refuses any file whose sha256 is not the pinned one.
+Checked (tests/unit/ml/evaluation/test_inception_reference.py, against pytorch-fid 0.3.0
+and torchvision 0.28.0 run in a separate process): with one random state dict loaded into
+both, pytorch-fid's network takes it with ``strict=True``, has the same names in the same
+order with the same shapes, and its whole pipeline (PNG folders, its resize and scaling,
+its ``calculate_frechet_distance``) gives the same pool features (to float32 rounding) and
+the same FID as :func:`inception_features` and ``frechet_distance``. NOT checked: the real
+weights file and pytorch-fid's reference values with it (the file cannot be fetched where
+the tests run); :func:`load_inception` refuses any file whose sha256 is not the pinned one.
 """
 
 from __future__ import annotations
