@@ -24,6 +24,10 @@ $(STAMP): shared/pyproject.toml services/*/pyproject.toml requirements/dev.txt r
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c requirements/constraints.txt -e shared -e services/ledger -e services/api \
 		-e services/worker -e 'services/cli[embedded]' -r requirements/dev.txt
+	# pytorch-fid's own InceptionV3 code, only for tests/unit/ml/evaluation/test_inception_reference.py
+	# (run in a subprocess). Kept out of site-packages: PyPI's torchvision is a CUDA build whose
+	# C extension does not load with the CPU torch, so `import torchvision` fails there.
+	$(PIP) install -q --no-deps --upgrade --target $(VENV)/pytorch-fid-ref torchvision==0.28.0 pytorch-fid==0.3.0
 	touch $(STAMP)
 
 venv: $(STAMP)
