@@ -26,6 +26,12 @@ class JobState(StrEnum):
     INTERRUPTED = "interrupted"
 
 
+# The error_code a worker proposes with ``interrupted`` when it was shut down gracefully
+# (SIGTERM: it stopped at a step boundary and checkpointed). The api's reaper counts such
+# drains apart from lost attempts, so rolling deploys and scale-downs do not fail a job.
+WORKER_SHUTDOWN = "worker_shutdown"
+
+
 class Actor(StrEnum):
     USER = "user"
     WORKER = "worker"

@@ -162,6 +162,7 @@ def test_sigterm_interrupts_then_next_attempt_resumes_with_an_extension(world: W
     assert "end_lease" in world.ledger.names()
     assert "close_reservation" not in world.ledger.names()  # granted steps stay charged
     assert world.api.final.to_state == JobState.INTERRUPTED
+    assert world.api.final.error_code == "worker_shutdown"  # a drain, not a lost attempt
     assert world.ledger.reservations[rid].steps_granted == 10
 
     # attempt 2 resumes from step 7: steps 7..9 were granted to attempt 1, so they need an

@@ -64,7 +64,9 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
         sender=task_sender if task_sender is not None else CelerySender(settings.broker_url),
         metrics=ApiMetrics())
     reaper = Reaper(ctx.sessions, ctx.ledger, ctx.sender, lease_ttl_s=settings.lease_ttl_s,
-                    max_attempts=settings.max_attempts, interval_s=settings.heartbeat_s)
+                    max_attempts=settings.max_attempts,
+                    max_drained_attempts=settings.max_drained_attempts,
+                    interval_s=settings.heartbeat_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -45,7 +45,13 @@ class ApiSettings(BaseSettings):
         "a database dump; rotating it breaks overlap detection across uploads")
     lease_ttl_s: int = Field(60, ge=1)
     heartbeat_s: int = Field(10, ge=1)
-    max_attempts: int = Field(3, ge=1)
+    max_attempts: int = Field(3, ge=1, description="attempts a job may lose (worker lost, "
+                              "no heartbeat) before it fails too_many_attempts; graceful "
+                              "drains do not count")
+    max_drained_attempts: int = Field(
+        50, ge=1, description="graceful worker drains (SIGTERM: rolling deploys, "
+        "scale-downs) a job may take before it fails too_many_attempts; a separate, larger "
+        "cap than max_attempts so a job cannot be requeued forever")
     max_upload_bytes: int = Field(512 * 1024 * 1024, ge=1)
     max_uncompressed_bytes: int = Field(2 * 1024 * 1024 * 1024, ge=1,
                                         description="cap on the inflated size of an archive")

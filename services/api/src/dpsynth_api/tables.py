@@ -158,6 +158,8 @@ class Job(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(20))
     attempt: Mapped[int] = mapped_column(Integer, default=1)
+    # Attempts ended by a graceful worker shutdown; attempt - drained_attempts were lost.
+    drained_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     dataset_id: Mapped[str | None] = mapped_column(String(40))
     model_id: Mapped[str | None] = mapped_column(String(40))  # base model / model sampled
     progress_step: Mapped[int] = mapped_column(Integer, default=0)

@@ -4,7 +4,10 @@
    ``interrupted`` / ``cancelled`` (the latter closes the ledger reservation ``cancelled``).
 2. ``interrupted`` jobs are requeued with attempt + 1 (a new task is sent after the commit),
    or end ``failed`` (``too_many_attempts``, reservation closed ``failed``) after
-   ``max_attempts``.
+   ``max_attempts`` lost attempts or ``max_drained_attempts`` drains. A drain is an attempt
+   the worker ended itself on SIGTERM (error code ``worker_shutdown``: it stopped at a step
+   boundary and checkpointed); every other interruption is a lost attempt. Rolling deploys
+   and scale-downs drain workers, and must not fail a healthy job.
 
 Each job is handled in its own transaction, picked with ``FOR UPDATE SKIP LOCKED``, through
 the one transition function with actor REAPER, so several api replicas can reap at once.
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
 
-from dpsynth_shared.job_states import Actor, JobState
+from dpsynth_shared.job_states import WORKER_SHUTDOWN, Actor, JobState
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpsynth_api.db import utcnow
@@ -48,6 +51,7 @@ class Reaper:
     lease_ttl_s: int
     max_attempts: int
     interval_s: float
+    max_drained_attempts: int = 50
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -140,16 +144,23 @@ class Reaper:
                      report: ReapReport) -> tuple[str, int] | None:
         job = repo.lock(session, job_id)
         assert job is not None
-        give_up = job.attempt >= self.max_attempts
+        drained = job.drained_attempts + (1 if job.error_code == WORKER_SHUTDOWN else 0)
+        lost = job.attempt - drained
+        give_up = lost >= self.max_attempts or drained >= self.max_drained_attempts
         target = JobState.FAILED if give_up else JobState.QUEUED
         outcome = transition(session, job_id=job_id, to_state=target, actor=Actor.REAPER)
         if not outcome.accepted:
             session.rollback()
             return None
         job = outcome.job
+        job.drained_attempts = drained
         if give_up:
             job.error_code = TOO_MANY_ATTEMPTS
-            job.error_message = f"the job was interrupted {job.attempt} times"
+            job.error_message = (
+                f"the job lost its worker {lost} times (max_attempts {self.max_attempts})"
+                if lost >= self.max_attempts else
+                f"the job's worker was shut down {drained} times "
+                f"(max_drained_attempts {self.max_drained_attempts})")
             self._close(job.reservation_id, "failed")
             session.commit()
             report.failed.append(job_id)

@@ -67,6 +67,8 @@ class JobOut(BaseModel):
     type: str
     state: JobState
     attempt: int
+    drained_attempts: int = Field(0, description="attempts ended by a graceful worker "
+                                  "shutdown; they do not count towards max_attempts")
     spec: dict[str, Any]
     dataset_id: str | None = None
     model_id: str | None = Field(None, description="base model (finetune) / model (generate)")
@@ -145,7 +147,8 @@ def job_out(job: Job, artifacts: list[Artifact], *, owner: bool) -> JobOut:
     error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
     return JobOut(
         job_id=job.id, tenant_id=job.tenant_id, type=job.type, state=JobState(job.state),
-        attempt=job.attempt, spec=job.spec, dataset_id=job.dataset_id, model_id=job.model_id,
+        attempt=job.attempt, drained_attempts=job.drained_attempts, spec=job.spec,
+        dataset_id=job.dataset_id, model_id=job.model_id,
         progress=Progress(step=job.progress_step, total=job.progress_total,
                           epsilon_so_far=job.epsilon_so_far, eta_s=job.eta_s,
                           message=job.progress_message),

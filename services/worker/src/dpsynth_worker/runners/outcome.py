@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from dpsynth_shared.errors import DpsynthError
-from dpsynth_shared.job_states import JobState
+from dpsynth_shared.job_states import WORKER_SHUTDOWN, JobState
 from dpsynth_shared.worker_contract import ProposeTransition
 
 from dpsynth_worker.ports import CloseOutcome
@@ -74,6 +74,8 @@ def stopped(ctx: JobContext) -> Outcome:
         propose(ctx, JobState.CANCELLED)
         return Outcome.CANCELLED
     # SIGTERM: granted steps stay charged; the api requeues attempt + 1, which resumes
-    # from the last checkpoint under fresh leases (DESIGN §3, "Charging").
-    propose(ctx, JobState.INTERRUPTED, message="worker shut down; the job will resume")
+    # from the last checkpoint under fresh leases (DESIGN §3, "Charging"). The code tells
+    # the reaper this was a drain, not a lost worker, so it does not use up max_attempts.
+    propose(ctx, JobState.INTERRUPTED, error_code=WORKER_SHUTDOWN,
+            message="worker shut down; the job will resume")
     return Outcome.INTERRUPTED
