@@ -80,6 +80,18 @@ def check_public_key(public_key_b64: str) -> str:
     return public_key_b64
 
 
+def check_public_keys(keys: list[str], setting: str) -> list[str]:
+    """``keys`` itself if every one is an Ed25519 public key (a retired-keys setting).
+
+    Raises:
+        ValueError: naming ``setting``, otherwise.
+    """
+    try:
+        return [check_public_key(k) for k in keys]
+    except ValueError as exc:
+        raise ValueError(f"{setting} must list Ed25519 public keys (urlsafe base64)") from exc
+
+
 def public_keys_of(keys: str | Sequence[str] | None) -> list[str]:
     """The verification keys ``keys`` names: one key, or several (a key rollover), in order,
     without empty strings and duplicates."""

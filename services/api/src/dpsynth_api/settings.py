@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpsynth_shared.grants import check_public_key, public_keys_of
+from dpsynth_shared.grants import check_public_keys, public_keys_of
 from dpsynth_shared.settings import (
     DatabaseSettings,
     ObjectStoreSettings,
@@ -82,11 +82,7 @@ class ApiSettings(BaseSettings):
     @field_validator("grant_retired_public_keys")
     @classmethod
     def _valid_public_keys(cls, keys: list[str]) -> list[str]:
-        try:
-            return [check_public_key(k) for k in keys]
-        except ValueError as exc:
-            raise ValueError("DPSYNTH_API_GRANT_RETIRED_PUBLIC_KEYS must list Ed25519 public "
-                             "keys (urlsafe base64)") from exc
+        return check_public_keys(keys, "DPSYNTH_API_GRANT_RETIRED_PUBLIC_KEYS")
 
     @field_validator("record_hash_key")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from dpsynth_shared.grants import check_public_key, public_key_of
+from dpsynth_shared.grants import check_public_keys, public_key_of
 from dpsynth_shared.settings import DatabaseSettings, require_strong_secret
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -75,11 +75,7 @@ class LedgerSettings(BaseSettings):
     @field_validator("chain_retired_public_keys")
     @classmethod
     def _valid_public_keys(cls, keys: list[str]) -> list[str]:
-        try:
-            return [check_public_key(k) for k in keys]
-        except ValueError as exc:
-            raise ValueError("DPSYNTH_LEDGER_CHAIN_RETIRED_PUBLIC_KEYS must list Ed25519 public "
-                             "keys (urlsafe base64)") from exc
+        return check_public_keys(keys, "DPSYNTH_LEDGER_CHAIN_RETIRED_PUBLIC_KEYS")
 
     @property
     def grant_public_key(self) -> str:

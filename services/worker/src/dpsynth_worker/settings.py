@@ -10,7 +10,7 @@ import os
 import socket
 from pathlib import Path
 
-from dpsynth_shared.grants import check_public_key, public_keys_of
+from dpsynth_shared.grants import check_public_keys, public_keys_of
 from dpsynth_shared.settings import ObjectStoreSettings, ServiceEndpoint
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,11 +54,7 @@ class WorkerSettings(BaseSettings):
     @field_validator("grant_retired_public_keys")
     @classmethod
     def _valid_public_keys(cls, keys: list[str]) -> list[str]:
-        try:
-            return [check_public_key(k) for k in keys]
-        except ValueError as exc:
-            raise ValueError("DPSYNTH_WORKER_GRANT_RETIRED_PUBLIC_KEYS must list Ed25519 "
-                             "public keys (urlsafe base64)") from exc
+        return check_public_keys(keys, "DPSYNTH_WORKER_GRANT_RETIRED_PUBLIC_KEYS")
 
     @property
     def grant_public_keys(self) -> list[str]:
