@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -208,15 +207,7 @@ class NativeCompose:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def down(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        servers.stop_process_groups(list(self.procs.values()), timeout=60)
         for server in reversed(self.stoppers):
             server.stop()
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 from dpsynth_shared.grants import generate_signing_key, public_key_of
 
-from tests.support.servers import free_port
+from tests.support.servers import free_port, stop_process_groups
 
 _REDIS_DBS = itertools.cycle(range(12, 16))
 
@@ -169,16 +169,4 @@ class ServicePlatform:
         return str(json.loads(self.credentials_file.read_text())["api_key"])
 
     def stop(self) -> None:
-        for name in list(self.procs):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        stop_process_groups(list(self.procs.values()), timeout=20)

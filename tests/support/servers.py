@@ -7,6 +7,7 @@ Each ``start_*`` returns a handle with ``stop()``. They are used by the session 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -175,3 +176,21 @@ def _wait_s3_ready(endpoint: str, timeout: float = 60.0) -> None:
             last = exc
             time.sleep(0.5)
     raise TimeoutError(f"S3 at {endpoint} not ready: {last}")
+
+
+def stop_process_groups(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """SIGTERM each process's group (last started first), wait up to ``timeout`` for each,
+    SIGKILL the stragglers. A group that is already gone is skipped."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
