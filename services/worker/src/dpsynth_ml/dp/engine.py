@@ -11,7 +11,10 @@ GroupNorm, LayerNorm, Embedding all have grad samplers; diffusers attention is L
 so ``F.scaled_dot_product_attention`` itself needs none). Clipping and noise are opacus'
 ``DPOptimizer``; a logical batch is fed in physical micro-batches, each clipped and summed
 into ``p.summed_grad`` (``signal_skip_step``), then :meth:`DpSgdEngine.privatize` adds the
-noise once and divides by the *expected* batch size, never by the realised one.
+noise once and divides by the *expected* batch size, never by the realised one. The noise is
+NOT opacus' ``torch.normal``: :class:`SourcedNoiseDPOptimizer` draws it from a
+:class:`~dpsynth_ml.dp.noise.NoiseSource` (ChaCha20 keystream with a fresh OS key per engine,
+on the parameters' device, sum-of-Gaussians mitigation; see :mod:`dpsynth_ml.dp.noise`).
 
 Noise multiplicity (DPDM, Dockhorn et al. 2023, Alg. 1; DP-DocLDM): with K > 1 each example's
 loss is averaged over K independent diffusion draws *before* its one gradient is clipped, so
@@ -45,35 +48,46 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.optim import Optimizer
 
+from dpsynth_ml.dp.noise import ChaChaGaussian, NoiseSource
 
-class GeneratorDeviceDPOptimizer(DPOptimizer):
-    """opacus' ``DPOptimizer`` whose noise is drawn on the generator's device.
 
-    opacus draws the noise with ``torch.normal(..., device=summed_grad.device,
-    generator=generator)``, which fails when the model is on a GPU and the generator (the
-    OS-seeded per-attempt generator, which also drives the CPU Poisson sampler) is a CPU
-    one. Here the noise is drawn on the generator's device and then moved to the gradient's.
-    When both are on the same device this is opacus' own path, bit for bit.
+class SourcedNoiseDPOptimizer(DPOptimizer):
+    """opacus' ``DPOptimizer`` whose Gaussian noise comes from a :class:`NoiseSource`.
+
+    opacus' own ``add_noise`` calls ``torch.normal`` on a torch generator (Mersenne Twister
+    on the CPU), open to floating-point attacks unless ``secure_mode``, which needs the
+    unmaintained ``torchcsprng``. Here each parameter's N(0, (sigma C)^2) noise is drawn by
+    ``noise_source`` on the parameter's own device and dtype (see
+    :mod:`dpsynth_ml.dp.noise`); clipping, accumulation and scaling stay opacus'.
+    ``generator`` and ``secure_mode`` of opacus are not used (left at None / False).
+
+    Args:
+        optimizer, **kwargs: as for opacus ``DPOptimizer``.
+        noise_source: where the noise comes from (one per engine, i.e. per attempt).
     """
 
+    def __init__(self, optimizer: Optimizer, *, noise_source: NoiseSource,
+                 **kwargs: object) -> None:
+        super().__init__(optimizer, **kwargs)
+        if self.generator is not None or self.secure_mode:
+            raise ValueError("the noise comes from noise_source, not an opacus generator")
+        self.noise_source = noise_source
+
     def add_noise(self) -> None:
-        generator = self.generator
-        if (generator is None or self.secure_mode
-                or all(p.summed_grad.device == generator.device for p in self.params)):
-            super().add_noise()
-            return
         std = self.noise_multiplier * self.max_grad_norm
+        # one draw per (device, dtype), split over the parameters in order: a draw has a
+        # fixed cost (~1 ms of kernel launches on a CPU) that a UNet's hundreds of
+        # parameter tensors would otherwise pay each
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for p in self.params:
             _check_processed_flag(p.summed_grad)
-            summed = p.summed_grad
-            if std == 0:
-                noise = torch.zeros_like(summed)
-            else:
-                noise = torch.normal(mean=0.0, std=std, size=summed.shape,
-                                     generator=generator, device=generator.device,
-                                     dtype=summed.dtype).to(summed.device)
-            p.grad = (summed + noise).view_as(p)
-            _mark_as_processed(p.summed_grad)
+            groups.setdefault((p.summed_grad.device, p.summed_grad.dtype), []).append(p)
+        for (device, dtype), params in groups.items():
+            sizes = [p.summed_grad.numel() for p in params]
+            flat = self.noise_source.gaussian((sum(sizes),), std, device=device, dtype=dtype)
+            for p, noise in zip(params, flat.split(sizes), strict=True):
+                p.grad = (p.summed_grad + noise.view_as(p.summed_grad)).view_as(p)
+                _mark_as_processed(p.summed_grad)
 
 
 class DpSgdEngine:
@@ -85,7 +99,12 @@ class DpSgdEngine:
         noise_multiplier: sigma.
         max_grad_norm: C (flat clipping over all trainable parameters).
         expected_batch_size: public normaliser of the update.
-        generator: source of the Gaussian noise (the per-attempt generator).
+        generator: TESTS ONLY (the injected generator of docs/privacy.md, "The noise
+            source"). None, as in production: the noise is keyed with 256 fresh bits of OS
+            entropy, new for every engine, i.e. every attempt. A seeded generator instead
+            gives each draw a key drawn from it (:meth:`ChaChaGaussian.keyed_by`), so
+            replaying it replays the noise; a model trained so is stamped ``rng: test``.
+            Either way the noise is ChaCha20-based, never ``torch.normal``.
 
     Raises:
         ValueError: if opacus' validators reject the module (e.g. BatchNorm, trainable
@@ -94,7 +113,7 @@ class DpSgdEngine:
 
     def __init__(self, module: nn.Module, optimizer: Optimizer, *, noise_multiplier: float,
                  max_grad_norm: float, expected_batch_size: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator | None = None) -> None:
         errors = ModuleValidator.validate(module, strict=False)
         if errors:
             raise ValueError(f"module is not DP-compatible: {errors}")
@@ -103,6 +122,8 @@ class DpSgdEngine:
         if trainable != in_optimizer:
             raise ValueError("optimizer must hold exactly the module's trainable parameters")
         self.max_grad_norm = max_grad_norm
+        self.noise_source: NoiseSource = (ChaChaGaussian.from_os_entropy() if generator is None
+                                          else ChaChaGaussian.keyed_by(generator))
         # loss_reduction="sum": we back-propagate the sum of per-example losses so that
         # grad_sample[i] is exactly example i's gradient; normalisation happens once, in the
         # optimizer, by expected_batch_size.
@@ -111,18 +132,18 @@ class DpSgdEngine:
         self.optimizer = self._dp_optimizer(optimizer, noise_multiplier=noise_multiplier,
                                             max_grad_norm=max_grad_norm,
                                             expected_batch_size=expected_batch_size,
-                                            generator=generator)
+                                            noise_source=self.noise_source)
         # user-level DP-SGD: a subject's partial contribution carried across micro-batches
         self._carried: list[torch.Tensor] | None = None
 
     def _dp_optimizer(self, optimizer: Optimizer, *, noise_multiplier: float,
                       max_grad_norm: float, expected_batch_size: int,
-                      generator: torch.Generator) -> DPOptimizer:
+                      noise_source: NoiseSource) -> DPOptimizer:
         """The opacus optimizer that clips, noises and normalises (overridden for ranks)."""
-        return GeneratorDeviceDPOptimizer(optimizer, noise_multiplier=noise_multiplier,
-                                          max_grad_norm=max_grad_norm,
-                                          expected_batch_size=expected_batch_size,
-                                          loss_reduction="mean", generator=generator)
+        return SourcedNoiseDPOptimizer(optimizer, noise_multiplier=noise_multiplier,
+                                       max_grad_norm=max_grad_norm,
+                                       expected_batch_size=expected_batch_size,
+                                       loss_reduction="mean", noise_source=noise_source)
 
     @property
     def params(self) -> Sequence[nn.Parameter]:
