@@ -59,7 +59,7 @@ def test_resume_continues_from_the_checkpoint_with_fresh_randomness(
     # No RNG state is checkpointed: DP noise and sampling are never replayed.
     assert set(saved) == {"kind", "step", "dp", "sampler", "start_step",
                           "trainable_parameter_names", "noise_multiplicity", "lr_schedule",
-                          "ema"}
+                          "ema", "fixed_batch"}
     assert not {p.name for p in ckpt.iterdir()} & {"rng_state.pth", "random_states_0.pkl"}
     hooks = RecordingHooks()
     spec = finetune_spec(dp_sample_rate=0.1, dp_steps=8, checkpoint_every=5)

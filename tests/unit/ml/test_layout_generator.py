@@ -84,11 +84,15 @@ def test_a_masks_finetune_trains_on_the_encoded_masks(
                   scaling_factor=info.vae_scaling_factor)
     encoded_masks = encode_images(bundle.vae, masks, **kwargs)  # type: ignore[arg-type]
     encoded_images = encode_images(bundle.vae, images, **kwargs)  # type: ignore[arg-type]
-    batches = [b for b in RecordingSampler.instances[0].batches if b.numel()]
-    assert len(batches) == len(seen) >= 2  # one micro-batch per non-empty logical step
+    batches = RecordingSampler.instances[0].batches
+    # one micro-batch per logical step: the batch, then padding rows (zero latents, loss
+    # masked to 0) up to the step's fixed, public row count (dp.padding)
+    assert len(batches) == len(seen) == 3 and sum(b.numel() for b in batches) >= 2
     for batch, latents in zip(batches, seen, strict=True):
-        torch.testing.assert_close(latents, encoded_masks[batch], rtol=1e-4, atol=1e-4)
-        assert not torch.allclose(latents, encoded_images[batch], atol=1e-2)
+        real, padding = latents[:len(batch)], latents[len(batch):]
+        torch.testing.assert_close(real, encoded_masks[batch], rtol=1e-4, atol=1e-4)
+        assert not batch.numel() or not torch.allclose(real, encoded_images[batch], atol=1e-2)
+        assert len(padding) and not padding.any()
 
 
 def test_a_masks_finetune_needs_masks(mask_pretrained: TrainingResult, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from dpsynth_ml import TrainingResult, train
 from dpsynth_ml import finetune as finetune_module
+from dpsynth_ml.dp.padding import fixed_batch
 
 from .dp_support import examples, make_engine, noisy_sum, one_thread, tiny_denoiser
 from .recording import KeyedDraws, RecordingEngine, RecordingSampler, recording
@@ -59,7 +60,10 @@ def test_trainer_micro_batched_steps_equal_the_unsplit_steps(
     (split, split_sampler, split_draws), (whole, whole_sampler, _) = runs[3], runs[64]
     sizes = [len(b) for b in whole_sampler.batches]
     assert max(sizes) > 3  # the split run really used several micro-batches
-    assert split_draws.rows == 2 * sum(sizes)
+    # every step runs the fixed, public number of rows (padding masked; dp.padding), K = 2
+    fixed = fixed_batch(sample_rate=0.25, expected_batch_size=16, steps=2, epsilon=None,
+                        delta=None)
+    assert split_draws.rows == 2 * sum(fixed.rows_for(s) for s in sizes)
     for a, b in zip(split_sampler.batches, whole_sampler.batches, strict=True):
         assert torch.equal(a, b)
     assert len(split.released) == len(whole.released) == 2
@@ -84,7 +88,9 @@ def test_realised_batch_is_never_capped(
     (sampler,) = RecordingSampler.instances
     assert [len(b) for b in sampler.batches] == [NUM_RECORDS]
     assert hooks.private_stats[0]["batch_size"] == NUM_RECORDS
-    assert draws.rows == NUM_RECORDS  # every sampled example went through the loss
+    # every sampled example went through the loss: N̂ = 16 / 1 caps the step at 16 rows, so
+    # the 100 (more than the declared N̂ would allow) are processed in 7 padded chunks of 16
+    assert draws.rows == hooks.private_stats[0]["rows"] == 112
 
 
 @pytest.mark.usefixtures("recording")

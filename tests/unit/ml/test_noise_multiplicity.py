@@ -103,10 +103,15 @@ def test_k_draws_happen_only_for_the_included_examples(
     train(spec, dataset_path=digits_path, out_dir=tmp_path, hooks=hooks,
           base_model_dir=pretrained.model_dir, _test_generator=seeded(5))
     sizes = [int(s["batch_size"]) for s in hooks.private_stats]
+    rows = [int(s["rows"]) for s in hooks.private_stats]
     assert sum(sizes) > 0
-    # Every forward row is an included example: K rows per example, none for the others.
-    assert sum(len(latents) for latents, _, _ in calls) == draws * sum(sizes)
-    micro_batches = sum(math.ceil(s / 3) for s in sizes)
+    assert len(set(rows)) == 1 and rows[0] > max(sizes)  # fixed rows per step (dp.padding)
+    # Every non-padding forward row is an included example: K rows per example, none for
+    # the others; padding rows (all-zero latents, loss masked to 0) fill each step to R.
+    assert sum(len(latents) for latents, _, _ in calls) == draws * sum(rows)
+    assert sum(int(latents.flatten(1).abs().amax(1).gt(0).sum())
+               for latents, _, _ in calls) == draws * sum(sizes)
+    micro_batches = sum(math.ceil(r / 3) for r in rows)
     assert len(calls) == draws * micro_batches
     for start in range(0, len(calls), draws):
         group = calls[start:start + draws]

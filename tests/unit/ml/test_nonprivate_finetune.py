@@ -199,8 +199,9 @@ def test_the_worker_builds_a_dp_spec_from_every_finetune_job(
     built = runner.training_spec(SimpleNamespace(ml=dpsynth_ml), inputs)  # type: ignore[arg-type]
     assert isinstance(built, TrainingSpec)
     assert built.nonprivate is False
+    # (epsilon, delta): the job's, for the fixed per-step work (dpsynth_ml.dp.padding)
     assert built.dp == DpSpec(noise_multiplier=1.1, sample_rate=0.16, expected_batch_size=8,
-                              max_grad_norm=1.0, steps=12)
+                              max_grad_norm=1.0, steps=12, epsilon=1.0, delta=1e-5)
 
 
 def test_a_finetune_job_cannot_ask_for_the_nonprivate_mode() -> None:

@@ -207,6 +207,8 @@ def test_per_label_spec_is_the_reservations_runs_verbatim_and_leases_name_the_cl
         run = runs[c]
         assert (dp.noise_multiplier, dp.sample_rate, dp.expected_batch_size, dp.steps,
                 dp.max_grad_norm) == (run.sigma, run.q, run.batch, run.planned, 0.5)
+        # the job's (epsilon, delta) size the fixed per-step work (dpsynth_ml.dp.padding)
+        assert (dp.epsilon, dp.delta) == (1.0, 1e-5)
     leases = [kw for name, kw in ledger.calls if name == "lease"]
     for c, n in planned.items():
         mine = [(kw["start_step"], kw["steps"]) for kw in leases if kw["partition"] == c]

@@ -5,7 +5,10 @@ nothing of Celery, HTTP, SQL or object stores. opacus is imported only in ``dpsy
 
 Public API::
 
-    DpSpec(noise_multiplier, sample_rate, expected_batch_size, max_grad_norm, steps)
+    DpSpec(noise_multiplier, sample_rate, expected_batch_size, max_grad_norm, steps,
+           epsilon=None, delta=None)
+        epsilon, delta: the job's; they size the fixed rows every step processes
+                (dpsynth_ml.dp.padding), never the mechanism.
     TrainingSpec(kind, preset="tiny", architecture=None, image_size=32, channels=1,
                  class_conditional=True, layout_conditioning=False, num_classes=10,
                  trainable="attention", blocks=None, lora_rank=4, lora_alpha=None,

@@ -5,8 +5,11 @@ whole UNet) and, when labels are new, the class embedder are trained with DP-SGD
 al. 2016; diffusion-specific practice from DPDM, Dockhorn et al.). Only the DP-trained UNet
 and embedder depend on private data, so the released model is DP by post-processing.
 
-Each logical step Poisson-samples once over the whole dataset, splits the sample into
-physical micro-batches of ``max_physical_batch_size`` (no cap on the realised size), draws
+Each logical step Poisson-samples once over the whole dataset, pads the sample with masked
+rows to a fixed number of rows computed from public quantities (``dp.padding``: every step
+costs the same whatever the data; a rare larger sample is processed whole, in extra padded
+chunks, never truncated), splits it into physical micro-batches of
+``max_physical_batch_size``, draws
 label dropout once per sampled example, lets each example's loss average ``K =
 noise_multiplicity`` (timestep, noise) draws before its one gradient is clipped, adds the
 noise once and divides by ``expected_batch_size`` (``DpSgdEngine``). The optimiser's rate
@@ -56,6 +59,15 @@ from dpsynth_ml.dp.distributed import (
     ShardedPoissonSampler,
     ShardedSubjectPoissonSampler,
 )
+from dpsynth_ml.dp.padding import (
+    FixedBatch,
+    fixed_batch,
+    gather_rows,
+    mask_losses,
+    pad_groups,
+    pad_indices,
+    public_size,
+)
 from dpsynth_ml.hooks import TrainingHooks
 from dpsynth_ml.model_io import load_model, model_hash, save_model
 from dpsynth_ml.models import (
@@ -64,6 +76,7 @@ from dpsynth_ml.models import (
     encode_images,
     reset_class_embedder,
 )
+from dpsynth_ml.padded_encoding import encode_blanks
 from dpsynth_ml.spec import (
     DpSpec,
     InvalidSpecError,
@@ -98,6 +111,8 @@ class _Run:
     layouts: torch.Tensor | None = None  # encoded private masks (layout-conditioned models)
     # rank/world/device; the data tensors stay on the CPU, each micro-batch is moved
     placement: Placement = dataclasses.field(default_factory=Placement)
+    # rows every logical step processes (public; dp.padding), set by _prepare
+    fixed: FixedBatch | None = None
 
 
 def run_finetune(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path, hooks: TrainingHooks,
@@ -160,42 +175,51 @@ def _train_loop(run: _Run, hooks: TrainingHooks) -> tuple[int, bool]:
 
 
 def _logical_step(run: _Run) -> dict[str, float]:
-    """One DP-SGD step: Poisson batch → micro-batches → clip/sum → noise once → update.
+    """One DP-SGD step: Poisson batch → padded to the fixed rows → micro-batches →
+    clip/sum → noise once → update.
 
     Only the examples of the Poisson batch are drawn for (label dropout, K diffusion draws);
-    the rest of the dataset is not touched. Returns owner-only, non-DP statistics.
+    the rest of the dataset is not touched. Padding rows (zero latents and layouts, the null
+    label) go through the same passes with their loss multiplied by 0, so their gradient is
+    exactly 0 and the clipped sum is the unpadded one (dp.padding). Returns owner-only,
+    non-DP statistics.
     """
     if isinstance(run.sampler, (SubjectPoissonSampler, ShardedSubjectPoissonSampler)):
         return _subject_step(run, run.sampler)
     indices = run.sampler.sample()
+    assert run.fixed is not None
+    rows = pad_indices(indices, run.fixed)
     # Label dropout: one draw per sampled example per step, shared by its K diffusion draws
     # (the example is (x, y) or (x, null) for this step; K averages the diffusion objective
     # for that input, as DPDM's replicated rows share their label). Drawn for the whole
     # logical batch at once so the draws do not depend on the micro-batch split; each
     # example's gradient still depends on that example alone.
-    labels = drop_labels(run.labels[indices], probability=run.spec.label_dropout,
+    labels = drop_labels(gather_rows(run.labels, rows.indices, fill=run.info.null_class),
+                         probability=run.spec.label_dropout,
                          null_class=run.info.null_class, generator=run.generator)
     size, step_size = int(indices.numel()), run.spec.max_physical_batch_size
     loss_sum, clipped = 0.0, 0
-    # An empty Poisson batch has no micro-batch at all (privatize() releases pure noise).
-    for start in range(0, size, step_size):
-        chunk, chunk_labels = indices[start:start + step_size], labels[start:start + step_size]
-        latents, chunk_labels = _on_device(run, run.latents[chunk], chunk_labels)
-        layout = _on_device(run, run.layouts[chunk])[0] if run.layouts is not None else None
+    for start in range(0, len(rows), step_size):
+        chunk, real = rows.indices[start:start + step_size], rows.real[start:start + step_size]
+        latents, chunk_labels = _on_device(run, gather_rows(run.latents, chunk),
+                                           labels[start:start + step_size])
+        layout = (_on_device(run, gather_rows(run.layouts, chunk))[0]
+                  if run.layouts is not None else None)
 
         def draw(latents: torch.Tensor = latents, chunk_labels: torch.Tensor = chunk_labels,
-                 layout: torch.Tensor | None = layout) -> torch.Tensor:
-            return per_sample_diffusion_loss(run.engine.module, run.bundle.scheduler,
-                                             latents, chunk_labels, run.generator,
-                                             layout=layout)
+                 layout: torch.Tensor | None = layout,
+                 real: torch.Tensor = real) -> torch.Tensor:
+            return mask_losses(per_sample_diffusion_loss(
+                run.engine.module, run.bundle.scheduler, latents, chunk_labels,
+                run.generator, layout=layout), real)
 
         chunk_clipped, losses = run.engine.accumulate_draws(
             draw, run.spec.noise_multiplicity)
         clipped += chunk_clipped
         loss_sum += float(losses.sum())
     _noise_and_update(run)
-    size = int(indices.numel())
-    stats = {"batch_size": float(size), "fraction_clipped": clipped / size if size else 0.0}
+    stats = {"batch_size": float(size), "rows": float(len(rows)),
+             "fraction_clipped": clipped / size if size else 0.0}
     if size:
         stats["loss"] = loss_sum / size
     return stats
@@ -227,27 +251,37 @@ def _subject_step(run: _Run, sampler: SubjectPoissonSampler | ShardedSubjectPois
     (unclipped) contribution into the next micro-batch, so it is still clipped once.
     """
     batch = sampler.sample()
-    indices, groups = batch.indices, batch.groups
-    labels = drop_labels(run.labels[indices], probability=run.spec.label_dropout,
+    assert run.fixed is not None
+    # padded to cap_subjects x max_images_per_subject rows; each padding row is its own
+    # zero-weight, zero-loss "subject", so it never joins or carries a real one
+    rows = pad_indices(batch.indices, run.fixed)
+    size, total = int(batch.indices.numel()), len(rows)
+    groups = pad_groups(batch.groups, total)
+    labels = drop_labels(gather_rows(run.labels, rows.indices, fill=run.info.null_class),
+                         probability=run.spec.label_dropout,
                          null_class=run.info.null_class, generator=run.generator)
     # the mean over the subject's sampled images: weight 1/n_j for each of its n_j images
-    weights = (1.0 / batch.counts.to(torch.float64))[groups] if indices.numel() else (
-        torch.zeros(0, dtype=torch.float64))
-    size, step_size = int(indices.numel()), run.spec.max_physical_batch_size
+    weights = torch.zeros(total, dtype=torch.float64)
+    if size:
+        weights[:size] = (1.0 / batch.counts.to(torch.float64))[batch.groups]
+    step_size = run.spec.max_physical_batch_size
     loss_sum, clipped = 0.0, 0
-    for start in range(0, size, step_size):
-        end = min(start + step_size, size)
-        chunk, chunk_labels = indices[start:end], labels[start:end]
-        latents, chunk_labels = _on_device(run, run.latents[chunk], chunk_labels)
-        layout = _on_device(run, run.layouts[chunk])[0] if run.layouts is not None else None
+    for start in range(0, total, step_size):
+        end = min(start + step_size, total)
+        chunk, real = rows.indices[start:end], rows.real[start:end]
+        latents, chunk_labels = _on_device(run, gather_rows(run.latents, chunk),
+                                           labels[start:end])
+        layout = (_on_device(run, gather_rows(run.layouts, chunk))[0]
+                  if run.layouts is not None else None)
         carry_in = start > 0 and bool(groups[start] == groups[start - 1])
-        carry_out = end < size and bool(groups[end] == groups[end - 1])
+        carry_out = end < total and bool(groups[end] == groups[end - 1])
 
         def draw(latents: torch.Tensor = latents, chunk_labels: torch.Tensor = chunk_labels,
-                 layout: torch.Tensor | None = layout) -> torch.Tensor:
-            return per_sample_diffusion_loss(run.engine.module, run.bundle.scheduler,
-                                             latents, chunk_labels, run.generator,
-                                             layout=layout)
+                 layout: torch.Tensor | None = layout,
+                 real: torch.Tensor = real) -> torch.Tensor:
+            return mask_losses(per_sample_diffusion_loss(
+                run.engine.module, run.bundle.scheduler, latents, chunk_labels,
+                run.generator, layout=layout), real)
 
         chunk_clipped, losses = run.engine.accumulate_subject_draws(
             draw, run.spec.noise_multiplicity, groups[start:end] - groups[start],
@@ -256,19 +290,29 @@ def _subject_step(run: _Run, sampler: SubjectPoissonSampler | ShardedSubjectPois
         loss_sum += float(losses.sum())
     _noise_and_update(run)
     subjects = batch.num_subjects
-    stats = {"batch_size": float(subjects), "images": float(size),
+    stats = {"batch_size": float(subjects), "images": float(size), "rows": float(total),
              "fraction_clipped": clipped / subjects if subjects else 0.0}
     if size:
         stats["loss"] = loss_sum / size
     return stats
 
 
+def _fixed_batch(spec: TrainingSpec, dp: DpSpec, placement: Placement) -> FixedBatch:
+    """Rows per logical step (per rank), from public quantities only (dp.padding)."""
+    return fixed_batch(sample_rate=dp.sample_rate, expected_batch_size=dp.expected_batch_size,
+                       steps=dp.steps, epsilon=dp.epsilon, delta=dp.delta,
+                       world_size=placement.world_size,
+                       rows_per_unit=(spec.max_images_per_subject
+                                      if spec.privacy_unit == "subject" else 1))
+
+
 def _sampler(spec: TrainingSpec, dp: DpSpec, dataset: ImageDataset,
-             generator: torch.Generator, placement: Placement,
+             generator: torch.Generator, placement: Placement, public_size: int | None = None,
              ) -> PoissonSampler | SubjectPoissonSampler | ShardedPoissonSampler | (
                  ShardedSubjectPoissonSampler):
     """The Poisson sampler of the spec's privacy unit (images, or subjects); on W ranks,
-    this rank's shard of it, at the same rate q.
+    this rank's shard of it, at the same rate q. ``public_size`` (N̂, per rank) sets how
+    many uniforms each draw takes, whatever the true count.
 
     Raises:
         InvalidSpecError: a subject-unit job on a dataset without subjects, or an image-unit
@@ -281,17 +325,19 @@ def _sampler(spec: TrainingSpec, dp: DpSpec, dataset: ImageDataset,
             return ShardedSubjectPoissonSampler(
                 dataset.subjects, dataset.num_subjects, dp.sample_rate, generator,
                 rank=placement.rank, world_size=placement.world_size,
-                max_images_per_subject=spec.max_images_per_subject)
+                max_images_per_subject=spec.max_images_per_subject, public_size=public_size)
         return SubjectPoissonSampler(dataset.subjects, dataset.num_subjects, dp.sample_rate,
                                      generator,
-                                     max_images_per_subject=spec.max_images_per_subject)
+                                     max_images_per_subject=spec.max_images_per_subject,
+                                     public_size=public_size)
     if dataset.subjects is not None:
         raise InvalidSpecError("the dataset's privacy unit is 'subject': it trains only "
                                "with user-level DP-SGD (privacy_unit 'subject')")
     if placement.distributed:
         return ShardedPoissonSampler(len(dataset), dp.sample_rate, generator,
-                                     rank=placement.rank, world_size=placement.world_size)
-    return PoissonSampler(len(dataset), dp.sample_rate, generator)
+                                     rank=placement.rank, world_size=placement.world_size,
+                                     public_size=public_size)
+    return PoissonSampler(len(dataset), dp.sample_rate, generator, public_size=public_size)
 
 
 def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
@@ -307,6 +353,9 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     if source is None:
         raise InvalidSpecError("a finetune needs base_model_dir or resume_from")
     bundle, info = load_model(source)
+    # DP noise: a fresh OS key per engine (attempt) unless THIS attempt's generator was
+    # injected by a test (docs/privacy.md, "The noise source"); decided before the override
+    noise_generator = generator if rng == "test" else None
     if resume_from is not None and info.rng == "test":
         rng = "test"  # a model is "test" if any attempt in its history was seeded by a test
     start_step = _resume_step(resume_from, dp) if resume_from is not None else 0
@@ -315,6 +364,11 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
                            fresh=resume_from is None)
     info, latents, layouts, labels = data.info, data.latents, data.layouts, data.labels
     names, denoiser = data.names, data.denoiser
+    fixed = _fixed_batch(spec, dp, placement)
+    if spec.privacy_unit == "image":  # encoding costs N̂ records whatever the true count
+        encode_blanks(bundle, info, real=len(dataset), masks=layouts is not None,
+                      public=public_size(sample_rate=dp.sample_rate,
+                                         expected_batch_size=dp.expected_batch_size))
     denoiser.to(placement.device)  # before the optimizer: its state lives with the params
     named = dict(denoiser.named_parameters())
     optimizer = torch.optim.AdamW([named[n] for n in names], lr=spec.learning_rate,
@@ -327,8 +381,9 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     engine_class = DistributedDpSgdEngine if placement.distributed else DpSgdEngine
     engine = engine_class(denoiser, optimizer, noise_multiplier=dp.noise_multiplier,
                           max_grad_norm=dp.max_grad_norm,
-                          expected_batch_size=dp.expected_batch_size, generator=generator)
-    sampler = _sampler(spec, dp, dataset, generator, placement)
+                          expected_batch_size=dp.expected_batch_size,
+                          generator=noise_generator)
+    sampler = _sampler(spec, dp, dataset, generator, placement, fixed.population)
     # the ranks must sample the same N at the same q from the same step on (a resume of
     # the same checkpoint), or the union would not be the accounted Poisson sample
     if not same_on_all_ranks(placement, [dp.sample_rate, float(sampler.num_records),
@@ -338,7 +393,7 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     return _Run(spec=spec, dp=dp, bundle=bundle, info=info, latents=latents, labels=labels,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
                 out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts,
-                placement=placement)
+                placement=placement, fixed=fixed)
 
 
 def _optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
@@ -457,8 +512,9 @@ def _no_latents(bundle: ModelBundle, info: ModelInfo) -> torch.Tensor:
     """Latents [0, C, h, w] of a dataset without records.
 
     A per-label class may hold no record (its declared size is public, its true count is
-    not): its steps still run, each releasing pure noise, exactly as for a class with
-    records; refusing would reveal the count. The shape comes from a blank image, not data.
+    not): its steps still run, each releasing pure noise and processing the same padded
+    rows as a class with records (dp.padding); refusing would reveal the count. The shape
+    comes from a blank image, not data.
     """
     blank = np.zeros((1, info.image_size, info.image_size, info.channels), dtype=np.uint8)
     return encode_images(bundle.vae, blank, image_size=info.image_size,
@@ -514,6 +570,7 @@ def _trainer_state(run: _Run, step: int) -> dict[str, object]:
     ``step`` is the accountant's state: logical steps done over all attempts. No RNG state.
     """
     return {"kind": "finetune", "step": step, "dp": _dp_record(run.dp),
+            "fixed_batch": run.fixed.record() if run.fixed is not None else None,
             "sampler": {"sample_rate": run.sampler.sample_rate,
                         "sample_rate_hex": float(run.sampler.sample_rate).hex(),
                         "num_records": run.sampler.num_records,
@@ -585,7 +642,10 @@ def _released_weights(run: _Run) -> Iterator[None]:
 
 
 def _stamp(run: _Run, step: int) -> ModelInfo:
-    return dataclasses.replace(run.info, steps=step, rng=run.rng)
+    extra = run.info.extra
+    if run.fixed is not None:  # the timing channel's public cost (docs/privacy.md)
+        extra = {**extra, "fixed_batch": run.fixed.record()}
+    return dataclasses.replace(run.info, steps=step, rng=run.rng, extra=extra)
 
 
 def _checkpoint_name(step: int) -> str:

@@ -8,7 +8,11 @@ records by a fixed function of each record (its label), so the runs compose in p
 the ledger keeps one accumulator per class and step leases name their partition
 (``hooks.acquire_steps(start, count, partition=class_name)``, steps numbered from 0 per
 class). Only the records of the class are read by its run: its Poisson sampler ranges over
-them, so a record outside the class is never sampled there.
+them, so a record outside the class is never sampled there. Every class's steps process
+the same fixed number of rows for the same public (N̂_c, q_c, steps_c), whatever its true
+size, a class without records included (``dp.padding``), and every class encodes N̂_c
+records' worth of images before its first step (``padded_encoding``): the classes' true
+sizes do not show in the progress timing.
 
 Subject datasets (user-level DP-SGD): class c's run samples subjects at q_c = B_c / N̂_c
 (N̂_c counts the subjects with an image in c) and each sampled subject contributes the
@@ -49,6 +53,7 @@ from dpsynth_ml.model_io import (
     per_label_denoiser_dirs,
     read_model_info,
     save_per_label_model,
+    write_model_info,
 )
 from dpsynth_ml.spec import DpSpec, InvalidSpecError, RngKind, TrainingResult, TrainingSpec
 
@@ -135,7 +140,8 @@ class _PerLabelJob:
             self.checkpoint()  # class boundary: this class is done
         bundled = {n: self.finished.get(n) or partial[n] for n in self.classes
                    if n in self.finished or n in partial}
-        model_dir = save_per_label_model(bundled, self.out_dir / "model")
+        model_dir = _with_fixed_batches(save_per_label_model(bundled, self.out_dir / "model"),
+                                        bundled)
         write_trainer_state(self.out_dir, self._state(None))
         trainable = sum(int(read_model_info(d).extra.get("trainable_parameters", 0))  # type: ignore[call-overload]
                         for d in bundled.values())
@@ -170,7 +176,10 @@ class _PerLabelJob:
                                    class_conditional=False, label_dropout=0.0)
 
     def _dp_records(self) -> dict[str, dict[str, float | int]]:
-        return {name: dataclasses.asdict(self.dp[name]) for name in self.classes}
+        # the mechanism's parameters only: (epsilon, delta) size the padding, and a
+        # checkpoint written before they were passed must still resume
+        return {name: {k: v for k, v in dataclasses.asdict(self.dp[name]).items()
+                       if k not in ("epsilon", "delta")} for name in self.classes}
 
     def _state(self, current: tuple[str, int, Path] | None) -> dict[str, object]:
         done = {n: self.steps[n] for n in self.classes if n in self.finished}
@@ -224,6 +233,17 @@ def _class_subset(dataset: ImageDataset, index: int) -> ImageDataset:
                         masks=dataset.masks[keep] if dataset.masks is not None else None,
                         subjects=(dataset.subjects[keep] if dataset.subjects is not None
                                   else None), num_subjects=dataset.num_subjects)
+
+
+def _with_fixed_batches(model_dir: Path, classes: Mapping[str, Path]) -> Path:
+    """The bundle's info names each class's fixed per-step work (dp.padding), not only the
+    first class's, which the bundle's info would otherwise inherit."""
+    info = read_model_info(model_dir)
+    extra = {k: v for k, v in info.extra.items() if k != "fixed_batch"}
+    extra["fixed_batch_by_partition"] = {
+        name: read_model_info(d).extra.get("fixed_batch") for name, d in classes.items()}
+    write_model_info(dataclasses.replace(info, extra=extra), model_dir)
+    return model_dir
 
 
 def _scalars(part_dir: Path) -> int:

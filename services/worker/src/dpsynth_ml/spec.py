@@ -47,6 +47,9 @@ class DpSpec:
         expected_batch_size: public normaliser of every update (never the realised size).
         max_grad_norm: per-example clipping norm C.
         steps: total logical steps of the job.
+        epsilon: the job's target epsilon and ``delta`` the dataset's delta (None: unknown,
+            as in tests); they only size the fixed per-step work (``dp.padding``), never
+            the mechanism.
     """
 
     noise_multiplier: float
@@ -54,6 +57,8 @@ class DpSpec:
     expected_batch_size: int
     max_grad_norm: float
     steps: int
+    epsilon: float | None = None
+    delta: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):

@@ -16,7 +16,9 @@ with E the spec's expected batch size (q * N). On W ranks:
 * Clipping: each rank clips its own examples' gradients to C (the single-process code).
 * Aggregation: the clipped sums are added over ranks with one all-reduce (SUM).
 * Noise: N(0, sigma^2 C^2 I) is drawn ONCE per step, by rank 0 only, before the all-reduce
-  (opacus ``DistributedDPOptimizer.add_noise``); the other ranks add nothing. Noise on every
+  (opacus ``DistributedDPOptimizer.add_noise``), from rank 0's engine's ChaCha20 noise
+  source (:mod:`dpsynth_ml.dp.noise`, a fresh OS key per rank and attempt) on rank 0's
+  device; the other ranks add nothing. Noise on every
   rank would make the std sigma * C * sqrt(W) (more noise, a different mechanism from the
   one accounted); one shared noise draw is what keeps the guarantee equal.
 * Normalisation: the reduced sum is divided once by the GLOBAL expected batch size E, never
@@ -53,7 +55,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from dpsynth_ml.distributed import Placement, same_on_all_ranks
-from dpsynth_ml.dp.engine import DpSgdEngine, GeneratorDeviceDPOptimizer
+from dpsynth_ml.dp.engine import DpSgdEngine, SourcedNoiseDPOptimizer
+from dpsynth_ml.dp.noise import NoiseSource
 from dpsynth_ml.dp.sampler import PoissonSampler, SubjectBatch, SubjectPoissonSampler
 
 
@@ -78,11 +81,13 @@ class ShardedPoissonSampler:
     """
 
     def __init__(self, num_records: int, sample_rate: float, generator: torch.Generator, *,
-                 rank: int, world_size: int) -> None:
+                 rank: int, world_size: int, public_size: int | None = None) -> None:
         self.num_records = num_records
         self.sample_rate = sample_rate
         self.shard = shard_of(num_records, rank, world_size)
-        self._inner = PoissonSampler(int(self.shard.numel()), sample_rate, generator)
+        # public_size: this rank's public shard size ceil(N̂ / W) (uniforms drawn per step)
+        self._inner = PoissonSampler(int(self.shard.numel()), sample_rate, generator,
+                                     public_size=public_size)
 
     @property
     def draws(self) -> int:
@@ -107,7 +112,8 @@ class ShardedSubjectPoissonSampler:
 
     def __init__(self, subjects: np.ndarray | torch.Tensor, num_subjects: int,
                  sample_rate: float, generator: torch.Generator, *, rank: int,
-                 world_size: int, max_images_per_subject: int) -> None:
+                 world_size: int, max_images_per_subject: int,
+                 public_size: int | None = None) -> None:
         subjects = torch.as_tensor(np.asarray(subjects), dtype=torch.long).flatten()
         shard_of(num_subjects, rank, world_size)  # validates rank / world_size
         self.num_records = num_subjects
@@ -119,7 +125,8 @@ class ShardedSubjectPoissonSampler:
         local_count = len(range(rank, num_subjects, world_size))
         self._inner = SubjectPoissonSampler(subjects[own] // world_size, local_count,
                                             sample_rate, generator,
-                                            max_images_per_subject=max_images_per_subject)
+                                            max_images_per_subject=max_images_per_subject,
+                                            public_size=public_size)
 
     @property
     def draws(self) -> int:
@@ -132,18 +139,19 @@ class ShardedSubjectPoissonSampler:
                             batch.subjects * self._world + self._rank)
 
 
-class _RankZeroNoiseOptimizer(DistributedDPOptimizer, GeneratorDeviceDPOptimizer):
-    """opacus' rank-0-only noise (``DistributedDPOptimizer.add_noise``) drawn on the
-    generator's device (``GeneratorDeviceDPOptimizer.add_noise``, next in the MRO)."""
+class _RankZeroNoiseOptimizer(DistributedDPOptimizer, SourcedNoiseDPOptimizer):
+    """opacus' rank-0-only noise (``DistributedDPOptimizer.add_noise``) drawn from the
+    engine's noise source (``SourcedNoiseDPOptimizer.add_noise``, next in the MRO)."""
 
 
 class DistributedDpSgdEngine(DpSgdEngine):
     """:class:`DpSgdEngine` for one rank of a W-rank job (same arguments, same methods).
 
     ``expected_batch_size`` is the GLOBAL expected batch size E (the spec's, q * N), the
-    same number a single process uses. ``generator`` draws the noise on rank 0 only; give
-    every rank its own independently seeded generator (it also drives the rank's sampler and
-    diffusion draws, which must differ between ranks).
+    same number a single process uses. The noise is drawn on rank 0 only, from its engine's
+    own OS-keyed ChaCha20 source; ``generator`` is for tests only, as in
+    :class:`DpSgdEngine` (give every rank its own, as its sampler and diffusion draws must
+    differ between ranks).
 
     Construction is collective: it checks that all ranks were given the same sigma, C, E
     and parameter shapes, and copies rank 0's parameters and buffers to every rank. Every
@@ -155,7 +163,7 @@ class DistributedDpSgdEngine(DpSgdEngine):
 
     def __init__(self, module: nn.Module, optimizer: Optimizer, *, noise_multiplier: float,
                  max_grad_norm: float, expected_batch_size: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DistributedDpSgdEngine needs an initialised process group")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -170,12 +178,12 @@ class DistributedDpSgdEngine(DpSgdEngine):
 
     def _dp_optimizer(self, optimizer: Optimizer, *, noise_multiplier: float,
                       max_grad_norm: float, expected_batch_size: int,
-                      generator: torch.Generator) -> DPOptimizer:
+                      noise_source: NoiseSource) -> DPOptimizer:
         # loss_reduction="sum": no per-rank scaling; privatize() divides by the global E.
         return _RankZeroNoiseOptimizer(optimizer, noise_multiplier=noise_multiplier,
                                        max_grad_norm=max_grad_norm,
                                        expected_batch_size=expected_batch_size,
-                                       loss_reduction="sum", generator=generator)
+                                       loss_reduction="sum", noise_source=noise_source)
 
     @property
     def device(self) -> torch.device:

@@ -3,6 +3,9 @@
 Each record joins a logical batch independently with probability exactly ``sample_rate``;
 the realised batch size is Binomial(N, q), may be 0, and is never capped (a cap or shuffling
 would break the subsampled-Gaussian analysis; see jax_privacy docs/batch_selection.md).
+With ``public_size`` (N̂ >= N) a sampler draws N̂ uniforms every step and uses the first N,
+so the draw's cost does not depend on the true count (the trainer pads the batch itself to a
+fixed number of rows: ``dp.padding``).
 :class:`SubjectPoissonSampler` is the same scheme over subjects (user-level DP-SGD).
 """
 
@@ -23,7 +26,8 @@ class PoissonSampler:
         draws: number of batches drawn so far (one per logical step).
     """
 
-    def __init__(self, num_records: int, sample_rate: float, generator: torch.Generator) -> None:
+    def __init__(self, num_records: int, sample_rate: float, generator: torch.Generator, *,
+                 public_size: int | None = None) -> None:
         if num_records < 0:
             raise ValueError("num_records must be >= 0")
         if not 0.0 < sample_rate <= 1.0:
@@ -32,12 +36,14 @@ class PoissonSampler:
         self.sample_rate = sample_rate
         self.draws = 0
         self._generator = generator
+        self._uniforms = max(num_records, public_size or 0)
 
     def sample(self) -> torch.Tensor:
         """Return the indices (int64, ascending) of the next logical batch; may be empty."""
         # float64 uniforms: a float32 draw compared with q would round q to float32 and
         # realise an inclusion probability that differs from the accounted q.
-        uniforms = torch.rand(self.num_records, generator=self._generator, dtype=torch.float64)
+        uniforms = torch.rand(self._uniforms, generator=self._generator,
+                              dtype=torch.float64)[:self.num_records]
         mask = uniforms < self.sample_rate
         self.draws += 1
         return mask.nonzero(as_tuple=False).flatten().to(torch.long)
@@ -87,7 +93,7 @@ class SubjectPoissonSampler:
 
     def __init__(self, subjects: np.ndarray | torch.Tensor, num_subjects: int,
                  sample_rate: float, generator: torch.Generator, *,
-                 max_images_per_subject: int) -> None:
+                 max_images_per_subject: int, public_size: int | None = None) -> None:
         subjects = torch.as_tensor(np.asarray(subjects), dtype=torch.long).flatten()
         if num_subjects < 0 or (subjects.numel() and (
                 int(subjects.min()) < 0 or int(subjects.max()) >= num_subjects)):
@@ -101,6 +107,7 @@ class SubjectPoissonSampler:
         self.max_images_per_subject = max_images_per_subject
         self.draws = 0
         self._generator = generator
+        self._uniforms = max(num_subjects, public_size or 0)
         # CSR layout: the images of subject s are _order[_starts[s]:_starts[s] + _sizes[s]].
         self._order = torch.argsort(subjects, stable=True)
         self._sizes = torch.bincount(subjects, minlength=num_subjects)
@@ -108,7 +115,8 @@ class SubjectPoissonSampler:
 
     def sample(self) -> SubjectBatch:
         """Draw the next logical batch of subjects and their (capped) images."""
-        uniforms = torch.rand(self.num_records, generator=self._generator, dtype=torch.float64)
+        uniforms = torch.rand(self._uniforms, generator=self._generator,
+                              dtype=torch.float64)[:self.num_records]
         drawn = (uniforms < self.sample_rate).nonzero(as_tuple=False).flatten()
         self.draws += 1
         parts: list[torch.Tensor] = []

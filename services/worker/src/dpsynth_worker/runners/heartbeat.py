@@ -2,8 +2,11 @@
 
 A background thread posts every ``interval_s`` (so downloads and uploads are covered too);
 progress updates from the training thread also post when a beat is due. A heartbeat
-carries step, total, epsilon so far (from the ledger's last lease) and an ETA from wall
-time: never anything computed from private data (DESIGN §3, "What leaves a DP job").
+carries step, total, epsilon so far (from the ledger's last lease) and an ETA: the wall time
+per step since the attempt's first step, times the steps left. Never anything computed from
+private data: every logical step processes a fixed number of rows set by public numbers
+(``dpsynth_ml.dp.padding``), so the time per step, hence the ETA and the beats' times, do not
+depend on the data (docs/privacy.md, "What leaves a DP job" and "Progress, ETA and timing").
 """
 
 from __future__ import annotations
