@@ -166,15 +166,17 @@ def prepare(p: Platform, settings: dict[str, Any]) -> dict[str, Any]:
                                    visibility="public", label_domain=CLASSES)
     private = [client.upload_dataset(_npz(work / f"private{i}.npz", 200, seed=100 + i),
                                      name=f"bench-private-{i}", visibility="private",
-                                     epsilon_limit=100.0, label_domain=CLASSES)
+                                     epsilon_limit=100.0, label_domain=CLASSES,
+                                     declared_size=200)
                for i in range(settings["private_datasets"])]
     contended = client.upload_dataset(
         _npz(work / "contended.npz", LEDGER_DATASET_SIZE, seed=99), name="bench-contended",
         visibility="private", epsilon_limit=settings["ledger_epsilon_limit"],
-        label_domain=CLASSES)
+        label_domain=CLASSES, declared_size=LEDGER_DATASET_SIZE)
     single = client.upload_dataset(
         _npz(work / "single.npz", LEDGER_DATASET_SIZE, seed=98), name="bench-single-client",
-        visibility="private", epsilon_limit=100.0, label_domain=CLASSES)
+        visibility="private", epsilon_limit=100.0, label_domain=CLASSES,
+        declared_size=LEDGER_DATASET_SIZE)
     pretrain = {"type": "pretrain", "dataset_id": public["dataset_id"], "preset": "tiny",
                 "image_size": 16, "channels": 1, "class_conditional": True, "epochs": 1,
                 "batch_size": 64, "seed": 0}

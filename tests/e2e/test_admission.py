@@ -31,7 +31,7 @@ def test_concurrent_admission_is_reproduced_by_an_independent_replay(idle_platfo
     client = Client(idle_platform.api_url, idle_platform.admin_key())
     npz, _ = digits_npz(tmp_path / "priv.npz", part="private", n=400)
     ds = client.upload_dataset(npz, name="priv", visibility="private", epsilon_limit=6.0,
-                               label_domain=CLASSES)
+                               label_domain=CLASSES, declared_size=400)
     # A base model to point at: registered by uploading nothing is not possible, so use a
     # public pretrain job's id only as a reference; with no worker it never runs, which is
     # fine for admission (the model must exist: upload a minimal diffusers folder instead).
@@ -90,7 +90,7 @@ def test_over_budget_job_gets_409_with_the_largest_admissible_target(idle_platfo
     client = Client(idle_platform.api_url, idle_platform.admin_key())
     npz, _ = digits_npz(tmp_path / "priv2.npz", part="private", n=300)
     ds = client.upload_dataset(npz, name="priv2", visibility="private", epsilon_limit=2.0,
-                               label_domain=CLASSES)
+                               label_domain=CLASSES, declared_size=300)
     base = _any_model(client, tmp_path)
     with pytest.raises(DpsynthError) as info:
         client.submit_job(finetune_spec(ds["dataset_id"], base, target_epsilon=5.0))

@@ -38,7 +38,7 @@ def base_model(client: Client, tmp_path_factory) -> str:
 def private_dataset(client: Client, tmp_path, *, limit: float, n: int = 200) -> dict:
     npz, _ = digits_npz(tmp_path / f"priv-{limit}.npz", part="private", n=n)
     return client.upload_dataset(npz, name="priv", visibility="private", epsilon_limit=limit,
-                                 label_domain=CLASSES)
+                                 label_domain=CLASSES, declared_size=n)
 
 
 def wait_for_step(client: Client, job_id: str, step: int, timeout: float = 300) -> dict:

@@ -240,7 +240,7 @@ def journey(stack: NativeCompose, tmp_path_factory: pytest.TempPathFactory) -> d
                           timeout=600, poll=0.5)
     assert pre["state"] == "succeeded", pre
     private = me.upload_dataset(private_npz, name="priv", visibility="private",
-                                epsilon_limit=10.0, label_domain=CLASSES)
+                                epsilon_limit=10.0, label_domain=CLASSES, declared_size=160)
     ft = me.submit_job(finetune_spec(private["dataset_id"], pre["result"]["model_id"],
                                      target_epsilon=4.0))
     ft = me.wait_for_job(ft["job_id"], timeout=600, poll=0.5)

@@ -84,13 +84,16 @@ def tenant(platform, client: Client, tmp_path_factory) -> dict[str, Any]:
 
     whole_npz, labels_npz, public_npz, gone_npz = _disjoint_digits(tmp, (96, 60, 40, 20))
     whole = me.upload_dataset(whole_npz, name="whole <b>two jobs</b>", visibility="private",
-                              epsilon_limit=1.8, label_domain=CLASSES)["dataset_id"]
+                              epsilon_limit=1.8, label_domain=CLASSES,
+                              declared_size=96)["dataset_id"]
     labels = me.upload_dataset(labels_npz, name="per-label", visibility="private",
-                               epsilon_limit=10.0, label_domain=CLASSES)["dataset_id"]
+                               epsilon_limit=10.0, label_domain=CLASSES,
+                               declared_size=60)["dataset_id"]
     public = me.upload_dataset(public_npz, name="public digits",
                                visibility="public")["dataset_id"]
     gone = me.upload_dataset(gone_npz, name="deleted", visibility="private",
-                             epsilon_limit=5.0, label_domain=CLASSES)["dataset_id"]
+                             epsilon_limit=5.0, label_domain=CLASSES,
+                             declared_size=20)["dataset_id"]
     me.release_class_sizes(gone, epsilon=0.5)
     assert me.delete_dataset(gone)["deleted_at"] is not None  # the data goes, the ledger stays
 

@@ -36,7 +36,8 @@ def recipe(platform, client, tmp_path_factory):
     private = client.upload_dataset(private_path, name="private documents",
                                     visibility="private", epsilon_limit=10.0,
                                     label_domain=CLASSES,
-                                    class_sizes={c: 6 for c in CLASSES})
+                                    class_sizes={c: 6 for c in CLASSES},
+                                    declared_size=6 * len(CLASSES))
     spec = {"type": "finetune", "dataset_id": private["dataset_id"],
             "base_model_id": pretrain["result"]["model_id"],
             "privacy": {"target_epsilon": 5.0, "max_grad_norm": 0.5},

@@ -30,7 +30,7 @@ def journey(platform, client, tmp_path_factory):
     pre = client.wait_for_job(pre["job_id"], timeout=600)
     assert pre["state"] == "succeeded", pre
     private = client.upload_dataset(private_npz, name="priv", visibility="private",
-                                    epsilon_limit=10.0, label_domain=CLASSES)
+                                    epsilon_limit=10.0, label_domain=CLASSES, declared_size=200)
     spec = finetune_spec(private["dataset_id"], pre["result"]["model_id"], target_epsilon=4.0)
     progress_seen: list[dict] = []
     ft = client.submit_job(spec)

@@ -36,7 +36,7 @@ def journey(platform, client, tmp_path_factory):
     counts = Counter(str(int(y)) for y in labels)
     sizes = {c: counts.get(c, 0) + 2 for c in CLASSES}  # public bounds, each ≥ the true count
     metadata = {"name": "priv-per-label", "visibility": "private", "epsilon_limit": 10.0,
-                "label_domain": CLASSES, "class_sizes": sizes}
+                "label_domain": CLASSES, "class_sizes": sizes, "declared_size": 60}
     with npz.open("rb") as handle:
         r = httpx.post(f"{platform.api_url}/v1/datasets", timeout=60,
                        headers={"Authorization": f"Bearer {platform.admin_key()}"},

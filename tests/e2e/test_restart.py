@@ -29,7 +29,7 @@ def test_restart_keeps_datasets_jobs_and_ledger(embedded, tmp_path):
     client = Client(creds["api_url"], creds["api_key"])
     npz, _ = digits_npz(tmp_path / "priv.npz", part="private", n=120)
     ds = client.upload_dataset(npz, name="priv", visibility="private", epsilon_limit=5.0,
-                               label_domain=CLASSES)
+                               label_domain=CLASSES, declared_size=120)
     model = client.upload_model(tiny_model_archive(tmp_path / "m.tar", class_names=CLASSES),
                                 name="tiny")
     job = client.submit_job(finetune_spec(ds["dataset_id"], model["model_id"], target_epsilon=1.0))

@@ -32,7 +32,8 @@ def journey(platform, client, tmp_path_factory):
     np.savez(npz, **arrays)
     dataset = client.upload_dataset(npz, name="by-patient", visibility="private",
                                     epsilon_limit=10.0, label_domain=CLASSES,
-                                    privacy_unit="subject", subject_column="patient")
+                                    privacy_unit="subject", subject_column="patient",
+                                    declared_size=SUBJECTS)
     spec = finetune_spec(dataset["dataset_id"], base, target_epsilon=4.0,
                          expected_batch_size=5, epochs=1.0, checkpoint_every=2)
     spec["training"]["max_images_per_subject"] = 2

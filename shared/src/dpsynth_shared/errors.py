@@ -46,6 +46,7 @@ class ErrorCode(StrEnum):
     METHOD_NOT_OFFERED = "method_not_offered"
     PRIVATE_DATA_OVERLAP = "private_data_overlap"
     PUBLIC_PRIVATE_OVERLAP = "public_private_overlap"
+    DUPLICATE_RECORDS = "duplicate_records"
     POLICY_VIOLATION = "policy_violation"
     DATASET_DELETED = "dataset_deleted"
     LEDGER_BEHIND_ANCHOR = "ledger_behind_anchor"
@@ -88,6 +89,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.METHOD_NOT_OFFERED: 422,
     ErrorCode.PRIVATE_DATA_OVERLAP: 409,
     ErrorCode.PUBLIC_PRIVATE_OVERLAP: 409,
+    ErrorCode.DUPLICATE_RECORDS: 422,
     ErrorCode.POLICY_VIOLATION: 422,
     ErrorCode.DATASET_DELETED: 410,
     ErrorCode.LEDGER_BEHIND_ANCHOR: 503,

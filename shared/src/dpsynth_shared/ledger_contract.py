@@ -23,6 +23,13 @@ TIGHT_LABEL = (
     "tight PLD epsilon of the realised sequence, as if it had been fixed in advance; "
     "not a guarantee under adaptive use"
 )
+LINEAGE_LABEL = (
+    "PLD composition of the model's steps and its DP ancestors' on the same budget, as if "
+    "the sequence had been fixed in advance; not a guarantee under adaptive use (the "
+    "guarantee is dataset_epsilon_spent, the RDP filter's figure)"
+)
+"""The label of a model's ``job_epsilon`` when it composes DP ancestors (issue 13, item 8):
+each ancestor's output was seen before the next job was chosen."""
 
 
 DEFAULT_WARNING_FRACTION = 0.8
@@ -44,6 +51,16 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class SizeRelease(_Body):
+    """A charged DP count that set ``declared_size`` (the api drew the noise)."""
+
+    release_id: str
+    target_epsilon: float = Field(gt=0, le=100)
+    sigma: float = Field(gt=0, description="noise std of the count (sensitivity 1)")
+    margin_z: float = Field(ge=0, description="N̂ = ceil(N + Z + margin_z·σ)")
+    failure_probability: float = Field(ge=0, le=1, description="P[N̂ < N] = Φ(−margin_z)")
+
+
 class CreateBudget(_Body):
     dataset_id: str
     tenant_id: str
@@ -62,6 +79,35 @@ class CreateBudget(_Body):
         "a per-label job's classes are summed (sequential composition)")
     warning_fraction: float = Field(DEFAULT_WARNING_FRACTION, gt=0, le=1,
                                     description="warn when spent >= this fraction of the limit")
+    size_release: SizeRelease | None = Field(
+        None, description="declared_size is a charged DP count (issue 13, item 2): the ledger "
+        "charges the Gaussian count to every partition as the budget's first DP event; None: "
+        "declared by the owner (or public under replace-one)")
+
+
+class SizeReleasePlanRequest(_Body):
+    """Calibrate the Gaussian count of a dataset's size before its budget exists."""
+
+    epsilon_limit: float = Field(gt=0, le=100)
+    delta: float = Field(gt=0, lt=1, description="declared or fixed; never from the count")
+    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
+    target_epsilon: float = Field(gt=0, le=100, description="the count's standalone epsilon "
+                                  "at delta (add/remove: sensitivity 1)")
+
+
+class SizeReleasePlan(BaseModel):
+    """σ of the count N + N(0, σ²) and what it would charge a fresh budget."""
+
+    event: GaussianEvent
+    target_epsilon: float
+    epsilon: float = Field(description="the release's standalone PLD epsilon at delta")
+    delta: float
+    admission_order: int
+    rdp_charge: float = Field(description="RDP at the order added to every partition")
+    rdp_budget: float
+    admissible: bool = Field(description="the charge fits the budget of epsilon_limit")
+    dataset_epsilon_spent_after: float
+    accountant: str
 
 
 class Charge(BaseModel):
@@ -537,3 +583,49 @@ class Evaluation(BaseModel):
 class EvaluationGrantRequest(_Body):
     attempt: int = Field(ge=1)
     worker_id: str
+
+
+class DpEvaluationRequest(_Body):
+    """worker → ledger: charge one DP evaluation release to the budget's HELD-OUT partition.
+
+    The released numbers are ``len(metrics)`` counts of correctly classified held-out records
+    (one per downstream classifier trained on the synthetic corpus only); adding or removing
+    one held-out record moves each count by at most 1, so the vector's L2 sensitivity is
+    √len(metrics) (the same under replace-one). The ledger calibrates σ for
+    ``target_epsilon`` at the dataset's δ and charges only the held-out partition (docs/
+    privacy.md, "DP evaluations").
+    """
+
+    job_id: str
+    attempt: int = Field(ge=1)
+    target_epsilon: float = Field(gt=0, le=100, description="the release's standalone "
+                                  "epsilon at the dataset's delta")
+    metrics: list[str] = Field(min_length=1, max_length=3, description="the released "
+                               "numbers, e.g. ['tstr_accuracy/cnn']")
+    holdout_size: int = Field(ge=1, description="the PUBLIC held-out size N̂_h that "
+                              "normalises the counts (never the true held-out count)")
+    dry_run: bool = False
+
+
+class DpEvaluationRelease(BaseModel):
+    """A calibrated DP evaluation release: σ of the Gaussian added to each count, and the
+    charge to the held-out partition (the training partitions are untouched)."""
+
+    release_id: str | None = Field(None, description="None for a dry run")
+    evaluation_id: str
+    dataset_id: str
+    job_id: str
+    event: GaussianEvent
+    metrics: list[str]
+    holdout_size: int
+    target_epsilon: float
+    epsilon: float = Field(description="the release's standalone PLD epsilon at delta")
+    delta: float
+    admission_order: int
+    rdp_charge: float = Field(description="RDP at the order added to the held-out partition")
+    partition: str = Field(description="the held-out partition's name")
+    dataset_epsilon_spent_before: float
+    dataset_epsilon_spent_after: float
+    admissible: bool
+    charged: bool
+    accountant: str

@@ -43,8 +43,10 @@ class DatasetInfo(BaseModel):
         "contribution per subject); the canonical npz carries a `subjects` array")
     selection: dict[str, Any] | None = Field(
         None, description="a derived dataset: the selection over the parent's object "
-        "(object_key is the parent's): {'indices_key': <npy of record indices>} and/or "
-        "{'classes': [class names kept]}; None: the whole object")
+        "(object_key is the parent's): {'classes': [class names kept]} and/or {'split': "
+        "{'rule': 'keyed_hash_v1', 'key', 'fraction', 'part'}} (dpsynth_shared."
+        "record_splits) or, for splits made before issue 13, {'indices_key': <npy of "
+        "record indices>}; None: the whole object")
     budget_id: str | None = Field(
         None, description="private datasets: the ledger budget the dataset charges (its own "
         "id, or its parent's for a derived or linked dataset): the reservation, the read "
@@ -113,6 +115,10 @@ class Claim(BaseModel):
         None, description="evaluate on a PRIVATE reference: the ledger's evaluation "
         "authorisation; the worker exchanges it for a read grant (a non-DP read recorded in "
         "the ledger's chain, no epsilon charged)")
+    dp_evaluation: dict[str, Any] | None = Field(
+        None, description="evaluate with dp: the job's DP plan (target_epsilon, metrics, the "
+        "PUBLIC held-out size holdout_size, budget_id); the worker releases through the "
+        "ledger's held-out partition (issue 13, item 6)")
     lease_ttl_s: int
     heartbeat_s: int
 

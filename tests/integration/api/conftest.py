@@ -93,9 +93,10 @@ class Api:
 
     def private_dataset(self, token: str, *, n: int = 12, epsilon_limit: float = 10.0,
                         **meta: Any) -> str:
+        size = {} if "size_epsilon" in meta else {"declared_size": n}  # N̂: the true count
         r = self.upload(token, b.digits_npz(n, k=3), {
             "name": "priv", "visibility": "private", "epsilon_limit": epsilon_limit,
-            "label_domain": ["x", "y", "z"], **meta}, filename="d.npz")
+            "label_domain": ["x", "y", "z"], **size, **meta}, filename="d.npz")
         assert r.status_code == 201, r.text
         return str(r.json()["dataset_id"])
 

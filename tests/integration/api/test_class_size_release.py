@@ -26,7 +26,7 @@ LABELS = ["x", "y", "z"]
 def _private(api: Api, token: str, n: int = 12) -> str:
     r = api.upload(token, b.digits_npz(n, k=3), {
         "name": "priv", "visibility": "private", "epsilon_limit": 10.0,
-        "label_domain": LABELS}, filename="d.npz")
+        "label_domain": LABELS, "declared_size": n}, filename="d.npz")
     assert r.status_code == 201, r.text
     assert r.json()["class_sizes"] is None and r.json()["class_sizes_source"] is None
     return str(r.json()["dataset_id"])

@@ -2,8 +2,9 @@
 releases, through the api joined to the REAL ledger (issue 5).
 
 * an upload's held-out records are a second npz beside its object, excluded from the
-  object, its true size, class counts and N̂, recorded with their fraction and seed (the
-  same seed reproduces the split), hashed for overlap; subjects are never split;
+  object, its true size, class counts and N̂, each chosen by a keyed hash of itself (the
+  same owner key holds out the same records; issue 13), hashed for overlap; subjects are
+  never split;
 * feature_net trains on public data only; its model is never a diffusion model;
 * evaluate needs a corpus of the tenant, a reference with held-out records, the owner scope
   for a private reference (the ledger records the non-DP read before the job exists), a
@@ -21,11 +22,13 @@ from typing import Any
 
 import numpy as np
 from dpsynth_api.datasets.overlap import record_hashes
+from dpsynth_shared.record_splits import in_first_part
 
 from tests.integration.api.conftest import Api, auth
 from tests.unit.api import builders as b
 
 LABELS = ["x", "y", "z"]
+HOLDOUT_KEY = "evaluate-holdout-key-0123456789"
 
 
 def _digits(n: int, *, seed: int = 0, k: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -36,9 +39,12 @@ def _digits(n: int, *, seed: int = 0, k: int = 3) -> tuple[np.ndarray, np.ndarra
 
 def _private(api: Api, token: str, *, n: int = 30, seed: int = 0, **meta: Any) -> Any:
     images, labels = _digits(n, seed=seed)
+    if "holdout_fraction" in meta:  # a fixed key: the same records held out every run
+        meta.setdefault("holdout_key", HOLDOUT_KEY)
+        meta = {k: v for k, v in meta.items() if v is not None}
     return api.upload(token, b.npz_bytes(images=images, labels=labels), {
         "name": "priv", "visibility": "private", "epsilon_limit": 10.0, "label_domain": LABELS,
-        **meta}, filename="d.npz")
+        "declared_size": n, **meta}, filename="d.npz")
 
 
 def _npz(api: Api, key: str) -> dict[str, np.ndarray]:
@@ -61,76 +67,97 @@ def _reader(api: Api, name: str = "acme") -> tuple[str, str, str]:
 
 # -- held-out split at upload ----------------------------------------------------------------
 
+def _held(n: int, fraction: float, *, seed: int = 0) -> np.ndarray:
+    """Which of ``_digits(n, seed)`` the upload holds out under HOLDOUT_KEY."""
+    images, _ = _digits(n, seed=seed)
+    return in_first_part(HOLDOUT_KEY.encode(), record_hashes(images[..., None]), fraction)
+
+
 def test_holdout_at_upload_is_excluded_from_the_object_sizes_and_budget(
         real_ledger_api: Api) -> None:
     api = real_ledger_api
     owner, reader, _ = _reader(api)
-    r = _private(api, owner, holdout_fraction=0.2, holdout_seed=42)
+    r = _private(api, owner, holdout_fraction=0.2)
     assert r.status_code == 201, r.text
     ds = r.json()
-    assert ds["holdout_fraction"] == 0.2 and ds["holdout_seed"] == 42
-    assert ds["true_size"] == 24 and ds["holdout_size"] == 6 and ds["declared_size"] == 24
-    assert sum(ds["class_counts"].values()) == 24 and ds["class_counts"] == {
-        "x": 8, "y": 8, "z": 8}  # stratified: 2 of each class of 10 held out
+    mask = _held(30, 0.2)  # each record by its keyed hash: no quota, no stratification
+    kept, out = int((~mask).sum()), int(mask.sum())
+    assert 0 < out < 30
+    assert ds["holdout_fraction"] == 0.2 and ds["holdout_rule"] == "keyed_hash_v1"
+    assert "holdout_seed" not in ds and HOLDOUT_KEY not in r.text
+    assert ds["true_size"] == kept and ds["holdout_size"] == out and ds["declared_size"] == 30
+    _, labels = _digits(30)
+    assert ds["class_counts"] == {c: int(((labels == i) & ~mask).sum())
+                                  for i, c in enumerate(LABELS)}
     budget = api.ledger.get_budget(ds["dataset_id"])
-    assert budget.declared_size == 24
-    # the readers' view: fraction and seed, never the held-out size (a true count)
+    assert budget.declared_size == 30
+    # the readers' view: fraction and rule, never the held-out size (a true count)
     seen = api.client.get(f"/v1/datasets/{ds['dataset_id']}", headers=auth(reader)).json()
-    assert seen["holdout_fraction"] == 0.2 and seen["holdout_seed"] == 42
+    assert seen["holdout_fraction"] == 0.2 and seen["holdout_rule"] == "keyed_hash_v1"
     assert seen["holdout_size"] is None and seen["true_size"] is None
+    assert "holdout_seed" not in seen
     # the training object excludes the held-out records; together they are the upload
     train = _npz(api, f"private/datasets/{ds['dataset_id']}/data.npz")
     held = _npz(api, f"private/datasets/{ds['dataset_id']}/holdout.npz")
-    assert train["images"].shape[0] == 24 and held["images"].shape[0] == 6
+    assert train["images"].shape[0] == kept and held["images"].shape[0] == out
     images, _ = _digits(30)
     assert _row_hashes(train["images"]) | _row_hashes(held["images"]) == _row_hashes(images)
     assert not _row_hashes(train["images"]) & _row_hashes(held["images"])
-    # the same seed reproduces the split (another tenant: the same records would overlap)
+    # the same key holds out the same records (another tenant: the same records would
+    # overlap)
     other, _, _ = _reader(api, "other")
-    again = _private(api, other, holdout_fraction=0.2, holdout_seed=42).json()
+    again = _private(api, other, holdout_fraction=0.2).json()
     held_again = _npz(api, f"private/datasets/{again['dataset_id']}/holdout.npz")
     assert _row_hashes(held_again["images"]) == _row_hashes(held["images"])
     # the held-out records are the budget's records: uploading them again overlaps
     back = api.upload(owner, b.npz_bytes(images=held["images"], labels=held["labels"]), {
         "name": "again", "visibility": "private", "epsilon_limit": 1.0,
-        "label_domain": LABELS}, filename="d.npz")
+        "label_domain": LABELS, "declared_size": out}, filename="d.npz")
     assert back.status_code == 409 and back.json()["code"] == "private_data_overlap"
-    assert back.json()["overlapping_records"] == 6
+    assert back.json()["overlapping_records"] == out
 
 
-def test_declared_size_counts_training_units_and_drawn_seeds_are_recorded(
+def test_declared_size_counts_training_units_and_the_key_source_is_recorded(
         real_ledger_api: Api) -> None:
     api = real_ledger_api
     owner, _, _ = _reader(api)
-    small = _private(api, owner, holdout_fraction=0.5, declared_size=14)
+    kept = int((~_held(30, 0.5)).sum())
+    small = _private(api, owner, holdout_fraction=0.5, declared_size=kept - 1)
     assert small.status_code == 422 and small.json()["code"] == "invalid_dataset"
-    ok = _private(api, owner, holdout_fraction=0.5, declared_size=15)
+    ok = _private(api, owner, holdout_fraction=0.5, declared_size=kept)
     assert ok.status_code == 201, ok.text
-    assert ok.json()["declared_size"] == 15 and ok.json()["true_size"] == 15
-    assert isinstance(ok.json()["holdout_seed"], int)
+    assert ok.json()["declared_size"] == kept and ok.json()["true_size"] == kept
+    assert ok.json()["holdout_key_source"] == "owner"
+    drawn = _private(api, owner, n=60, seed=9, holdout_fraction=0.5, holdout_key=None)
+    assert drawn.status_code == 201 and drawn.json()["holdout_key_source"] == "platform"
     tiny = _private(api, owner, n=1, seed=3, holdout_fraction=0.5)
     assert tiny.status_code == 422 and "at least one" in tiny.json()["detail"]
     public = api.upload(owner, b.zip_bytes(b.image_folder({"a": 4, "b": 4})),
-                        {"name": "pub", "visibility": "public", "holdout_fraction": 0.25})
+                        {"name": "pub", "visibility": "public", "holdout_fraction": 0.25,
+                         "holdout_key": HOLDOUT_KEY})
     assert public.status_code == 201, public.text
-    assert public.json()["true_size"] == 6 and public.json()["holdout_size"] == 2
+    sizes = public.json()["true_size"], public.json()["holdout_size"]
+    assert sum(sizes) == 8 and min(sizes) >= 1
 
 
 def test_subjects_are_never_on_both_sides(real_ledger_api: Api) -> None:
     api = real_ledger_api
     owner, _, _ = _reader(api)
     images, _ = _digits(40, seed=5)
-    subjects = np.repeat(np.arange(10), 4)
+    subjects = np.repeat(np.arange(20), 2)
     labels = subjects % 3
     r = api.upload(owner, b.npz_bytes(images=images, labels=labels, subjects=subjects), {
         "name": "subj", "visibility": "private", "epsilon_limit": 5.0, "label_domain": LABELS,
-        "privacy_unit": "subject", "holdout_fraction": 0.3}, filename="d.npz")
+        "privacy_unit": "subject", "holdout_fraction": 0.5, "declared_size": 20,
+        "holdout_key": HOLDOUT_KEY}, filename="d.npz")
     assert r.status_code == 201, r.text
     ds = r.json()
-    assert ds["declared_size"] == 7 and ds["subject_count"] == 7 and ds["holdout_size"] == 12
+    # a subject's side is a keyed hash of its keyed id hash (which names the tenant)
+    assert ds["declared_size"] == 20 and 0 < ds["subject_count"] < 20
+    assert ds["holdout_size"] == 2 * (20 - ds["subject_count"])
     train = _row_hashes(_npz(api, f"private/datasets/{ds['dataset_id']}/data.npz")["images"])
     held = _row_hashes(_npz(api, f"private/datasets/{ds['dataset_id']}/holdout.npz")["images"])
-    for subject in range(10):
+    for subject in range(20):
         mine = _row_hashes(images[subjects == subject])
         assert mine <= train or mine <= held
 
@@ -151,7 +178,7 @@ def test_deleting_a_dataset_deletes_its_holdout(real_ledger_api: Api) -> None:
 def _public(api: Api, token: str, holdout: float | None = 0.25) -> str:
     meta: dict[str, Any] = {"name": "pub", "visibility": "public"}
     if holdout:
-        meta["holdout_fraction"] = holdout
+        meta["holdout_fraction"], meta["holdout_key"] = holdout, HOLDOUT_KEY
     r = api.upload(token, b.zip_bytes(b.image_folder({"x": 4, "y": 4, "z": 4})), meta)
     assert r.status_code == 201, r.text
     return str(r.json()["dataset_id"])
@@ -289,7 +316,7 @@ def test_evaluate_submission_rules(real_ledger_api: Api) -> None:
     assert claim["feature_dataset"]["holdout_size"] == 3
     assert claim["dataset"]["holdout_object_key"] == \
         f"private/datasets/{private}/holdout.npz"
-    assert claim["dataset"]["holdout_size"] == 6
+    assert claim["dataset"]["holdout_size"] == int(_held(30, 0.2).sum())
     # a deleted reference is refused
     assert api.client.delete(f"/v1/datasets/{no_holdout}", headers=auth(owner)).status_code \
         == 200

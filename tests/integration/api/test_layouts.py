@@ -34,7 +34,7 @@ def _public_documents(api: Api, token: str, tmp_path: Path) -> str:
 def _private_documents(api: Api, token: str, tmp_path: Path) -> str:
     r = api.upload(token, _documents(tmp_path, ["letter", "memo"]), {
         "name": "scans", "visibility": "private", "epsilon_limit": 10.0,
-        "label_domain": ["letter", "memo"]}, filename="docs.npz")
+        "label_domain": ["letter", "memo"], "declared_size": 6}, filename="docs.npz")
     assert r.status_code == 201, r.text
     assert r.json()["has_masks"] is True
     return str(r.json()["dataset_id"])

@@ -58,7 +58,7 @@ def fresh_npz(n: int = 12, k: int = 3) -> bytes:
 def private(api: Api, token: str, *, epsilon_limit: float = 10.0, **meta: Any) -> str:
     r = api.upload(token, fresh_npz(), {
         "name": "priv", "visibility": "private", "epsilon_limit": epsilon_limit,
-        "label_domain": ["x", "y", "z"], **meta}, filename="d.npz")
+        "label_domain": ["x", "y", "z"], "declared_size": 12, **meta}, filename="d.npz")
     assert r.status_code == 201, r.text
     return str(r.json()["dataset_id"])
 

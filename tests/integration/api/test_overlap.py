@@ -40,7 +40,7 @@ def _npz(images: np.ndarray, k: int = 3) -> bytes:
 
 def _private(api: Api, token: str, images: np.ndarray, **meta: Any) -> Any:
     body = {"name": "priv", "visibility": "private", "epsilon_limit": 10.0,
-            "label_domain": DOMAIN, **meta}
+            "label_domain": DOMAIN, "declared_size": len(images), **meta}
     return api.upload(token, _npz(images), {k: v for k, v in body.items() if v is not None},
                       filename="d.npz")
 
@@ -135,7 +135,7 @@ def test_a_png_folder_and_an_npz_of_the_same_images_overlap(api: Api) -> None:
     images = _images(8, 9)
     r = api.upload(token, _png_folder(images), {
         "name": "folder", "visibility": "private", "epsilon_limit": 5.0,
-        "label_domain": DOMAIN})
+        "label_domain": DOMAIN, "declared_size": 9})
     assert r.status_code == 201, r.text
     folder = r.json()["dataset_id"]
     r = _private(api, token, images[::-1].copy())
@@ -189,7 +189,8 @@ def test_link_refusals(api: Api) -> None:
     r = _private(api, token, both, on_overlap="link")
     assert r.status_code == 409 and r.json()["link_refused"] == "several_budgets"
     r = api.upload(token, _npz(a[:3]), {"name": "l", "visibility": "private",
-                                        "on_overlap": "link", "label_domain": ["x", "y", "w"]},
+                                        "on_overlap": "link", "label_domain": ["x", "y", "w"],
+                                        "declared_size": 3},
                    filename="d.npz")
     assert r.status_code == 409 and r.json()["link_refused"] == "label_domain"
     # nothing to link to: a private dataset then needs its own limit
@@ -288,36 +289,58 @@ def parent_key(parent: dict[str, Any]) -> str:
     return f"private/datasets/{parent['dataset_id']}/data.npz"
 
 
-def test_a_split_writes_data_independent_indices_under_the_budget_prefix(api: Api) -> None:
+def _derivation_row(api: Api, dataset_id: str) -> dict[str, Any]:
+    """The stored derivation (with the split's key, which no view shows)."""
+    from dpsynth_api.tables import Dataset
+
+    engine = create_engine(api.settings.database.url)
+    try:
+        with make_session_factory(engine)() as session:
+            row = session.get(Dataset, dataset_id)
+            assert row is not None and row.derivation is not None
+            return dict(row.derivation)
+    finally:
+        engine.dispose()
+
+
+def test_a_split_is_a_keyed_hash_selection_of_complementary_parts(api: Api) -> None:
+    """Issue 13, item 1: each record's side is a keyed hash of its content (no indices, no
+    permutation of the parent); the default N̂ of either part is the parent's N̂ (a
+    keyed-hash part may keep every record); the true sizes come from the stored hashes."""
+    from dpsynth_shared.record_splits import in_first_part, record_hashes
+
     _, token = api.tenant()
-    parent = _private(api, token, _images(19, 20), declared_size=30).json()
+    images = _images(19, 20)
+    parent = _private(api, token, images, declared_size=30).json()
     train = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.75,
                     part="train")
     assert train.status_code == 201, train.text
     train = train.json()
     holdout = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.75,
                       part="holdout").json()
-    assert train["derivation"]["seed"] == holdout["derivation"]["seed"]
-    assert train["true_size"] == 15 and holdout["true_size"] == 5
-    assert train["declared_size"] == math.ceil(0.75 * 30) == 23
-    assert holdout["declared_size"] == 30 - math.floor(0.75 * 30) == 8
-    parts = []
     for child in (train, holdout):
-        key = child["derivation"]["selection"]["indices_key"]
-        assert key == (f"private/datasets/{parent['dataset_id']}/derived/"
-                       f"{child['dataset_id']}/indices.npy")
-        # private: the store serves it only with a grant; the test reads the directory
-        parts.append(np.load(Path(str(api.settings.object_store.root)) / key).tolist())
-    assert sorted(parts[0] + parts[1]) == list(range(20))
+        assert child["derivation"]["rule"] == "keyed_hash_v1"
+        assert "seed" not in child["derivation"]
+        assert child["derivation"]["selection"]["split"] == {
+            "rule": "keyed_hash_v1", "fraction": 0.75, "part": child["derivation"]["part"]}
+        assert child["declared_size"] == 30  # the parent's N̂, not ceil(0.75·30)
+    stored = [_derivation_row(api, c["dataset_id"])["selection"]["split"]
+              for c in (train, holdout)]
+    assert stored[0]["key"] == stored[1]["key"] and len(stored[0]["key"]) == 64
+    first = in_first_part(bytes.fromhex(stored[0]["key"]), record_hashes(images[..., None]),
+                          0.75)
+    assert train["true_size"] == int(first.sum()) and holdout["true_size"] == int(
+        (~first).sum())
+    counts = np.bincount((np.arange(20) % 3)[first], minlength=3).tolist()
+    assert train["class_counts"] == dict(zip(DOMAIN, counts, strict=True))
     r = _derive(api, token, train["dataset_id"], kind="split", fraction=0.5, part="train")
     assert r.status_code == 400  # a split of a split: derive from the parent instead
-    r = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.5, part="train",
+    r = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.05, part="holdout",
                 declared_size=3)
     assert r.status_code == 400 and "true count" in r.json()["detail"]
-    # deleting the split removes its indices only, never the parent's data
+    # deleting a split deletes nothing of the parent's data
     assert api.client.delete(f"/v1/datasets/{holdout['dataset_id']}",
                              headers=auth(token)).status_code == 200
-    assert api.store.stat(holdout["derivation"]["selection"]["indices_key"]) is None
     assert api.store.stat(parent_key(parent)) is not None
     # deleting the parent deletes the data every derived dataset reads
     assert api.client.delete(f"/v1/datasets/{parent['dataset_id']}",
@@ -337,8 +360,8 @@ def test_public_datasets_derive_without_a_budget(api: Api) -> None:
     assert child["visibility"] == "public" and child["budget_id"] is None
     assert child["declared_size"] == 7 and child["true_size"] == 4
     split = _derive(api, token, public, kind="split", fraction=0.5, part="train").json()
-    assert split["derivation"]["selection"]["indices_key"].startswith(
-        f"public/datasets/{public}/derived/")
+    assert split["derivation"]["selection"]["split"]["rule"] == "keyed_hash_v1"
+    assert split["declared_size"] == 7 and 0 <= split["true_size"] <= 7
 
 
 
@@ -348,7 +371,7 @@ def test_a_split_job_is_planned_at_q_b_over_its_size_against_the_parent_budget(
     _, token = api.tenant()
     parent = _private(api, token, _images(20, 40), declared_size=100, delta=1e-4).json()
     child = _derive(api, token, parent["dataset_id"], kind="split", fraction=0.25,
-                    part="train").json()
+                    part="train", declared_size=25).json()  # the owner's N̂_child
     assert child["declared_size"] == 25
     model = api.model(token)
     r = api.finetune(token, child["dataset_id"], model, batch=5, epsilon=2.0, dry_run=True)
@@ -408,7 +431,7 @@ def test_the_cli_uploads_with_link_derives_and_deletes(api: Api, tmp_path: Path,
     path = tmp_path / "d.npz"
     path.write_bytes(_npz(images))
     upload = ["datasets", "upload", str(path), "--name", "p", "--visibility", "private",
-              "--epsilon-limit", "4", "--label-domain", "x,y,z"]
+              "--epsilon-limit", "4", "--label-domain", "x,y,z", "--declared-size", "100"]
     first = runner.invoke(app, upload)
     assert first.exit_code == 0, first.output
     parent = json.loads(first.output)["dataset_id"]
@@ -550,7 +573,8 @@ def _subject_npz(images: np.ndarray, subjects: list[Any] | np.ndarray) -> bytes:
 def _subject_upload(api: Api, token: str, images: np.ndarray, subjects: list[Any] | np.ndarray,
                     **meta: Any) -> Any:
     body = {"name": "subj", "visibility": "private", "epsilon_limit": 10.0,
-            "label_domain": DOMAIN, "privacy_unit": "subject", **meta}
+            "label_domain": DOMAIN, "privacy_unit": "subject",
+            "declared_size": len({str(s) for s in subjects}), **meta}
     return api.upload(token, _subject_npz(images, subjects),
                       {k: v for k, v in body.items() if v is not None}, filename="d.npz")
 

@@ -21,7 +21,7 @@ SIZES = {"x": 5, "y": 4, "z": 6}  # the 12 records are 4 per class
 def _private(api: Api, token: str, **meta: Any) -> Any:
     return api.upload(token, b.digits_npz(12, k=3), {
         "name": "priv", "visibility": "private", "epsilon_limit": 10.0,
-        "label_domain": ["x", "y", "z"], **meta}, filename="d.npz")
+        "label_domain": ["x", "y", "z"], "declared_size": 12, **meta}, filename="d.npz")
 
 
 def _per_label_spec(dataset_id: str, model_id: str, *, epsilon: float = 2.0,

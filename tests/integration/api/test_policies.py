@@ -120,7 +120,7 @@ def test_the_upload_fraction_is_the_budgets(both: Both) -> None:
 
 def _upload(api: Api, token: str, limit: float) -> int:
     r = api.upload(token, fresh_npz(), {"name": "p", "visibility": "private",
-                                        "epsilon_limit": limit,
+                                        "epsilon_limit": limit, "declared_size": 12,
                                         "label_domain": ["x", "y", "z"]}, filename="d.npz")
     return int(r.status_code)
 
@@ -139,7 +139,7 @@ def test_a_tenant_cap_refuses_larger_uploads_and_lists_datasets_above(api: Api) 
     assert body["max_dataset_epsilon_limit"] == 4.0
     assert [d["epsilon_limit"] for d in body["datasets_above_cap"]] == [9.0]
     r = api.upload(token, fresh_npz(), {"name": "p", "visibility": "private",
-                                        "epsilon_limit": 4.5,
+                                        "epsilon_limit": 4.5, "declared_size": 12,
                                         "label_domain": ["x", "y", "z"]}, filename="d.npz")
     assert r.status_code == 422 and r.json()["code"] == "policy_violation", r.text
     assert r.json()["max_dataset_epsilon_limit"] == 4.0

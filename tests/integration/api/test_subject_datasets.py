@@ -38,12 +38,13 @@ def _npz(case: dict[str, list[Any]], *, seed: int, key: str = "subjects") -> byt
 def _upload(api: Api, token: str, data: bytes, filename: str = "d.npz", **meta: Any) -> Any:
     return api.upload(token, data, {"name": "subj", "visibility": "private",
                                     "epsilon_limit": 10.0, "label_domain": DOMAIN,
-                                    "privacy_unit": "subject", **meta}, filename=filename)
+                                    "privacy_unit": "subject", "declared_size": 5,  # subjects
+                                    **meta}, filename=filename)
 
 
 def test_a_subject_upload_registers_a_budget_over_subjects(api: Api) -> None:
     _, token = api.tenant()
-    r = _upload(api, token, _npz(DISJOINT, seed=1))
+    r = _upload(api, token, _npz(DISJOINT, seed=1), partitions_disjoint=True)
     assert r.status_code == 201, r.text
     ds = r.json()
     assert ds["privacy_unit"] == "subject" and ds["partitions_disjoint"] is True
@@ -84,9 +85,11 @@ def test_a_subject_in_two_classes_makes_the_labels_overlap(api: Api) -> None:
 def test_an_image_folder_carries_its_subjects_in_a_csv(api: Api) -> None:
     _, token = api.tenant()
     members = b.image_folder({"x": 2, "y": 2})
+    members["y/0.png"], members["y/1.png"] = b.png(value=101), b.png(value=118)  # no copies
     members["subjects.csv"] = b"path,subject\nx/0.png,anna\nx/1.png,anna\ny/0.png,ben\n" \
         b"y/1.png,carl\n"
-    r = _upload(api, token, b.zip_bytes(members), "d.zip", label_domain=["x", "y"])
+    r = _upload(api, token, b.zip_bytes(members), "d.zip", label_domain=["x", "y"],
+                declared_size=3, partitions_disjoint=True)
     assert r.status_code == 201, r.text
     assert (r.json()["declared_size"], r.json()["partitions_disjoint"]) == (3, True)
 
@@ -101,7 +104,7 @@ def test_a_parquet_upload_carries_its_subjects_in_a_column(api: Api) -> None:
         "image": [{"bytes": b.png(value=7 * i), "path": None} for i in range(4)],
         "label": ["x", "x", "y", "y"], "patient": [11, 11, 12, 11]}), sink)
     r = _upload(api, token, sink.getvalue(), "d.parquet", label_domain=["x", "y"],
-                subject_column="patient")
+                subject_column="patient", declared_size=2)
     assert r.status_code == 201, r.text
     ds = r.json()
     assert ds["source_format"] == "parquet"
@@ -138,7 +141,8 @@ def test_subject_uploads_are_refused_without_naming_a_subject(api: Api) -> None:
 def test_finetune_dry_run_samples_subjects(real_ledger_api: Api) -> None:
     api = real_ledger_api
     _, token = api.tenant()
-    ds = _upload(api, token, _npz(DISJOINT, seed=4), declared_size=8).json()
+    ds = _upload(api, token, _npz(DISJOINT, seed=4), declared_size=8,
+                 partitions_disjoint=True).json()
     model = api.model(token)
     r = api.finetune(token, ds["dataset_id"], model, batch=2, dry_run=True)
     assert r.status_code == 200, r.text
@@ -175,8 +179,8 @@ def test_per_label_dry_run_composes_overlapping_labels_sequentially(
                      "yet (h4a)")
     assert any("sequential" in note or "summed" in note for note in plan["notes"]), plan
     _, other = api.tenant("other")  # the same subject ids: the same subjects in one tenant
-    disjoint = _upload(api, other, _npz(DISJOINT, seed=6),
-                       class_sizes=SUBJECTS_PER_CLASS).json()
+    disjoint = _upload(api, other, _npz(DISJOINT, seed=6), class_sizes=SUBJECTS_PER_CLASS,
+                       partitions_disjoint=True).json()
     assert _per_label_dry_run(api, other, disjoint["dataset_id"])["composition"] == "parallel"
 
 
@@ -189,7 +193,8 @@ def test_class_size_histogram_counts_subjects_and_needs_disjoint_labels(
     # x: ONE subject with 8 images; y: 2 subjects; z: 2 subjects (12 images, 5 subjects)
     case = {"labels": [0] * 8 + [1, 1, 2, 2],
             "subjects": ["p-301"] * 8 + ["p-302", "p-303", "p-304", "p-305"]}
-    ds = _upload(api, token, _npz(case, seed=7), epsilon_limit=50.0).json()
+    ds = _upload(api, token, _npz(case, seed=7), epsilon_limit=50.0,
+                 partitions_disjoint=True).json()
     assert ds["class_counts"] == {"x": 1, "y": 2, "z": 2}
     r = api.client.post(f"/v1/datasets/{ds['dataset_id']}/class-sizes/release",
                         json={"target_epsilon": 20.0}, headers=auth(token))

@@ -62,7 +62,8 @@ def test_private_npz_registers_its_budget_with_the_default_delta(api: Api) -> No
 
 def test_small_dataset_default_delta_is_below_one_over_n(api: Api) -> None:
     _, token = api.tenant()
-    r = api.upload(token, b.digits_npz(4, k=2), PRIVATE, filename="d.npz")
+    r = api.upload(token, b.digits_npz(4, k=2), {**PRIVATE, "declared_size": 4},
+                   filename="d.npz")
     assert r.status_code == 201
     assert r.json()["delta"] == pytest.approx(min(1e-6, 1 / 40))
 
@@ -70,7 +71,8 @@ def test_small_dataset_default_delta_is_below_one_over_n(api: Api) -> None:
 def test_ledger_failure_creates_nothing(api: Api) -> None:
     _, token = api.tenant()
     api.ledger.fail_create = True
-    r = api.upload(token, b.digits_npz(6, k=2), PRIVATE, filename="d.npz")
+    r = api.upload(token, b.digits_npz(6, k=2), {**PRIVATE, "declared_size": 6},
+                   filename="d.npz")
     assert r.status_code == 503 and r.json()["code"] == "ledger_unavailable"
     assert api.client.get("/v1/datasets", headers=auth(token)).json()["items"] == []
     assert not list(Path(api.settings.object_store.root).rglob("*.npz"))
@@ -93,10 +95,12 @@ BAD: list[tuple[str, bytes, dict[str, Any], str, int, str]] = [
      "d.zip", 422, "invalid_dataset"),
     ("declared < true", b.digits_npz(10, k=2), {**PRIVATE, "declared_size": 5}, "d.npz", 422,
      "invalid_dataset"),
-    ("delta >= 1/N", b.digits_npz(10, k=2), {**PRIVATE, "delta": 0.1}, "d.npz", 422,
+    ("delta >= 1/N", b.digits_npz(10, k=2), {**PRIVATE, "declared_size": 10, "delta": 0.1},
+     "d.npz", 422,
      "invalid_dataset"),
     ("no label_domain", b.digits_npz(10, k=2), {"name": "p", "visibility": "private",
-                                                 "epsilon_limit": 1.0}, "d.npz", 422,
+                                                 "epsilon_limit": 1.0, "declared_size": 10},
+     "d.npz", 422,
      "invalid_dataset"),
     ("no visibility", b.digits_npz(10, k=2), {"name": "p"}, "d.npz", 422, "invalid_dataset"),
 ]

@@ -49,6 +49,18 @@ def test_colour_and_gray_images_become_rgb(tmp_path: Path) -> None:
     assert data.source_format == "tar"
 
 
+def test_a_private_upload_mixing_colour_and_gray_is_refused(tmp_path: Path) -> None:
+    """One colour record must not turn a private dataset's published shape RGB (issue 13)."""
+    members = {**b.image_folder({"a": 2}), "b/x.png": b.png(mode="RGB", value=9)}
+    error = _error(tmp_path, b.zip_bytes(members), private=True, domain=["a", "b"])
+    assert error.code == ErrorCode.INVALID_DATASET
+    assert "grayscale and colour" in error.detail
+    assert "x.png" not in error.detail
+    colour = {"a/1.png": b.png(mode="RGB", value=1), "b/x.png": b.png(mode="RGB", value=9)}
+    data = _ingest(tmp_path, b.zip_bytes(colour), private=True, domain=["a", "b"])
+    assert data.images.shape == (2, 8, 8, 3)
+
+
 def test_label_domain_orders_classes_and_counts_empty_ones(tmp_path: Path) -> None:
     data = _ingest(tmp_path, b.zip_bytes(b.image_folder({"b": 2})), domain=["a", "b", "c"],
                    private=True)

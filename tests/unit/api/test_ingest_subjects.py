@@ -241,7 +241,7 @@ def test_a_subject_in_two_classes_makes_partitions_overlap(tmp_path: Path) -> No
     assert data.subjects is not None
     assert not units.partitions_disjoint(data.labels, data.subjects)
     assert data.class_counts() == {"a": 1, "b": 2}
-    terms = units.resolve_units(_meta(), data)
+    terms = units.resolve_units(_meta(declared_size=3), data)
     assert terms.partitions_disjoint is False
     assert terms.budget_fields() == {"privacy_unit": PrivacyUnit.SUBJECT,
                                      "partitions_disjoint": False}
@@ -264,30 +264,31 @@ def _units_error(meta: DatasetMetadata, data: Ingested) -> DpsynthError:
 
 def test_declared_size_and_delta_count_subjects(tmp_path: Path) -> None:
     data = _subject_data(tmp_path)
-    terms = units.resolve_units(_meta(), data)
+    terms = units.resolve_units(_meta(declared_size=3, partitions_disjoint=True), data)
     assert (terms.privacy_unit, terms.unit_count, terms.subject_count) == (
         PrivacyUnit.SUBJECT, 3, 3)
-    assert terms.declared_size == 3  # N̂ defaults to the number of subjects, not images
+    assert terms.declared_size == 3  # N̂ counts subjects, not images
     assert terms.delta == units.default_delta(3)
     assert terms.partitions_disjoint is True
     assert terms.row_fields() == {"privacy_unit": "subject", "subject_count": 3,
-                                  "partitions_disjoint": True}
+                                  "partitions_disjoint": True,
+                                  "declared_size_source": "declared"}
     assert units.resolve_units(_meta(declared_size=5), data).declared_size == 5
     assert "number of subjects" in _units_error(_meta(declared_size=2), data).detail
     # delta < 1/N̂ with N̂ = 3 subjects (not 6 images)
-    wide = _units_error(_meta(delta=0.34), data)
+    wide = _units_error(_meta(declared_size=3, delta=0.34), data)
     assert "1/N̂" in wide.detail and "subjects" in wide.detail
-    assert units.resolve_units(_meta(delta=0.3), data).delta == 0.3  # < 1/3, though > 1/6
+    assert units.resolve_units(_meta(declared_size=3, delta=0.3), data).delta == 0.3
 
 
 def test_class_sizes_count_subjects(tmp_path: Path) -> None:
     data = _subject_data(tmp_path)
     # a: 1 subject (3 images); b: 2 subjects (3 images)
-    ok = units.resolve_units(_meta(class_sizes={"a": 1, "b": 2}), data)
+    ok = units.resolve_units(_meta(declared_size=3, class_sizes={"a": 1, "b": 2}), data)
     assert ok.declared_size == 3
-    err = _units_error(_meta(class_sizes={"a": 1, "b": 1}), data)
+    err = _units_error(_meta(declared_size=3, class_sizes={"a": 1, "b": 1}), data)
     assert err.extensions["classes"] == ["b"] and "subjects" in err.detail
-    big = _units_error(_meta(class_sizes={"a": 4, "b": 2}), data)
+    big = _units_error(_meta(declared_size=3, class_sizes={"a": 4, "b": 2}), data)
     assert big.extensions["classes"] == ["a"]
 
 
@@ -305,8 +306,8 @@ def test_metadata_unit_and_column_must_agree() -> None:
 def test_image_unit_terms_are_unchanged(tmp_path: Path) -> None:
     data = _ingest(tmp_path, b.zip_bytes(b.image_folder({"a": 3, "b": 1})), column=None,
                    domain=["a", "b"])
-    terms = units.resolve_units(_meta(privacy_unit="image"), data)
+    terms = units.resolve_units(_meta(privacy_unit="image", declared_size=4), data)
     assert (terms.privacy_unit, terms.declared_size, terms.subject_count,
             terms.partitions_disjoint) == (PrivacyUnit.IMAGE, 4, None, True)
     with pytest.raises(DpsynthError, match="needs a subject id"):
-        units.resolve_units(_meta(), data)
+        units.resolve_units(_meta(declared_size=4), data)

@@ -1,6 +1,7 @@
 """Record content hashes: canonical pixels, whatever the container; fast; and the worker's
-selection of a derived dataset (classes, then indices; masks and subjects with their
-records)."""
+selection of a derived dataset (classes, then the indices of a split made before issue 13;
+masks and subjects with their records). Keyed-hash splits: tests/unit/worker/
+test_split_selection.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from dpsynth_api.datasets.derive import split_indices
 from dpsynth_api.datasets.overlap import HASH_SCHEME, record_hashes
 from dpsynth_worker.runners.selection import apply_selection
 
@@ -53,14 +53,6 @@ def test_seventy_thousand_mnist_sized_records_hash_in_well_under_seconds() -> No
     elapsed = time.perf_counter() - start
     assert len(hashes) == len(set(hashes)) == 70_000
     print(f"70k 28x28 records hashed in {elapsed:.3f} s")  # informative, not asserted
-
-
-def test_split_parts_are_complementary_and_data_independent() -> None:
-    train = split_indices(12345, 10, 0.7, "train")
-    holdout = split_indices(12345, 10, 0.7, "holdout")
-    assert len(train) == 7 and len(holdout) == 3
-    assert sorted([*train.tolist(), *holdout.tolist()]) == list(range(10))
-    assert not set(train.tolist()) & set(holdout.tolist())
 
 
 def _canonical(tmp_path: Path) -> Path:

@@ -124,19 +124,50 @@ def test_datasets_upload_splits_label_domain(api: FakeApi, tmp_path: Path) -> No
     data.write_bytes(b"x")
     result = runner.invoke(app, ["datasets", "upload", str(data), "--name", "n",
                                  "--visibility", "private", "--epsilon-limit", "4",
-                                 "--label-domain", "cat, dog"])
+                                 "--label-domain", "cat, dog", "--declared-size", "20"])
     assert result.exit_code == 0, result.output
     assert b'"label_domain": ["cat", "dog"]' in captured["body"]
     assert b'"epsilon_limit": 4.0' in captured["body"]
     assert b"class_sizes" not in captured["body"]
     result = runner.invoke(app, ["datasets", "upload", str(data), "--name", "n",
                                  "--visibility", "private", "--epsilon-limit", "4",
-                                 "--label-domain", "cat,dog", "--class-sizes", "cat=5, dog=7"])
+                                 "--label-domain", "cat,dog", "--class-sizes", "cat=5, dog=7",
+                                 "--declared-size", "20"])
     assert result.exit_code == 0, result.output
     assert b'"class_sizes": {"cat": 5, "dog": 7}' in captured["body"]
     result = runner.invoke(app, ["datasets", "upload", str(data), "--name", "n",
-                                 "--visibility", "private", "--class-sizes", "cat:5"])
+                                 "--visibility", "private", "--class-sizes", "cat:5",
+                                 "--declared-size", "20"])
     assert result.exit_code != 0 and "NAME=COUNT" in result.output
+
+
+def test_a_private_upload_states_its_public_size(api: FakeApi, tmp_path: Path) -> None:
+    """Issue 13, item 2: the CLI tells the user what to declare (N̂ or a DP count) instead
+    of letting the platform publish the true count; the declarations reach the metadata."""
+    captured: dict[str, bytes] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        captured["body"] = request.content
+        return httpx.Response(201, json={"id": "ds_3"})
+
+    api.route("POST", "/v1/datasets", handler)
+    data = tmp_path / "d.npz"
+    data.write_bytes(b"x")
+    base = ["datasets", "upload", str(data), "--name", "n", "--visibility", "private",
+            "--epsilon-limit", "4", "--label-domain", "cat,dog"]
+    sent = len(api.requests)
+    result = runner.invoke(app, base)
+    assert result.exit_code != 0 and len(api.requests) == sent
+    assert "--declared-size" in result.output and "--size-epsilon" in result.output
+    result = runner.invoke(app, [*base, "--size-epsilon", "0.5", "--partitions-overlap"])
+    assert result.exit_code == 0, result.output
+    assert b'"size_epsilon": 0.5' in captured["body"]
+    assert b'"partitions_disjoint": false' in captured["body"]
+    assert b"declared_size" not in captured["body"]
+    result = runner.invoke(app, [*base, "--declared-size", "500", "--partitions-disjoint"])
+    assert result.exit_code == 0, result.output
+    assert b'"declared_size": 500' in captured["body"]
+    assert b'"partitions_disjoint": true' in captured["body"]
 
 
 def test_bad_visibility_is_refused_before_any_request(api: FakeApi, tmp_path: Path) -> None:

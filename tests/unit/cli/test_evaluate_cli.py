@@ -206,6 +206,19 @@ def test_evaluate_defaults_and_a_failed_job(api: FakeApi) -> None:
     assert result.exit_code == 2 and len(_submitted(api)) == 1
 
 
+def test_the_owner_lists_the_held_out_records(api: FakeApi) -> None:
+    items = [{"index": 3, "record_hash": "ab" * 32}, {"index": 7, "record_hash": "cd" * 32}]
+    api.route("GET", "/v1/datasets/ds_1/holdout",
+              lambda request: httpx.Response(200, json={"items": items}))
+    result = runner.invoke(app, ["datasets", "holdout", "ds_1"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"items": items}
+    api.route("GET", "/v1/datasets/ds_2/holdout", lambda request: problem(
+        403, "forbidden", "this key lacks the owner scope"))
+    result = runner.invoke(app, ["datasets", "holdout", "ds_2"])
+    assert result.exit_code != 0 and "owner" in result.output
+
+
 def test_upload_sends_the_holdout_split(api: FakeApi, tmp_path: Path) -> None:
     captured: dict[str, bytes] = {}
 
@@ -217,15 +230,22 @@ def test_upload_sends_the_holdout_split(api: FakeApi, tmp_path: Path) -> None:
     data = tmp_path / "d.npz"
     data.write_bytes(b"x")
     base = ["datasets", "upload", str(data), "--name", "n", "--visibility", "private",
-            "--epsilon-limit", "4"]
-    result = runner.invoke(app, [*base, "--holdout-fraction", "0.2", "--holdout-seed", "11"])
+            "--epsilon-limit", "4", "--declared-size", "20"]
+    result = runner.invoke(app, [*base, "--holdout-fraction", "0.2", "--holdout-key",
+                                 "owner-key-0123456789"])
     assert result.exit_code == 0, result.output
     assert b'"holdout_fraction": 0.2' in captured["body"]
-    assert b'"holdout_seed": 11' in captured["body"]
+    assert b'"holdout_key": "owner-key-0123456789"' in captured["body"]
+    assert b"holdout_seed" not in captured["body"]
+    result = runner.invoke(app, [*base, "--holdout-fraction", "0.2"],
+                           env={"DPSYNTH_HOLDOUT_KEY": "from-the-environment-0123"})
+    assert result.exit_code == 0 and b'"holdout_key": "from-the-environment-0123"' in \
+        captured["body"]
     result = runner.invoke(app, base)
     assert result.exit_code == 0 and b"holdout" not in captured["body"]
     sent = len(api.requests)
-    for bad in (["--holdout-fraction", "1.5"], ["--holdout-seed", "3"]):
+    for bad in (["--holdout-fraction", "1.5"], ["--holdout-key", "owner-key-0123456789"],
+                ["--holdout-fraction", "0.2", "--holdout-seed", "3"]):
         result = runner.invoke(app, [*base, *bad])
         assert result.exit_code == 2, bad
     assert len(api.requests) == sent

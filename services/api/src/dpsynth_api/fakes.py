@@ -37,6 +37,8 @@ from dpsynth_shared.ledger_contract import (
     ReservationState,
     ReserveRequest,
     SetClassSizes,
+    SizeReleasePlan,
+    SizeReleasePlanRequest,
     VerifyReport,
 )
 
@@ -69,8 +71,33 @@ class FakeLedger:
         with self._lock:
             if request.dataset_id in self.budgets:
                 raise DpsynthError(ErrorCode.CONFLICT, "budget exists")
+            if request.size_release is not None:  # N̂ as a DP count: the first charge
+                eps = request.size_release.target_epsilon
+                if eps > request.epsilon_limit:
+                    raise BudgetExhausted("the DP count exceeds the limit",
+                                          epsilon_limit=request.epsilon_limit)
+                self.releases.setdefault(request.dataset_id, []).append(HistogramRelease(
+                    release_id=request.size_release.release_id,
+                    dataset_id=request.dataset_id, event=GaussianEvent(
+                        sigma=request.size_release.sigma, sensitivity=1.0),
+                    target_epsilon=eps, epsilon=eps, delta=request.delta, admission_order=8,
+                    rdp_charge=eps, partitions=["*", *request.partitions],
+                    dataset_epsilon_spent_before=0.0, dataset_epsilon_spent_after=eps,
+                    dataset_epsilon_remaining_after=request.epsilon_limit - eps,
+                    admissible=True, charged=True, accountant="fake-additive"))
             self.budgets[request.dataset_id] = request
         return self.get_budget(request.dataset_id)
+
+    def plan_size_release(self, request: SizeReleasePlanRequest) -> SizeReleasePlan:
+        """σ of the classic Gaussian mechanism for the target; epsilon = the target."""
+        eps = request.target_epsilon
+        return SizeReleasePlan(
+            event=GaussianEvent(sigma=math.sqrt(2 * math.log(1.25 / request.delta)) / eps,
+                                sensitivity=1.0),
+            target_epsilon=eps, epsilon=eps, delta=request.delta, admission_order=8,
+            rdp_charge=eps, rdp_budget=request.epsilon_limit,
+            admissible=eps <= request.epsilon_limit, dataset_epsilon_spent_after=eps,
+            accountant="fake-additive")
 
     def _spent(self, dataset_id: str) -> float:
         return sum(r.epsilon for r in self.reservations.values()

@@ -28,6 +28,8 @@ from dpsynth_shared.ledger_contract import (
     Reservation,
     ReserveRequest,
     SetClassSizes,
+    SizeReleasePlan,
+    SizeReleasePlanRequest,
     VerifyReport,
 )
 from dpsynth_shared.object_store import ObjectStore
@@ -52,6 +54,10 @@ class LedgerPort(Protocol):
 
     def close_reservation(self, reservation_id: str,
                           outcome: Literal["succeeded", "failed", "cancelled"]) -> None: ...
+
+    def plan_size_release(self, request: SizeReleasePlanRequest) -> SizeReleasePlan:
+        """σ of a DP count of a dataset's size before its budget exists (charges nothing)."""
+        ...
 
     def release_histogram(self, dataset_id: str,
                           request: HistogramRequest) -> HistogramRelease:

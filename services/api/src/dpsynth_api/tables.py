@@ -61,6 +61,10 @@ class Dataset(Base):
     source_format: Mapped[str] = mapped_column(String(10))
     true_size: Mapped[int] = mapped_column(Integer)
     declared_size: Mapped[int] = mapped_column(Integer)
+    # How N̂ was made public (issue 13, item 2): "declared", "dp_count" (charged; the release
+    # in size_release) or "true_count" (public data, replace-one); None: before migration 0009.
+    declared_size_source: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    size_release: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     class_names: Mapped[list[str]] = mapped_column(JSON)
     class_counts: Mapped[dict[str, int]] = mapped_column(JSON)
     image_shape: Mapped[list[int]] = mapped_column(JSON)
@@ -95,12 +99,18 @@ class Dataset(Base):
     # Held-out records set aside at upload (datasets/holdout.py): a second canonical npz
     # beside the object, excluded from true_size, class_counts and N̂; never trained on.
     holdout_fraction: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the seed of a split made before migration 0008 (seeded_permutation_v0); never shown
     holdout_seed: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     holdout_size: Mapped[int | None] = mapped_column(Integer, nullable=True)  # images
     holdout_units: Mapped[int | None] = mapped_column(Integer, nullable=True)
     holdout_object_key: Mapped[str | None] = mapped_column(String(300), nullable=True)
     holdout_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     holdout_size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # "keyed_hash_v1" (a keyed hash of each unit: 1-stable) or "seeded_permutation_v0"
+    # (made before migration 0008; its guarantee covers the training part only).
+    holdout_rule: Mapped[str | None] = mapped_column(String(30), nullable=True)
+    # "owner" (a write-only holdout_key, never stored) or "platform" (OS entropy, discarded).
+    holdout_key_source: Mapped[str | None] = mapped_column(String(10), nullable=True)
 
 
 class RecordHash(Base):
@@ -122,6 +132,11 @@ class RecordHash(Base):
     budget_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     visibility: Mapped[str] = mapped_column(String(10))
     created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+    # An image row (migration 0008 on): its position in the upload, its side of the held-out
+    # split and its class index; a subject row: its side only. Null: not recorded.
+    position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    held_out: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    label: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Model(Base):

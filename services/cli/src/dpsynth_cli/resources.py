@@ -9,8 +9,15 @@ from typing import Annotated
 import typer
 from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
-from dpsynth_cli.common import cli_errors, console, print_json, print_table, state_of
-from dpsynth_cli.views import budget_lines
+from dpsynth_cli.common import (
+    cli_errors,
+    console,
+    err_console,
+    print_json,
+    print_table,
+    state_of,
+)
+from dpsynth_cli.views import budget_lines, model_privacy_lines
 
 datasets = typer.Typer(help="Upload and inspect datasets; make-documents writes public "
                        "synthetic documents with layout masks (public pretraining data).",
@@ -46,14 +53,30 @@ def upload_dataset(
     = None,
     label_domain: Annotated[str | None, typer.Option(help="class names, comma separated")]
     = None,
-    declared_size: Annotated[int | None, typer.Option(help="public N̂ ≥ the true count")]
-    = None,
+    declared_size: Annotated[int | None, typer.Option(
+        help="private: the public size N̂, an upper bound on the number of records (or "
+        "subjects) shown to every reader and setting every job's sample rate; give this or "
+        "--size-epsilon (the true count is never published)")] = None,
+    size_epsilon: Annotated[float | None, typer.Option(
+        help="private, instead of --declared-size: N̂ is a DP count of the records, "
+        "charged to the budget at this epsilon (N̂ ≥ the true count but for a 1e-9 chance; "
+        "delta then defaults to 1e-6)")] = None,
+    partitions_disjoint: Annotated[bool | None, typer.Option(
+        "--partitions-disjoint/--partitions-overlap", show_default=False,
+        help="private: every record (subject) is in one class, so per-label jobs compose in "
+        "parallel; checked at upload (default: disjoint for images, overlapping for "
+        "subjects)")] = None,
     class_sizes: Annotated[str | None, typer.Option(
         help="private: public per-class sizes for per-label training, e.g. "
         "'cat=500,dog=400' (each ≥ the true count)")] = None,
     on_overlap: Annotated[str | None, typer.Option(
         help="private: 'link' charges the budget of your private dataset this upload shares "
         "records with (default: such an upload is refused)")] = None,
+    on_duplicate: Annotated[str | None, typer.Option(
+        help="copies of one image inside this upload: refuse (a private upload's default: "
+        "a record counted k times is protected only at group size k) | deduplicate (keep "
+        "the first copy); copies with another label or subject are refused either way")]
+    = None,
     privacy_unit: Annotated[str | None, typer.Option(
         help="private: image (default) | subject (every image of one subject is one record: "
         "user-level DP, N̂ counts subjects)")] = None,
@@ -61,28 +84,41 @@ def upload_dataset(
         help="subject unit: the npz array / Parquet column of subject ids (default "
         "'subjects'); an image folder carries subjects.csv (path,subject) instead")] = None,
     holdout_fraction: Annotated[float | None, typer.Option(
-        help="set this share of the records aside (seeded, recorded): never trained on, "
-        "excluded from N̂, the real test data of `dpsynth evaluate`")] = None,
-    holdout_seed: Annotated[int | None, typer.Option(
-        help="seed of the held-out split (default: the api's)")] = None,
+        help="set about this share of the records aside, each by a keyed hash of itself: "
+        "never trained on, excluded from N̂, the real test data of `dpsynth evaluate`")]
+    = None,
+    holdout_key: Annotated[str | None, typer.Option(
+        envvar="DPSYNTH_HOLDOUT_KEY", show_default=False,
+        help="write-only key of the held-out hash (≥ 16 characters; never stored or "
+        "shown): the same key holds out the same records in every version of a dataset "
+        "(default: one drawn by the api). Prefer the DPSYNTH_HOLDOUT_KEY variable to the "
+        "command line")] = None,
 ) -> None:
     """Upload a zip/tar image folder, .npz or Parquet file."""
     if visibility not in {"public", "private"}:
         raise typer.BadParameter("must be public or private", param_hint="--visibility")
     if on_overlap not in {None, "refuse", "link"}:
         raise typer.BadParameter("must be refuse or link", param_hint="--on-overlap")
+    if on_duplicate not in {None, "refuse", "deduplicate"}:
+        raise typer.BadParameter("must be refuse or deduplicate", param_hint="--on-duplicate")
     if privacy_unit not in {None, "image", "subject"}:
         raise typer.BadParameter("must be image or subject", param_hint="--privacy-unit")
     if holdout_fraction is not None and not 0 < holdout_fraction < 1:
         raise typer.BadParameter("must be in (0, 1)", param_hint="--holdout-fraction")
-    if holdout_seed is not None and holdout_fraction is None:
-        raise typer.BadParameter("needs --holdout-fraction", param_hint="--holdout-seed")
+    if holdout_key is not None and holdout_fraction is None:
+        raise typer.BadParameter("needs --holdout-fraction", param_hint="--holdout-key")
+    if visibility == "private" and declared_size is None and size_epsilon is None:
+        raise typer.BadParameter(
+            "a private dataset states the size it makes public: --declared-size N (an upper "
+            "bound on its records, or subjects, shown to every reader) or --size-epsilon E "
+            "(a DP count of them, charged to its budget)", param_hint="--declared-size")
     result = state_of(ctx).client().upload_dataset(
         path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
         label_domain=_split(label_domain), declared_size=declared_size,
+        size_epsilon=size_epsilon, partitions_disjoint=partitions_disjoint,
         class_sizes=_sizes(class_sizes), on_overlap=on_overlap, privacy_unit=privacy_unit,
         subject_column=subject_column, holdout_fraction=holdout_fraction,
-        holdout_seed=holdout_seed)
+        holdout_key=holdout_key, on_duplicate=on_duplicate)
     print_json(result)
 
 
@@ -154,11 +190,13 @@ def derive_dataset(
     classes: Annotated[str | None, typer.Option(
         help="a class subset: the class names kept, comma separated")] = None,
     split: Annotated[float | None, typer.Option(
-        help="a random split: the train part's fraction of the records, in (0, 1)")] = None,
+        help="a keyed-hash split: the train part's expected share of the records, in "
+        "(0, 1)")] = None,
     part: Annotated[str, typer.Option(help="split: train | holdout")] = "train",
     declared_size: Annotated[int | None, typer.Option(
         help="the child's public size N̂ (≥ its true count; default: a bound from the "
-        "parent's public sizes)")] = None,
+        "parent's public sizes, the parent's N̂ for a split; a smaller one needs the owner "
+        "scope)")] = None,
 ) -> None:
     """Derive a class subset or a train/holdout split (a selection, no copy; a private one
     charges its parent's budget, sampled at q = batch / N̂ of the child)."""
@@ -174,6 +212,14 @@ def derive_dataset(
         result = client.derive_dataset(dataset_id, name=name, kind="split", fraction=split,
                                        part=part, declared_size=declared_size)
     print_json(result)
+
+
+@datasets.command("holdout")
+@cli_errors
+def list_held_out(ctx: typer.Context, dataset_id: str) -> None:
+    """The upload's held-out records (owner scope) as JSON: each record's position in the
+    upload and its sha256 content hash, to reproduce an evaluation outside the platform."""
+    print_json({"items": state_of(ctx).client().list_held_out(dataset_id)})
 
 
 @datasets.command("delete")
@@ -239,8 +285,11 @@ def upload_model(ctx: typer.Context, path: Annotated[Path, typer.Argument(exists
 @models.command("show")
 @cli_errors
 def show_model(ctx: typer.Context, model_id: str) -> None:
-    """One model as JSON."""
-    print_json(state_of(ctx).client().get_model(model_id))
+    """One model as JSON; a DP model's privacy figures, each labelled, follow on stderr."""
+    body = state_of(ctx).client().get_model(model_id)
+    print_json(body)
+    for label, value in model_privacy_lines(body):
+        err_console.print(f"{label}: {value}", highlight=False, markup=False, soft_wrap=True)
 
 
 @models.command("download")

@@ -60,6 +60,20 @@ def budget_lines(budget: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def model_privacy_lines(model: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows of a DP model's figures, each named apart (issue 13, item 8):
+    ``job_epsilon`` with its label when it composes DP ancestors (not a guarantee under
+    adaptive use), and the guarantee beside it, the filter figure when the model was made."""
+    if not model.get("dp"):
+        return []
+    label = model.get("job_epsilon_label")
+    return [("job epsilon", _num(model.get("job_epsilon")) + (f"  ({label})" if label else "")),
+            ("spent (RDP filter) when trained",
+             f"{_num(model.get('dataset_epsilon_spent'))}  (the guarantee; the dataset's "
+             "current figure: dpsynth budget)"),
+            ("delta", _num(model.get("delta"), ".3e"))]
+
+
 def progress_text(job: dict[str, Any]) -> str:
     """One line of data-independent progress: state, step/total, epsilon so far, ETA."""
     p = job.get("progress") or {}

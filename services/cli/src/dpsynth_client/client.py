@@ -101,29 +101,42 @@ class Client:
                        declared_size: int | None = None,
                        class_sizes: dict[str, int] | None = None,
                        on_overlap: str | None = None, privacy_unit: str | None = None,
+                       size_epsilon: float | None = None,
+                       partitions_disjoint: bool | None = None,
                        subject_column: str | None = None,
                        holdout_fraction: float | None = None,
-                       holdout_seed: int | None = None) -> dict[str, Any]:
+                       holdout_key: str | None = None,
+                       on_duplicate: str | None = None) -> dict[str, Any]:
         """Upload a dataset file (zip/tar image folder, ``.npz`` or Parquet).
 
         Sent as multipart: ``file`` and ``metadata`` (a JSON string). Optional privacy
         fields left ``None`` are omitted so the api applies its defaults (e.g. delta).
         ``class_sizes`` declares public per-class sizes (each ≥ the true count), which
-        per-label training needs. ``on_overlap="link"``: a private upload sharing records
+        per-label training needs. A private dataset states its public size N̂:
+        ``declared_size`` (an upper bound on its records, or subjects) or ``size_epsilon``
+        (a DP count charged to its budget); ``partitions_disjoint`` declares that every
+        record (subject) is in one class. ``on_overlap="link"``: a private upload sharing records
         with one of your private datasets charges that dataset's budget instead of being
         refused (409 ``private_data_overlap``). ``privacy_unit="subject"``: one record is
         every image of one subject (user-level DP; N̂ counts subjects), with the subject ids
         in ``subject_column`` (npz array / Parquet column, default ``subjects``) or, for an
         image folder, a ``subjects.csv`` (``path,subject``) at the archive root.
-        ``holdout_fraction`` (with an optional ``holdout_seed``) sets that share of the
-        records aside at upload, seeded and recorded: never trained on, excluded from the
-        declared size, the real test data of ``evaluate`` jobs.
+        ``holdout_fraction`` sets about that share of the units aside at upload, each by a
+        keyed hash of itself (1-stable): never trained on, excluded from the declared size,
+        the real test data of ``evaluate`` jobs. ``holdout_key`` (write-only, never stored
+        or shown; at least 16 characters) is that hash's key: the same key holds out the
+        same records in every version of a dataset (default: a key drawn by the api).
+        ``on_duplicate``: records with identical pixels inside the upload are refused (422
+        ``duplicate_records``, a private upload's default) or, with ``"deduplicate"``, kept
+        once (the first copy); copies that disagree (label, subject, mask) are refused.
         """
         metadata = {"name": name, "visibility": visibility, "epsilon_limit": epsilon_limit,
                     "delta": delta, "label_domain": label_domain, "declared_size": declared_size,
                     "class_sizes": class_sizes, "on_overlap": on_overlap,
                     "privacy_unit": privacy_unit, "subject_column": subject_column,
-                    "holdout_fraction": holdout_fraction, "holdout_seed": holdout_seed}
+                    "holdout_fraction": holdout_fraction, "holdout_key": holdout_key,
+                    "size_epsilon": size_epsilon, "partitions_disjoint": partitions_disjoint}
+        metadata["on_duplicate"] = on_duplicate
         metadata = {k: v for k, v in metadata.items() if v is not None}
         path = Path(path)
         with path.open("rb") as handle:
@@ -158,13 +171,21 @@ class Client:
                        part: str | None = None,
                        declared_size: int | None = None) -> dict[str, Any]:
         """``POST /v1/datasets/{id}/derive``: a class subset (``kind="subset"``, ``classes``)
-        or a random split (``kind="split"``, ``fraction`` of the records in ``part``
-        "train", the rest in "holdout"). A private child charges its parent's budget."""
+        or a keyed-hash split (``kind="split"``: about ``fraction`` of the records in
+        ``part`` "train", the rest in "holdout", each record's side a keyed hash of itself).
+        A private child charges its parent's budget."""
         body = {"name": name, "kind": kind, "classes": classes, "fraction": fraction,
                 "part": part, "declared_size": declared_size}
         return self._request(  # type: ignore[no-any-return]
             "POST", f"/v1/datasets/{dataset_id}/derive",
             json={k: v for k, v in body.items() if v is not None})
+
+    def list_held_out(self, dataset_id: str) -> list[dict[str, Any]]:
+        """``GET /v1/datasets/{id}/holdout`` (owner scope): the upload's held-out records,
+        each ``{"index": <position in the upload>, "record_hash": <sha256 of its canonical
+        content>}``, to reproduce an evaluation outside the platform."""
+        body = self._request("GET", f"/v1/datasets/{dataset_id}/holdout")
+        return list(body["items"])
 
     def delete_dataset(self, dataset_id: str) -> dict[str, Any]:
         """``DELETE /v1/datasets/{id}`` (owner scope): delete the stored data; the budget,

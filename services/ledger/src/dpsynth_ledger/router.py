@@ -12,6 +12,8 @@ from dpsynth_shared.ledger_contract import (
     ChainKey,
     CloseRequest,
     CreateBudget,
+    DpEvaluationRelease,
+    DpEvaluationRequest,
     Evaluation,
     EvaluationGrantRequest,
     EvaluationRequest,
@@ -34,6 +36,8 @@ from dpsynth_shared.ledger_contract import (
     Reservation,
     ReserveRequest,
     SetClassSizes,
+    SizeReleasePlan,
+    SizeReleasePlanRequest,
     VerifyReport,
 )
 from fastapi import APIRouter, Depends, Query, Request
@@ -44,11 +48,13 @@ from dpsynth_ledger.chain import anchor_status, verify_chain
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.service import (
     budgets,
+    dp_evaluations,
     evaluations,
     histograms,
     leases,
     policies,
     reservations,
+    sizes,
 )
 from dpsynth_ledger.service import reconcile as reconciliation
 
@@ -73,6 +79,12 @@ router = APIRouter(prefix="/v1", responses=ERRORS)  # type: ignore[arg-type]
 @router.post("/budgets", response_model=BudgetView, status_code=201)
 def create_budget(body: CreateBudget, session: SessionDep, ctx: CtxDep) -> BudgetView:
     return budgets.create_budget(session, request=body, ctx=ctx)
+
+
+@router.post("/size-release-plans", response_model=SizeReleasePlan)
+def plan_size_release(body: SizeReleasePlanRequest, ctx: CtxDep) -> SizeReleasePlan:
+    """σ of a DP count of a dataset's size, before its budget exists (charges nothing)."""
+    return sizes.plan_size_release(request=body, ctx=ctx)
 
 
 @router.get("/budgets/{dataset_id}", response_model=BudgetView)
@@ -159,6 +171,15 @@ def evaluation_grant(evaluation_id: str, body: EvaluationGrantRequest, session: 
     """A short-lived read grant for the budget's private prefix (the worker of the evaluate
     job); a chained ``evaluation_read`` entry, no epsilon."""
     return evaluations.grant(session, evaluation_id=evaluation_id, request=body, ctx=ctx)
+
+
+@router.post("/evaluations/{evaluation_id}/dp-releases", response_model=DpEvaluationRelease,
+             status_code=201)
+def dp_evaluation_release(evaluation_id: str, body: DpEvaluationRequest, session: SessionDep,
+                          ctx: CtxDep) -> DpEvaluationRelease:
+    """A DP evaluation release of the evaluate job, charged at once to the budget's HELD-OUT
+    partition (``dry_run``: only the plan); a chained ``dp_evaluation_released`` entry."""
+    return dp_evaluations.release(session, evaluation_id=evaluation_id, request=body, ctx=ctx)
 
 
 @router.get("/datasets/{dataset_id}/evaluations", response_model=list[Evaluation])

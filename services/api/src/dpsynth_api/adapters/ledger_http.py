@@ -25,6 +25,8 @@ from dpsynth_shared.ledger_contract import (
     Reservation,
     ReserveRequest,
     SetClassSizes,
+    SizeReleasePlan,
+    SizeReleasePlanRequest,
     VerifyReport,
 )
 
@@ -109,6 +111,11 @@ class HttpLedger:
         """``POST /v1/reservations/{rid}/close``."""
         self._call("POST", f"/v1/reservations/{reservation_id}/close",
                    CloseRequest(outcome=outcome).model_dump(mode="json"))
+
+    def plan_size_release(self, request: SizeReleasePlanRequest) -> SizeReleasePlan:
+        """``POST /v1/size-release-plans`` (stateless: charges nothing)."""
+        return SizeReleasePlan.model_validate(self._call(
+            "POST", "/v1/size-release-plans", request.model_dump(mode="json")))
 
     def release_histogram(self, dataset_id: str,
                           request: HistogramRequest) -> HistogramRelease:

@@ -1,40 +1,43 @@
-"""Derived datasets: class subsets and random splits as SELECTIONS over a parent's records.
+"""Derived datasets: class subsets and keyed-hash splits as SELECTIONS over a parent's records.
 
 The api never reads private data after ingest (private objects open only with a ledger read
 grant), so a derived dataset is not a copy: it is the parent's canonical object plus a
 selection the worker applies when it loads the data inside the job
-(``DatasetInfo.selection`` of the claim):
+(``DatasetInfo.selection`` of the claim, ``dpsynth_worker.runners.selection``):
 
 * ``classes``: keep the records whose label is one of these classes (labels are renumbered
   to the child's ``class_names``, in the parent's order);
-* ``indices_key``: then keep the records at these positions (an ``.npy`` of int64 indices
-  into the class-filtered records), written by the api under the budget's private prefix
-  ``private/datasets/<budget_id>/derived/<child_id>/indices.npy``, which the job's read
-  grant covers.
+* ``split`` (``{"rule": "keyed_hash_v1", "key", "fraction", "part"}``): then keep the
+  records whose keyed content hash falls below ``fraction`` (``train``) or not
+  (``holdout``), :func:`dpsynth_shared.record_splits.in_first_part`. Each record's side
+  depends on the key and that record alone, so adding or removing one record of the parent
+  changes the child by at most that record (issue 13, item 1). The key is drawn from OS
+  entropy; the second part of a split of the same parent at the same fraction reuses it,
+  so ``train`` and ``holdout`` are complementary. It never appears in a view;
+* ``indices_key`` (splits made before issue 13, ``seeded_permutation_v0``): positions into
+  the class-filtered records, a seeded permutation of the whole parent. Still applied by the
+  worker; their guarantee covers the child's records only (docs/privacy.md).
 
-A split's indices are a permutation of ``range(true_size)`` drawn from OS entropy: they do
-not depend on the data. The seed is recorded in the derivation, and the second part of a
-split of the same parent at the same fraction reuses it, so ``train`` and ``holdout`` are
-complementary. A private child charges its parent's budget (``budget_id``), with its own
-public size N̂_child setting the job's sample rate q = b / N̂_child; every record of the
-child is a record of the budget, already covered by the parent's record hashes.
+A private child charges its parent's budget (``budget_id``), with its own public size
+N̂_child setting the job's sample rate q = b / N̂_child; every record of the child is a
+record of the budget, already covered by the parent's record hashes. The child's true size
+(owner only) is counted from the record hashes, labels and sides stored at ingest (migration
+0008) with the same rule, without reading the data.
 """
 
 from __future__ import annotations
 
-import io
-import math
-import secrets
+from typing import Any
 
 import numpy as np
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_dataset_id
+from dpsynth_shared.record_splits import LEGACY_RULE, SPLIT_RULE, draw_key, in_first_part
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets import repository as repo
 from dpsynth_api.datasets.schemas import DeriveIn
-from dpsynth_api.ports import ObjectStore
 from dpsynth_api.tables import Dataset
 from dpsynth_api.tenants.security import Principal, Scope
 
@@ -64,8 +67,8 @@ def selection_of(dataset: Dataset) -> dict[str, object] | None:
     return dict(selection) if isinstance(selection, dict) else None
 
 
-def derive_dataset(session: Session, *, principal: Principal, store: ObjectStore,
-                   dataset_id: str, body: DeriveIn) -> Dataset:
+def derive_dataset(session: Session, *, principal: Principal, dataset_id: str,
+                   body: DeriveIn) -> Dataset:
     """Create a subset or split of the tenant's dataset (no data copied or read).
 
     Raises:
@@ -79,19 +82,20 @@ def derive_dataset(session: Session, *, principal: Principal, store: ObjectStore
         raise NotFound("dataset", dataset_id)
     check_not_deleted(parent)
     parent_selection = selection_of(parent) or {}
-    if "indices_key" in parent_selection:
+    if "indices_key" in parent_selection or "split" in parent_selection:
         raise DpsynthError(ErrorCode.INVALID_REQUEST,
                            f"dataset {parent.id} is a split; derive subsets and splits from "
                            "the dataset it was split from (a subset first, then its split)")
     if parent.privacy_unit == "subject" and body.kind == "split":
         raise DpsynthError(ErrorCode.INVALID_REQUEST,
                            "a split draws images, and this dataset's privacy unit is the "
-                           "subject: one subject's images could fall in both parts")
+                           "subject: one subject's images could fall in both parts (hold "
+                           "subjects out at upload with holdout_fraction instead)")
     child_id = new_dataset_id()
     if body.kind == "subset":
         child = _subset(parent, body, child_id, parent_selection)
     else:
-        child = _split(session, store, parent, body, child_id, parent_selection)
+        child = _split(session, parent, body, child_id, parent_selection)
     _check_size(child, parent, body, principal)
     child.uploaded_by = principal.key_id
     try:
@@ -99,11 +103,27 @@ def derive_dataset(session: Session, *, principal: Principal, store: ObjectStore
         session.commit()
     except BaseException:
         session.rollback()
-        key = (child.derivation or {}).get("selection", {}).get("indices_key")
-        if key:
-            store.delete(str(key))
         raise
     return child
+
+
+def derivation_view(derivation: dict[str, Any] | None, *, owner: bool) -> dict[str, Any] | None:
+    """A derivation as views show it: a split names its ``rule``, never its key; the seed
+    of a split made before issue 13 (``seeded_permutation_v0``) is shown to the owner only.
+    """
+    if derivation is None:
+        return None
+    view = dict(derivation)
+    if view.get("kind") != "split":
+        return view
+    view.setdefault("rule", LEGACY_RULE if "seed" in view else SPLIT_RULE)
+    if not owner:
+        view.pop("seed", None)
+    selection = view.get("selection")
+    if isinstance(selection, dict) and isinstance(selection.get("split"), dict):
+        rule = {k: v for k, v in selection["split"].items() if k != "key"}
+        view["selection"] = {**selection, "split": rule}
+    return view
 
 
 def _base(parent: Dataset, child_id: str, name: str) -> Dataset:
@@ -150,10 +170,10 @@ def _default_size(parent: Dataset, body: DeriveIn) -> int:
     Subset: the sum of the parent's DECLARED class sizes of the kept classes (each at least
     its class's true count), else N̂, at most N̂. Class sizes released by the DP histogram are
     noisy and may fall below a true count, so they are not used as a bound.
-    Split, train: ``ceil(fraction·N̂)``; holdout: ``N̂ − floor(fraction·N̂)``. Each bounds
-    the true count of its selection, because the parent's sizes bound the parent's counts
-    (the train part keeps ``floor(fraction·n)`` of n ≤ N̂ records, and ``x − floor(f·x)``
-    does not decrease with x).
+    Split (either part): the parent's N̂. A keyed-hash part keeps each record independently
+    of the others, so it may keep all of them: ``ceil(fraction·N̂)`` would not bound its
+    true count. A smaller N̂_child is the owner's declaration (checked in
+    :func:`_check_size`).
     """
     n_hat = parent.declared_size
     if body.kind == "subset":
@@ -162,53 +182,77 @@ def _default_size(parent: Dataset, body: DeriveIn) -> int:
         kept = set(body.classes) & set(parent.class_names)
         total = sum(int(sizes[c]) for c in kept) if sizes else n_hat
         return min(total, n_hat)
-    assert body.fraction is not None
-    if body.part == "train":
-        return max(1, math.ceil(body.fraction * n_hat))
-    return n_hat - math.floor(body.fraction * n_hat)
+    return n_hat
 
 
-def _sibling_seed(session: Session, parent: Dataset, fraction: float) -> int | None:
-    """The seed of an earlier split of ``parent`` at ``fraction`` (complementary parts)."""
+def _sibling_key(session: Session, parent: Dataset, fraction: float) -> str | None:
+    """The key of an earlier keyed-hash split of ``parent`` at ``fraction`` (complementary
+    parts), or None."""
     rows = session.scalars(select(Dataset).where(Dataset.parent_id == parent.id,
                                                  Dataset.tenant_id == parent.tenant_id))
     for row in rows:
         d = row.derivation or {}
-        if d.get("kind") == "split" and d.get("fraction") == fraction and "seed" in d:
-            return int(d["seed"])
+        split = (d.get("selection") or {}).get("split") or {}
+        if d.get("kind") == "split" and d.get("fraction") == fraction and split.get("key"):
+            return str(split["key"])
     return None
 
 
-def split_indices(seed: int, n: int, fraction: float, part: str) -> np.ndarray:
-    """The sorted positions of one part: the first ``floor(fraction·n)`` of a permutation of
-    ``range(n)`` drawn with ``seed`` (train), or the rest (holdout)."""
-    order = np.random.default_rng(seed).permutation(n)
-    k = math.floor(fraction * n)
-    return np.sort(order[:k] if part == "train" else order[k:]).astype(np.int64)
+def _upload_of(session: Session, dataset: Dataset) -> Dataset:
+    """The upload (or linked upload) whose object a subset reads: up its parents."""
+    row = dataset
+    while (row.derivation or {}).get("kind") in SELECTING_KINDS and row.parent_id:
+        parent = session.get(Dataset, row.parent_id)
+        if parent is None or parent.tenant_id != dataset.tenant_id:
+            break
+        row = parent
+    return row
 
 
-def _split(session: Session, store: ObjectStore, parent: Dataset, body: DeriveIn,
-           child_id: str, parent_selection: dict[str, object]) -> Dataset:
+def _split_counts(session: Session, parent: Dataset, parent_selection: dict[str, object],
+                  rule: dict[str, Any]) -> dict[str, int] | None:
+    """The true class counts of a keyed-hash split of ``parent`` (owner only), from the
+    record hashes, labels and sides stored at ingest; None when the parent's upload
+    predates them (migration 0008)."""
+    upload = _upload_of(session, parent)
+    records = repo.training_records(session, dataset_id=upload.id)
+    if records is None:
+        return None
+    names = list(upload.class_names)
+    kept = parent_selection.get("classes")
+    wanted = ({names.index(str(c)) for c in kept if str(c) in names}
+              if isinstance(kept, list) else set(range(len(names))))
+    chosen = [(h, label) for h, label in records if label in wanted]
+    first = in_first_part(bytes.fromhex(str(rule["key"])), [h for h, _ in chosen],
+                          float(rule["fraction"]))
+    side = first if rule["part"] == "train" else ~first
+    counts = np.bincount(np.asarray([label for _, label in chosen], dtype=np.int64)[side],
+                         minlength=len(names))
+    return {c: int(counts[names.index(c)]) for c in parent.class_names}
+
+
+def _split(session: Session, parent: Dataset, body: DeriveIn, child_id: str,
+           parent_selection: dict[str, object]) -> Dataset:
     assert body.fraction is not None and body.part is not None
-    seed = _sibling_seed(session, parent, body.fraction)
-    if seed is None:
-        seed = secrets.randbits(63)  # OS entropy: the split does not depend on the data
-    indices = split_indices(seed, parent.true_size, body.fraction, body.part)
-    if parent.visibility == "private":
-        assert parent.budget_id is not None
-        key = f"private/datasets/{parent.budget_id}/derived/{child_id}/indices.npy"
-    else:
-        key = f"public/datasets/{parent.id}/derived/{child_id}/indices.npy"
-    buffer = io.BytesIO()
-    np.save(buffer, indices, allow_pickle=False)
-    store.put_bytes(key, buffer.getvalue())
+    key = _sibling_key(session, parent, body.fraction) or draw_key().hex()
+    rule = {"rule": SPLIT_RULE, "key": key, "fraction": body.fraction, "part": body.part}
     child = _base(parent, child_id, body.name)
-    child.true_size = int(indices.shape[0])
-    child.class_counts = {}  # unknown to the api: it never reads the labels again
+    counts = _split_counts(session, parent, parent_selection, rule)
+    derivation: dict[str, Any] = {"kind": "split", "parent": parent.id,
+                                  "fraction": body.fraction, "part": body.part,
+                                  "rule": SPLIT_RULE,
+                                  "selection": {**parent_selection, "split": rule}}
+    if counts is None:
+        # An upload from before migration 0008: its records' labels and sides were not
+        # stored, so the child's count is bounded by the parent's (the size check stays
+        # valid; the owner's true_size is that bound, flagged here).
+        child.class_counts = {}
+        derivation["true_size_is_upper_bound"] = True
+    else:
+        child.class_counts = counts
+        child.true_size = sum(counts.values())
     child.declared_size = body.declared_size or _default_size(parent, body)
-    child.derivation = {"kind": "split", "parent": parent.id, "fraction": body.fraction,
-                        "part": body.part, "seed": seed,
-                        "selection": {**parent_selection, "indices_key": key}}
+    child.derivation = derivation
     return child
 
 

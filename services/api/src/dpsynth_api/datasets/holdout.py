@@ -1,111 +1,97 @@
-"""The held-out split at upload (``DatasetMetadata.holdout_fraction``, issue 5, item 1).
+"""The held-out split at upload (``DatasetMetadata.holdout_fraction``; issue 5, item 1 and
+issue 13, item 1).
 
-An upload may set aside a seeded fraction of its privacy UNITS (images, or subjects for a
+An upload may set aside a fraction of its privacy UNITS (images, or subjects for a
 ``privacy_unit: subject`` dataset) as held-out records: the real test data of evaluate jobs.
 They are written as a second canonical npz beside the dataset's object (under the same
 prefix, so a private dataset's read grant covers both) and are excluded from everything
 else: the dataset's object, its true size and class counts, the default and the minimum of
 its declared size N̂, the class-size checks, and so from every job and derived dataset that
 trains on it. Their record hashes are still stored with the dataset's (overlap detection
-covers them: they are the budget's records too).
+covers them: they are the budget's records too), with their positions and sides, so the
+owner can list them (``GET /v1/datasets/{id}/holdout``).
 
-The split is a function of the seed and of the unit labels only:
+The split is 1-stable (docs/privacy.md "Held-out and derived splits are 1-stable"): a unit
+is held out iff its keyed hash falls below the fraction
+(:func:`dpsynth_shared.record_splits.in_first_part`), where the unit's hash is the record's
+content hash, or the subject's keyed hash (so all of a subject's images go to the same side,
+and a subject is never on both sides). The side of a unit depends on the key, the fraction
+and that unit alone: adding or removing one unit changes the training part by at most that
+unit. The held-out count is therefore itself random (about f·U), and there is no class
+stratification (a stratified quota depends on every other unit of the class).
 
-* images are stratified by class: the held-out count T = round(f·U) over the U units is
-  shared among the classes by largest remainder of f·n_c (ties broken by the seeded
-  generator), then each class's units are drawn by a seeded permutation;
-* subjects are stratified by their most frequent class (ties: the first class), and a
-  subject's images all go to the same side, so a subject is never on both sides.
-
-The same upload with the same seed gives the same split (``holdout_seed`` is recorded;
-without one it is drawn from OS entropy). At least one unit must fall on each side, else
-422 ``invalid_dataset``; the message names no count of a private upload.
+The key is the owner's write-only ``holdout_key`` (the same key keeps the same held-out
+records across versions of a dataset) or is drawn from OS entropy. It is used here, at
+ingest, and never stored. At least one unit must fall on each side, else 422
+``invalid_dataset``; the message names no count of a private upload.
 """
 
 from __future__ import annotations
 
-import math
-import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
-from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.record_splits import LEGACY_RULE, SPLIT_RULE, draw_key, in_first_part
+from sqlalchemy.orm import Session
 
+from dpsynth_api.datasets import repository as repo
 from dpsynth_api.datasets.ingest import Ingested
+from dpsynth_api.datasets.overlap import RecordRows
+from dpsynth_api.datasets.schemas import DatasetMetadata
+from dpsynth_api.tenants.security import Principal
 
-MAX_SEED = 2**63 - 1
-"""Seeds are non-negative and fit a signed 64-bit column."""
-
-
-def draw_seed() -> int:
-    """A fresh seed from OS entropy (recorded with the dataset)."""
-    return secrets.randbits(63)
+KeySource = Literal["owner", "platform"]
 
 
 @dataclass(frozen=True)
 class Split:
-    """An upload cut in two: what the dataset trains on and what it holds out."""
+    """An upload cut in two: what the dataset trains on and what it holds out.
+
+    Attributes:
+        train: the training records (upload order kept).
+        holdout: the held-out records (upload order kept).
+        held: each image's side, ``[N]`` bool in upload order (True: held out).
+        unit_held: each unit's side, ``[U]`` bool (images, or dense subjects).
+        key_source: ``owner`` (the upload's ``holdout_key``) or ``platform``.
+        rule: the split's rule (``keyed_hash_v1``).
+    """
 
     train: Ingested
     holdout: Ingested
-    seed: int
-    holdout_units: int
+    held: np.ndarray
+    unit_held: np.ndarray
+    key_source: KeySource
+    rule: str = SPLIT_RULE
+
+    @property
+    def holdout_units(self) -> int:
+        return int(self.unit_held.sum())
 
 
-def unit_strata(data: Ingested) -> np.ndarray:
-    """The class each unit is stratified by: an image's label, or a subject's most frequent
-    label (ties: the lowest class index). ``[U]`` int64, in unit order."""
-    if data.subjects is None:
-        return data.labels.astype(np.int64)
-    k = max(len(data.class_names), 1)
-    keys = data.subjects.astype(np.int64) * k + data.labels.astype(np.int64)
-    unique, counts = np.unique(keys, return_counts=True)
-    subject, label = unique // k, unique % k
-    order = np.lexsort((label, -counts, subject))  # by subject, count desc, label asc
-    subject, label = subject[order], label[order]
-    first = np.ones(subject.shape[0], dtype=bool)
-    first[1:] = subject[1:] != subject[:-1]
-    strata = np.zeros(data.unit_count, dtype=np.int64)
-    strata[subject[first]] = label[first]
-    return strata
-
-
-def held_out_units(strata: np.ndarray, fraction: float, seed: int, *,
+def held_out_units(unit_hashes: Sequence[str], fraction: float, key: bytes, *,
                    unit: str = "records") -> np.ndarray:
-    """Which units are held out: a boolean mask ``[U]``.
+    """Which units are held out: a boolean mask ``[U]``, a function of each unit's own hash.
 
     Args:
-        strata: each unit's class (:func:`unit_strata`).
+        unit_hashes: each unit's hash (record content hashes, or keyed subject hashes).
         fraction: the held-out share f, 0 < f ≤ 0.5.
-        seed: the split's seed.
+        key: the split's key.
         unit: what a unit is, for the refusal's wording.
 
     Raises:
         DpsynthError: 422 ``invalid_dataset`` when one side would be empty.
     """
-    n = int(strata.shape[0])
-    total = math.floor(fraction * n + 0.5)
-    if total < 1 or total > n - 1:
+    mask = in_first_part(key, unit_hashes, fraction)
+    if not mask.any() or mask.all():
         raise DpsynthError(ErrorCode.INVALID_DATASET,
                            f"holdout_fraction {fraction:g} leaves no {unit} on one side of the "
                            f"held-out split; at least one of the upload's {unit} must be held "
-                           "out and at least one kept (raise the fraction or upload more)",
+                           "out and at least one kept (raise the fraction, upload more, or "
+                           "upload again: each unit's side is a keyed hash of the unit)",
                            holdout_fraction=fraction)
-    rng = np.random.default_rng(seed)
-    classes, inverse, counts = np.unique(strata, return_inverse=True, return_counts=True)
-    quotas = fraction * counts.astype(np.float64)
-    take = np.floor(quotas).astype(np.int64)
-    remainder = total - int(take.sum())
-    if remainder > 0:
-        ties = np.asarray(rng.random(int(classes.shape[0])), dtype=np.float64)
-        order = np.lexsort((ties, take - quotas))  # largest remainder first
-        take[order[:remainder]] += 1
-    permutation = rng.permutation(n)
-    grouped = permutation[np.argsort(inverse[permutation], kind="stable")]
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    mask = np.zeros(n, dtype=bool)
-    for start, count in zip(starts.tolist(), take.tolist(), strict=True):
-        mask[grouped[start:start + count]] = True
     return mask
 
 
@@ -121,24 +107,83 @@ def _part(data: Ingested, keep: np.ndarray) -> Ingested:
                     masks=None if data.masks is None else data.masks[keep], subjects=subjects)
 
 
-def split_upload(data: Ingested, fraction: float, seed: int | None) -> Split:
+def split_upload(data: Ingested, fraction: float, *, unit_hashes: Sequence[str],
+                 key: str | None) -> Split:
     """Cut an ingested upload into its training part and its held-out part.
 
-    The raw subject ids (``data.subject_ids``) are not carried into either part: the keyed
-    subject hashes are computed over the whole upload before the split.
+    Args:
+        data: the whole upload (raw subject ids already dropped).
+        fraction: the held-out share f.
+        unit_hashes: one hash per unit: the records' content hashes (image unit) or the
+            keyed subject hashes by dense subject index (subject unit).
+        key: the owner's ``holdout_key``, or None to draw one from OS entropy (discarded
+            after the split).
 
     Raises:
         DpsynthError: 422 ``invalid_dataset`` when one side would be empty.
     """
-    seed = draw_seed() if seed is None else seed
+    if len(unit_hashes) != data.unit_count:
+        raise ValueError("one hash per unit is needed")
     unit = "subjects" if data.subjects is not None else "records"
-    mask = held_out_units(unit_strata(data), fraction, seed, unit=unit)
+    secret = key.encode() if key is not None else draw_key()
+    mask = held_out_units(unit_hashes, fraction, secret, unit=unit)
     held = mask if data.subjects is None else mask[data.subjects]
     return Split(train=_part(data, np.flatnonzero(~held)),
-                 holdout=_part(data, np.flatnonzero(held)), seed=seed,
-                 holdout_units=int(mask.sum()))
+                 holdout=_part(data, np.flatnonzero(held)), held=held, unit_held=mask,
+                 key_source="owner" if key is not None else "platform")
+
+
+def split_for_upload(data: Ingested, meta: DatasetMetadata, *, hashes: Sequence[str],
+                     subjects: Sequence[str] | None) -> Split | None:
+    """The upload's held-out split (None without ``holdout_fraction``): units are the
+    records (``hashes``) or, for a subject upload, the subjects (their keyed ``subjects``
+    hashes, by dense subject index)."""
+    if meta.holdout_fraction is None:
+        return None
+    key = meta.holdout_key.get_secret_value() if meta.holdout_key is not None else None
+    return split_upload(data, meta.holdout_fraction,
+                        unit_hashes=hashes if subjects is None else subjects, key=key)
+
+
+def record_rows(data: Ingested, split: Split | None) -> RecordRows:
+    """What is stored beside the upload's hashes (its images', then its subjects'):
+    positions, sides and class indices (``overlap.add_hashes``)."""
+    held = None if split is None else split.held
+    count = data.subject_count or 0
+    sides = [False] * count if split is None or data.subjects is None \
+        else split.unit_held.astype(bool).tolist()
+    return RecordRows.of_upload(data.labels, held, sides)
 
 
 def holdout_key(object_key: str) -> str:
     """Where a dataset's held-out npz lives: beside its object (``.../holdout.npz``)."""
     return object_key.rsplit("/", 1)[0] + "/holdout.npz"
+
+
+def list_held_out(session: Session, *, principal: Principal,
+                  dataset_id: str) -> list[tuple[int, str]]:
+    """The held-out records of the tenant's upload: (position in the upload, content hash).
+
+    Owner scope only (the router's dependency): the list is a private statistic of the
+    upload (its length is the held-out count).
+
+    Raises:
+        NotFound: another tenant's or an unknown dataset.
+        DpsynthError: 422 ``no_holdout`` for a dataset without its own held-out split
+            (derived datasets have none); 409 ``conflict`` for a split made before the
+            records' sides were stored (``seeded_permutation_v0``).
+    """
+    dataset = repo.get_for_tenant(session, tenant_id=principal.tenant_id,
+                                  dataset_id=dataset_id)
+    if dataset is None:
+        raise NotFound("dataset", dataset_id)
+    if dataset.holdout_fraction is None:
+        raise DpsynthError(ErrorCode.NO_HOLDOUT, f"dataset {dataset.id} has no held-out "
+                           "records of its own (holdout_fraction at upload)",
+                           dataset_id=dataset.id)
+    if (dataset.holdout_rule or LEGACY_RULE) == LEGACY_RULE:
+        raise DpsynthError(ErrorCode.CONFLICT, f"dataset {dataset.id}'s held-out split was "
+                           f"made by the {LEGACY_RULE} rule, before the platform recorded "
+                           "each record's side; its held-out records cannot be listed",
+                           dataset_id=dataset.id, holdout_rule=LEGACY_RULE)
+    return repo.held_out_records(session, dataset_id=dataset.id)

@@ -325,7 +325,13 @@ def _folder_subjects(csv_data: bytes, names: list[str],
 
 def _stack(arrays: list[np.ndarray], *, private: bool) -> np.ndarray:
     colour = any(a.ndim == 3 for a in arrays)
-    if colour:  # grayscale images join a colour dataset as RGB
+    if private and colour and any(a.ndim == 2 for a in arrays):
+        # The published image_shape would otherwise turn RGB because of ONE colour record
+        # (issue 13: nothing published may depend on a single private record).
+        raise _invalid("the images mix grayscale and colour; a private dataset's colour "
+                       "mode is published with its image shape and must not depend on one "
+                       "record: convert every image to one mode before uploading")
+    if colour:  # grayscale images join a colour (public) dataset as RGB
         arrays = [a if a.ndim == 3 else np.repeat(a[:, :, None], 3, axis=2) for a in arrays]
     else:
         arrays = [a[:, :, None] for a in arrays]

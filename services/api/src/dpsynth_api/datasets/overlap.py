@@ -30,48 +30,21 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import DateTime, String, bindparam, func, insert, literal, select
+from dpsynth_shared.record_splits import HASH_SCHEME, record_hashes
+from sqlalchemy import Boolean, DateTime, Integer, String, bindparam, func, insert, literal, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from dpsynth_api.db import utcnow
 from dpsynth_api.tables import RecordHash, Tenant
 
-HASH_SCHEME = "dpsynth-record-v1"
-"""Prefix of every hashed message; a new canonical form gets a new scheme."""
 SUBJECT_SCHEME = "dpsynth-subject-v1"
 """Prefix of every keyed subject message (another hash space than the pixel hashes)."""
 
-
-def record_hashes(images: np.ndarray) -> list[str]:
-    """The content hash of each record: sha256 over its canonical decoded pixels.
-
-    The message is ``scheme | dtype | shape | raw bytes`` of the record's image as stored in
-    the canonical npz (uint8 ``[H,W,C]``), so the same image hashes the same whatever the
-    upload's container (a PNG in an image folder, or a row of an ``.npz``). One sha256 per
-    row over a contiguous view: no per-record copy (70k 28x28 images take well under a
-    second).
-
-    The layout mask of a record is not hashed: the same image with another mask is the
-    same private record.
-
-    Args:
-        images: canonical images ``[N,H,W,C]``.
-
-    Returns:
-        N lowercase hex digests, in record order.
-    """
-    array = np.ascontiguousarray(images)
-    n = int(array.shape[0])
-    shape = "x".join(str(int(d)) for d in array.shape[1:])
-    base = hashlib.sha256(f"{HASH_SCHEME}|{array.dtype.str}|{shape}|".encode())
-    rows = array.reshape(n, -1)
-    out: list[str] = []
-    for row in rows:
-        digest = base.copy()
-        digest.update(row.data)
-        out.append(digest.hexdigest())
-    return out
+# The content hash (sha256 over the canonical pixels) lives in dpsynth_shared: the worker
+# recomputes it from the stored object to apply a derived dataset's keyed-hash split.
+__all__ = ["HASH_SCHEME", "SUBJECT_SCHEME", "Overlap", "RecordRows", "add_hashes",
+           "find_overlap", "lock_tenant", "record_hashes", "subject_hashes"]
 
 
 def subject_hashes(key: bytes, tenant_id: str, subject_ids: Sequence[str]) -> list[str]:
@@ -150,21 +123,55 @@ def find_overlap(session: Session, *, tenant_id: str, hashes: list[str],
                    subjects=sum(1 for h in subjects if h in matched))
 
 
-def add_hashes(session: Session, *, tenant_id: str, dataset_id: str, budget_id: str | None,
-               visibility: str, hashes: list[str], now: datetime | None = None) -> None:
-    """Insert one ``RecordHash`` row per record (flush only).
+@dataclass(frozen=True)
+class RecordRows:
+    """What is stored beside each hash (migration 0008), parallel to the hashes: a record's
+    position in the upload, its side of the held-out split and its class index (None where
+    a row has none: a subject row has a side only)."""
 
-    One ``INSERT … SELECT … FROM unnest(:hashes)`` statement: the hashes travel as a single
-    array parameter (70k rows in a fraction of a second, where an executemany of 70k
-    parameter sets takes seconds).
+    positions: Sequence[int | None]
+    held_out: Sequence[bool | None]
+    labels: Sequence[int | None]
+
+    @staticmethod
+    def of_upload(labels: np.ndarray, held: np.ndarray | None,
+                  subject_sides: Sequence[bool] = ()) -> RecordRows:
+        """The rows of an upload: its images in upload order (``held``: each image's side;
+        None: no held-out split, every image is trained on), then one row per subject
+        (``subject_sides``)."""
+        n, s = int(labels.shape[0]), len(subject_sides)
+        sides = [False] * n if held is None else held.astype(bool).tolist()
+        return RecordRows(positions=[*range(n), *([None] * s)],
+                          held_out=[*sides, *(bool(v) for v in subject_sides)],
+                          labels=[*labels.astype(int).tolist(), *([None] * s)])
+
+
+def add_hashes(session: Session, *, tenant_id: str, dataset_id: str, budget_id: str | None,
+               visibility: str, hashes: list[str], rows: RecordRows | None = None,
+               now: datetime | None = None) -> None:
+    """Insert one ``RecordHash`` row per record (flush only), with ``rows`` beside them.
+
+    One ``INSERT … SELECT … unnest(:hashes), unnest(:positions), …`` statement: each
+    column travels as a single array parameter (70k rows in a fraction of a second, where
+    an executemany of 70k parameter sets takes seconds); the arrays have equal lengths, so
+    PostgreSQL zips their ``unnest`` rows.
     """
     if not hashes:
         return
     at = now or utcnow()
+    n = len(hashes)
+    if rows is None:
+        rows = RecordRows(positions=[None] * n, held_out=[None] * n, labels=[None] * n)
+    if not len(rows.positions) == len(rows.held_out) == len(rows.labels) == n:
+        raise ValueError("RecordRows must be parallel to the hashes")
     each = func.unnest(bindparam("hashes", list(hashes), type_=ARRAY(String(64))))
-    rows = select(literal(tenant_id, String(40)), each, literal(dataset_id, String(40)),
-                  literal(budget_id, String(40)), literal(visibility, String(10)),
-                  literal(at, DateTime(timezone=True)))
+    positions = func.unnest(bindparam("positions", list(rows.positions),
+                                      type_=ARRAY(Integer)))
+    held = func.unnest(bindparam("held_out", list(rows.held_out), type_=ARRAY(Boolean)))
+    labels = func.unnest(bindparam("labels", list(rows.labels), type_=ARRAY(Integer)))
+    select_rows = select(literal(tenant_id, String(40)), each, literal(dataset_id, String(40)),
+                         literal(budget_id, String(40)), literal(visibility, String(10)),
+                         literal(at, DateTime(timezone=True)), positions, held, labels)
     session.execute(insert(RecordHash).from_select(
-        ["tenant_id", "record_hash", "dataset_id", "budget_id", "visibility", "created_at"],
-        rows))
+        ["tenant_id", "record_hash", "dataset_id", "budget_id", "visibility", "created_at",
+         "position", "held_out", "label"], select_rows))

@@ -7,13 +7,15 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
-from dpsynth_api.datasets import derive, service
+from dpsynth_api.datasets import derive, holdout, service
 from dpsynth_api.datasets.schemas import (
     ClassSizesReleaseIn,
     ClassSizesReleaseOut,
     DatasetOut,
     DatasetPage,
     DeriveIn,
+    HeldOutRecord,
+    HoldoutOut,
     dataset_out,
 )
 from dpsynth_api.deps import ContextDep, OwnerDep, ReaderDep, SessionDep, SubmitterDep
@@ -61,6 +63,14 @@ def get_dataset(dataset_id: str, session: SessionDep, principal: ReaderDep) -> D
     return dataset_out(dataset, owner=principal.has(Scope.OWNER))
 
 
+@router.get("/{dataset_id}/holdout", response_model=HoldoutOut)
+def list_held_out(dataset_id: str, session: SessionDep, principal: OwnerDep) -> HoldoutOut:
+    """The upload's held-out records (owner scope): each one's position in the upload and
+    its unkeyed content hash, so an evaluation can be reproduced outside the platform."""
+    rows = holdout.list_held_out(session, principal=principal, dataset_id=dataset_id)
+    return HoldoutOut(items=[HeldOutRecord(index=i, record_hash=h) for i, h in rows])
+
+
 @router.post("/{dataset_id}/class-sizes/release", response_model=ClassSizesReleaseOut)
 def release_class_sizes(dataset_id: str, body: ClassSizesReleaseIn, ctx: ContextDep,
                         session: SessionDep, principal: SubmitterDep) -> ClassSizesReleaseOut:
@@ -71,12 +81,12 @@ def release_class_sizes(dataset_id: str, body: ClassSizesReleaseIn, ctx: Context
 
 
 @router.post("/{dataset_id}/derive", status_code=201, response_model=DatasetOut)
-def derive_dataset(dataset_id: str, body: DeriveIn, ctx: ContextDep, session: SessionDep,
+def derive_dataset(dataset_id: str, body: DeriveIn, session: SessionDep,
                    principal: SubmitterDep) -> DatasetOut:
-    """A class subset or a random split of the dataset: a selection over its records (no
-    copy); a private one charges the parent's budget with its own public size N̂."""
-    dataset = derive.derive_dataset(session, principal=principal, store=ctx.store,
-                                    dataset_id=dataset_id, body=body)
+    """A class subset or a keyed-hash split of the dataset: a selection over its records
+    (no copy); a private one charges the parent's budget with its own public size N̂."""
+    dataset = derive.derive_dataset(session, principal=principal, dataset_id=dataset_id,
+                                    body=body)
     return dataset_out(dataset, owner=principal.has(Scope.OWNER))
 
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.ledger_contract import PrivacyUnit
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
 class DatasetMetadata(BaseModel):
@@ -20,7 +20,20 @@ class DatasetMetadata(BaseModel):
     epsilon_limit: float | None = Field(None, gt=0, le=100)
     delta: float | None = Field(None, gt=0, lt=1)
     label_domain: list[str] | None = Field(None, min_length=1, max_length=100_000)
-    declared_size: int | None = Field(None, ge=1)
+    declared_size: int | None = Field(
+        None, ge=1, description="the public size N̂: an upper bound on the number of units "
+        "(images, or subjects), at least the true count; shown to every reader and setting "
+        "every job's sample rate. A private add/remove dataset gives this or size_epsilon "
+        "(its true count is never published by default)")
+    size_epsilon: float | None = Field(
+        None, gt=0, le=100, description="private add/remove datasets, instead of "
+        "declared_size: N̂ is a DP count of the units, ceil(N + N(0, sigma^2) + 6 sigma) "
+        "(below N with probability < 1e-9), charged to the budget at this standalone epsilon "
+        "as its first event; delta is then the declared one or 1e-6")
+    partitions_disjoint: bool | None = Field(
+        None, description="private datasets: every unit (image, or subject) falls in exactly "
+        "one class, so per-label jobs compose in parallel; checked at upload, never computed "
+        "(default: true for the image unit, false for the subject unit)")
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
     class_sizes: dict[str, int] | None = Field(
         None, description="private datasets, for per-label training: the public size N̂_c of "
@@ -43,20 +56,52 @@ class DatasetMetadata(BaseModel):
         "private datasets: 'refuse' (409 private_data_overlap) or 'link' (the new dataset "
         "charges the existing dataset's budget; its epsilon_limit, delta and neighbouring "
         "are the budget's, and epsilon_limit may be omitted; given ones are ignored)")
+    on_duplicate: Literal["refuse", "deduplicate"] | None = Field(
+        None, description="records with identical pixels inside this upload: 'refuse' (422 "
+        "duplicate_records, the default of a private upload: a record uploaded k times is "
+        "protected only at group size k) or 'deduplicate' (keep the first copy of each). "
+        "Copies with another label, subject or layout mask are refused either way. A public "
+        "upload keeps its copies unless this is given")
     holdout_fraction: float | None = Field(
-        None, gt=0, le=0.5, description="set aside this share of the upload's units (images, "
-        "or subjects for privacy_unit 'subject') as held-out records: the real test data of "
-        "evaluate jobs, never trained on and excluded from the declared size N̂, the class "
-        "sizes and every derived dataset; stratified by class, seeded, at least one unit on "
-        "each side")
+        None, gt=0, le=0.5, description="set aside about this share of the upload's units "
+        "(images, or subjects for privacy_unit 'subject') as held-out records: the real test "
+        "data of evaluate jobs, never trained on and excluded from the declared size N̂, the "
+        "class sizes and every derived dataset. Each unit is held out iff a keyed hash of "
+        "its own content (or subject id) falls below the fraction, so adding or removing a "
+        "unit moves no other unit (docs/privacy.md); at least one unit on each side")
+    holdout_key: SecretStr | None = Field(
+        None, min_length=16, max_length=512, description="write-only: the key of the "
+        "held-out split's hash (default: drawn from OS entropy). The same key holds out the "
+        "same records in every version of a dataset. Used at ingest only: never stored, "
+        "never shown")
     holdout_seed: int | None = Field(
-        None, ge=0, le=2**63 - 1, description="the held-out split's seed (default: drawn "
-        "from OS entropy); recorded with the dataset, so the split can be reproduced")
+        None, description="removed: the held-out split is no longer a seeded permutation; "
+        "an upload giving it is refused (use holdout_key)", json_schema_extra={
+            "deprecated": True})
 
     @model_validator(mode="after")
     def _holdout(self) -> DatasetMetadata:
-        if self.holdout_seed is not None and self.holdout_fraction is None:
-            raise ValueError("holdout_seed is given only with holdout_fraction")
+        if self.holdout_seed is not None:
+            raise ValueError("holdout_seed is no longer accepted: the held-out split is a "
+                             "keyed hash of each unit, not a seeded permutation of the "
+                             "upload (docs/privacy.md, 'Held-out and derived splits are "
+                             "1-stable'); give holdout_key to hold out the same records "
+                             "across versions, or omit it")
+        if self.holdout_key is not None and self.holdout_fraction is None:
+            raise ValueError("holdout_key is given only with holdout_fraction")
+        return self
+
+    @model_validator(mode="after")
+    def _size(self) -> DatasetMetadata:
+        if self.size_epsilon is None:
+            return self
+        if self.visibility != "private":
+            raise ValueError("size_epsilon is for private datasets (a public size is public)")
+        if self.declared_size is not None:
+            raise ValueError("give declared_size or size_epsilon, not both")
+        if self.neighbouring != Neighbouring.ADD_REMOVE:
+            raise ValueError("size_epsilon is for add/remove datasets: under replace_one the "
+                             "size is public; omit both to publish the true count")
         return self
 
     @model_validator(mode="after")
@@ -80,6 +125,8 @@ class DatasetMetadata(BaseModel):
             if self.label_domain is None:
                 raise ValueError("a private dataset needs a label_domain (the public list "
                                  "of class names)")
+        elif self.partitions_disjoint is not None:
+            raise ValueError("partitions_disjoint is declared for private datasets only")
         elif self.epsilon_limit is not None or self.delta is not None:
             raise ValueError("a public dataset has no privacy budget (epsilon_limit, delta)")
         elif self.on_overlap != "refuse":
@@ -96,6 +143,13 @@ class DatasetOut(BaseModel):
     name: str
     visibility: Literal["public", "private"]
     declared_size: int
+    declared_size_source: Literal["declared", "dp_count", "true_count"] | None = Field(
+        None, description="how N̂ was made public: declared by the owner (an upper bound), "
+        "a charged DP count (size_release), or the true count (public data; replace-one); "
+        "None: a dataset from before this was recorded")
+    size_release: dict[str, Any] | None = Field(
+        None, description="declared_size_source 'dp_count': the release (release_id, "
+        "target_epsilon, epsilon, sigma, margin_z, failure_probability = P[N̂ < N], delta)")
     true_size: int | None = Field(None, description="owner scope only")
     class_counts: dict[str, int] | None = Field(None, description="owner scope only")
     class_names: list[str]
@@ -122,17 +176,27 @@ class DatasetOut(BaseModel):
     privacy_unit: PrivacyUnit | None = None
     subject_count: int | None = Field(None, description="owner scope only: true number of "
                                       "subjects (privacy_unit 'subject')")
-    partitions_disjoint: bool | None = Field(None, description="every unit falls in one class "
+    partitions_disjoint: bool | None = Field(None, description="declared by the owner and "
+                                             "checked at upload: every unit falls in one class "
                                              "(per-label jobs compose in parallel)")
     warning_fraction: float | None = None
     holdout_fraction: float | None = Field(None, description="the share of the upload's "
                                            "units held out at upload (None: none)")
-    holdout_seed: int | None = Field(None, description="the held-out split's seed")
+    holdout_rule: Literal["keyed_hash_v1", "seeded_permutation_v0"] | None = Field(
+        None, description="how the held-out split was made: 'keyed_hash_v1' (each unit by a "
+        "keyed hash of itself: the guarantee covers every record of the upload), or "
+        "'seeded_permutation_v0' (before issue 13: the guarantee covers the training part "
+        "only, docs/privacy.md)")
+    holdout_key_source: Literal["owner", "platform"] | None = Field(
+        None, description="whose key made the keyed-hash split: the owner's holdout_key "
+        "(never shown) or one drawn by the platform")
     holdout_size: int | None = Field(None, description="owner scope only: the number of "
                                      "held-out images (excluded from true_size)")
     source_format: str
-    sha256: str
-    size_bytes: int
+    sha256: str | None = Field(None, description="of the stored canonical file; owner scope "
+                               "only for a private dataset (a membership oracle)")
+    size_bytes: int | None = Field(None, description="of the stored canonical file; owner "
+                                   "scope only for a private dataset (it gives the count)")
     created_at: datetime
 
 
@@ -141,15 +205,37 @@ class DatasetPage(BaseModel):
     next_cursor: str | None = None
 
 
+class HeldOutRecord(BaseModel):
+    index: int = Field(description="the record's position in the upload (its canonical "
+                       "order: the row of an .npz or Parquet file, the ingest order of an "
+                       "image folder; after on_duplicate 'deduplicate', among the copies "
+                       "kept)")
+    record_hash: str = Field(description="unkeyed sha256 of the record's canonical content "
+                             "(dpsynth_shared.record_splits.record_hashes)")
+
+
+class HoldoutOut(BaseModel):
+    """``GET /v1/datasets/{id}/holdout`` (owner scope): the held-out records of an upload,
+    so an evaluation can be reproduced outside the platform."""
+
+    items: list[HeldOutRecord]
+
+
 def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
-    """The public view of a dataset row; the true count and class counts only for owners."""
+    """The public view of a dataset row; the true count and class counts only for owners,
+    and, for a private dataset, the stored file's hash and size too (the size of an
+    uncompressed npz gives the exact count; the hash is a membership oracle)."""
+    from dpsynth_api.datasets.derive import derivation_view
     from dpsynth_api.tables import Dataset
 
     assert isinstance(dataset, Dataset)
+    file_visible = owner or dataset.visibility != "private"
     return DatasetOut(
         dataset_id=dataset.id, tenant_id=dataset.tenant_id, name=dataset.name,
         visibility=dataset.visibility,
         declared_size=dataset.declared_size,
+        declared_size_source=dataset.declared_size_source,
+        size_release=dataset.size_release,
         true_size=dataset.true_size if owner else None,
         class_counts=dataset.class_counts if owner else None,
         class_names=dataset.class_names, image_shape=dataset.image_shape,
@@ -160,15 +246,18 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
         class_sizes_source=dataset.class_sizes_source,
         declared_public_by=dataset.declared_public_by,
         budget_id=dataset.budget_id, parent_id=dataset.parent_id,
-        derivation=dataset.derivation, deleted_at=dataset.deleted_at,
+        derivation=derivation_view(dataset.derivation, owner=owner),
+        deleted_at=dataset.deleted_at,
         privacy_unit=PrivacyUnit(dataset.privacy_unit) if dataset.privacy_unit else None,
         subject_count=dataset.subject_count if owner else None,
         partitions_disjoint=dataset.partitions_disjoint,
         warning_fraction=dataset.warning_fraction,
-        holdout_fraction=dataset.holdout_fraction, holdout_seed=dataset.holdout_seed,
+        holdout_fraction=dataset.holdout_fraction, holdout_rule=dataset.holdout_rule,
+        holdout_key_source=dataset.holdout_key_source,
         holdout_size=dataset.holdout_size if owner else None,
         source_format=dataset.source_format,
-        sha256=dataset.sha256, size_bytes=dataset.size_bytes, created_at=dataset.created_at)
+        sha256=dataset.sha256 if file_visible else None,
+        size_bytes=dataset.size_bytes if file_visible else None, created_at=dataset.created_at)
 
 
 class ClassSizesReleaseIn(BaseModel):
@@ -207,10 +296,11 @@ class ClassSizesReleaseOut(BaseModel):
 class DeriveIn(BaseModel):
     """``POST /v1/datasets/{id}/derive``: a selection over the parent's records.
 
-    ``subset`` keeps the records of ``classes``; ``split`` draws a random partition of the
-    parent's records (a permutation from OS entropy, data-independent) and keeps the
-    ``train`` part (a ``fraction`` of them) or the ``holdout`` part (the rest). A private
-    child charges its parent's budget; no data is copied.
+    ``subset`` keeps the records of ``classes``; ``split`` keeps the records whose keyed
+    hash (a key from OS entropy, shared by the two parts of one parent at one fraction)
+    falls below ``fraction`` (``train``, about that share) or not (``holdout``): each
+    record's side depends on that record alone (docs/privacy.md). A private child charges
+    its parent's budget; no data is copied.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -220,13 +310,14 @@ class DeriveIn(BaseModel):
     classes: list[str] | None = Field(None, min_length=1, max_length=100_000,
                                       description="subset: the class names kept")
     fraction: float | None = Field(None, gt=0, lt=1, description="split: the train part's "
-                                   "share of the parent's records")
+                                   "expected share of the parent's records")
     part: Literal["train", "holdout"] | None = Field(None, description="split: which part")
     declared_size: int | None = Field(
         None, ge=1, description="the child's public size N̂ (at least its true count); "
-        "default: a public bound computed from the parent's public sizes (split: "
-        "ceil(fraction·N̂) for train, N̂ - floor(fraction·N̂) for holdout; subset: the sum "
-        "of the parent's class sizes of the classes kept, else N̂)")
+        "default: a public bound computed from the parent's public sizes (split: the "
+        "parent's N̂, since a keyed-hash part may keep any number of records; subset: the "
+        "sum of the parent's class sizes of the classes kept, else N̂). A smaller size is "
+        "checked against the true count: owner scope only")
 
     @model_validator(mode="after")
     def _shape(self) -> DeriveIn:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_dataset_id
 from dpsynth_shared.job_states import JobState, is_terminal
@@ -20,6 +21,7 @@ from dpsynth_shared.ledger_contract import (
     HistogramRequest,
     PrivacyUnit,
     SetClassSizes,
+    SizeRelease,
 )
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -29,6 +31,7 @@ from dpsynth_api import policies
 from dpsynth_api.archives import ArchiveLimits
 from dpsynth_api.datasets import derive, holdout, overlap, units
 from dpsynth_api.datasets import repository as repo
+from dpsynth_api.datasets.duplicates import resolve_duplicates
 from dpsynth_api.datasets.ingest import Ingested, IngestLimits, ingest_upload, write_canonical
 from dpsynth_api.datasets.schemas import (
     ClassSizesReleaseIn,
@@ -39,7 +42,7 @@ from dpsynth_api.db import utcnow
 from dpsynth_api.ports import LedgerPort, ObjectStore
 from dpsynth_api.settings import ApiSettings
 from dpsynth_api.tables import Dataset, Job
-from dpsynth_api.tenants.security import Principal
+from dpsynth_api.tenants.security import Principal, Scope
 from dpsynth_api.uploads import safe_filename, spool
 
 log = logging.getLogger(__name__)
@@ -58,58 +61,8 @@ def parse_metadata(raw: str) -> DatasetMetadata:
 
 
 def default_delta(declared_size: int) -> float:
-    """DESIGN §3: delta defaults to min(1e-6, 1/(10·N̂))."""
+    """delta defaults to min(1e-6, 1/(10·N̂)) for a declared N̂ (docs/privacy.md)."""
     return min(1e-6, 1.0 / (10.0 * declared_size))
-
-
-def _privacy_terms(meta: DatasetMetadata, true_size: int) -> tuple[int, float | None]:
-    declared = meta.declared_size if meta.declared_size is not None else true_size
-    if declared < true_size:
-        raise DpsynthError(ErrorCode.INVALID_DATASET,
-                           f"declared_size {declared} is smaller than the number of records "
-                           "uploaded; the public size N̂ must be at least the true count")
-    if meta.visibility == "public":
-        return declared, None
-    delta = meta.delta if meta.delta is not None else default_delta(declared)
-    if delta >= 1.0 / declared:
-        raise DpsynthError(ErrorCode.INVALID_DATASET,
-                           f"delta {delta:g} must be smaller than 1/N̂ = {1.0 / declared:g} "
-                           "(a larger delta allows releasing a record outright)")
-    return declared, delta
-
-
-def check_class_sizes(meta: DatasetMetadata, data: Ingested, declared: int) -> None:
-    """Declared class sizes bound the true class counts and the declared dataset size.
-
-    Each N̂_c sets the sample rate q_c = expected_batch_size_c / N̂_c and the length
-    steps_c = epochs·N̂_c / expected_batch_size_c of a per-label job. Like N̂ (DESIGN §3)
-    it is a public upper bound the owner agrees to release, so it must be at least the
-    class's true count; N̂_c ≤ N̂ keeps δ < 1/N̂ ≤ 1/N̂_c for every class's model. The sum
-    is not bounded: each N̂_c is only an upper bound, and the classes' models compose in
-    parallel whatever their sizes. The refusal names the classes, never their true counts
-    (the owner sees those in the dataset's owner view).
-
-    Raises:
-        DpsynthError: 422 ``invalid_dataset``.
-    """
-    if meta.class_sizes is None:
-        return
-    counts = data.class_counts()
-    if set(meta.class_sizes) != set(counts):
-        raise DpsynthError(ErrorCode.INVALID_DATASET, "class_sizes must give a size for "
-                           "every class of the dataset's label domain, and only for those")
-    small = sorted(c for c, n in meta.class_sizes.items() if n < counts[c])
-    if small:
-        raise DpsynthError(ErrorCode.INVALID_DATASET,
-                           "class_sizes are smaller than the number of records uploaded for "
-                           f"{', '.join(map(repr, small))}; each public class size N̂_c must "
-                           "be at least the class's true count", classes=small)
-    large = sorted(c for c, n in meta.class_sizes.items() if n > declared)
-    if large:
-        raise DpsynthError(ErrorCode.INVALID_DATASET,
-                           f"class_sizes exceed the declared dataset size N̂ = {declared} for "
-                           f"{', '.join(map(repr, large))}; a class cannot be larger than "
-                           "the dataset", classes=large)
 
 
 def _limits(settings: ApiSettings) -> IngestLimits:
@@ -147,16 +100,17 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
             column = units.subject_column_for(meta)
             data = ingest_upload(raw, name, private=private, label_domain=meta.label_domain,
                                  limits=_limits(settings), subject_column=column)
+            # copies of one record refused or dropped before the split (issue 13, item 4);
             # every record is hashed, the held-out ones too: they are the budget's records
-            hashes = overlap.record_hashes(data.images)
+            data, hashes = resolve_duplicates(data, on_duplicate=meta.on_duplicate,
+                                              private=private)
             subjects = _subject_hashes(settings, principal.tenant_id, data)
-            split = (holdout.split_upload(data, meta.holdout_fraction, meta.holdout_seed)
-                     if meta.holdout_fraction is not None else None)
+            split = holdout.split_for_upload(data, meta, hashes=hashes, subjects=subjects)
             train = split.train if split is not None else data
             canonical = write_canonical(train, Path(tmp) / "data.npz")
             overlap.lock_tenant(session, principal.tenant_id)  # held until commit
             link = _check_overlap(session, principal, meta, hashes, subjects)
-            dataset = _new_row(dataset_id, meta, train, principal, link)
+            dataset = _new_row(dataset_id, meta, train, principal, link, ledger=ledger)
             stored.append(dataset.object_key)
             info = store.put_file(dataset.object_key, canonical)
             if split is not None:
@@ -165,7 +119,8 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
         repo.add(session, dataset)
         overlap.add_hashes(session, tenant_id=dataset.tenant_id, dataset_id=dataset.id,
                            budget_id=dataset.budget_id, visibility=dataset.visibility,
-                           hashes=hashes + (subjects or []))
+                           hashes=hashes + (subjects or []),
+                           rows=holdout.record_rows(data, split))
         if private and link is None:
             ledger.create_budget(_budget_request(dataset, meta))
         session.commit()
@@ -185,7 +140,8 @@ def _store_holdout(dataset: Dataset, split: holdout.Split, store: ObjectStore, t
     key = holdout.holdout_key(dataset.object_key)
     stored.append(key)
     held = store.put_file(key, write_canonical(split.holdout, tmp / "holdout.npz"))
-    dataset.holdout_fraction, dataset.holdout_seed = meta.holdout_fraction, split.seed
+    dataset.holdout_fraction, dataset.holdout_rule = meta.holdout_fraction, split.rule
+    dataset.holdout_key_source = split.key_source
     dataset.holdout_size, dataset.holdout_units = split.holdout.size, split.holdout_units
     dataset.holdout_object_key = key
     dataset.holdout_sha256, dataset.holdout_size_bytes = held.sha256, held.size
@@ -287,15 +243,25 @@ def _check_link(meta: DatasetMetadata, root: Dataset, ext: dict[str, Any]) -> No
 
 
 def _new_row(dataset_id: str, meta: DatasetMetadata, data: Ingested, principal: Principal,
-             link: tuple[Dataset, dict[str, int]] | None) -> Dataset:
-    """The dataset row of an upload (sha256 and size set once stored)."""
+             link: tuple[Dataset, dict[str, int]] | None, *, ledger: LedgerPort) -> Dataset:
+    """The dataset row of an upload (sha256 and size set once stored).
+
+    With ``size_epsilon`` N̂ is a DP count: σ is planned by the ledger and the noise drawn
+    here; the ledger charges it when the budget is created (``_budget_request``), in this
+    upload's transaction, before anything is returned or committed.
+    """
+    owner = principal.has(Scope.OWNER)
     if link is None:
-        terms = units.resolve_units(meta, data)  # N̂, delta, class sizes in the unit
+        released = (units.release_size(ledger, meta, data.unit_count)
+                    if meta.size_epsilon is not None else None)
+        # N̂, delta, class sizes in the unit; the declared partitions_disjoint checked
+        terms = units.resolve_units(meta, data, released=released, owner=owner)
         key = f"{meta.visibility}/datasets/{dataset_id}/data.npz"
         row = _row(dataset_id, key, meta, data, principal, terms.declared_size, terms.delta,
                    "", 0)
         for column, value in terms.row_fields().items():
             setattr(row, column, value)
+        row.size_release = released.row_value() if released is not None else None
         if meta.visibility == "private":
             row.budget_id = dataset_id
             row.warning_fraction = (meta.warning_fraction if meta.warning_fraction is not None
@@ -303,14 +269,21 @@ def _new_row(dataset_id: str, meta: DatasetMetadata, data: Ingested, principal: 
         return row
     root, shared = link
     assert root.budget_id is not None and root.delta is not None
-    declared = meta.declared_size if meta.declared_size is not None else data.unit_count
-    if declared >= data.unit_count and root.delta >= 1.0 / declared:
+    if meta.size_epsilon is not None:
+        raise DpsynthError(ErrorCode.INVALID_DATASET, "a linked upload charges an existing "
+                           "budget: declare its declared_size (size_epsilon is for a new "
+                           "budget)", datasets=[root.id], **shared)
+    # the budget's relation applies: under add/remove N̂ must be declared (never the count)
+    linked_meta = meta.model_copy(update={"delta": root.delta, "neighbouring": Neighbouring(
+        root.neighbouring or Neighbouring.ADD_REMOVE)})
+    declared = meta.declared_size
+    if declared is not None and declared >= data.unit_count and root.delta >= 1.0 / declared:
         raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
                            f"cannot link: the budget's delta {root.delta:g} is not below "
                            f"1/N̂ = {1.0 / declared:g} of this upload",
                            link_refused="delta", datasets=[root.id], **shared)
     # N̂ (>= the true count of units) and class sizes checked at the budget's delta
-    terms = units.resolve_units(meta.model_copy(update={"delta": root.delta}), data)
+    terms = units.resolve_units(linked_meta, data, owner=owner)
     # The object lives under the budget's prefix: the budget's read grant covers it.
     key = f"private/datasets/{root.budget_id}/linked/{dataset_id}/data.npz"
     row = _row(dataset_id, key, meta, data, principal, terms.declared_size, root.delta, "", 0)
@@ -349,7 +322,10 @@ def _budget_request(dataset: Dataset, meta: DatasetMetadata) -> CreateBudget:
                         partitions_disjoint=bool(dataset.partitions_disjoint
                                                  if dataset.partitions_disjoint is not None
                                                  else True),
-                        warning_fraction=dataset.warning_fraction or DEFAULT_WARNING_FRACTION)
+                        warning_fraction=dataset.warning_fraction or DEFAULT_WARNING_FRACTION,
+                        size_release=(SizeRelease.model_validate({
+                            k: dataset.size_release[k] for k in SizeRelease.model_fields})
+                            if dataset.size_release is not None else None))
 
 
 def get_dataset(session: Session, *, principal: Principal, dataset_id: str) -> Dataset:

@@ -23,6 +23,7 @@ from dpsynth_ledger.accounting import (
     ACCOUNTANT_NAME,
     CONVERSION_NAME,
     GROUP_NAME,
+    HOLDOUT,
     REPLACE_ONE_PLD_NAME,
     WHOLE_DATASET,
     add_up,
@@ -41,6 +42,7 @@ from dpsynth_ledger.book import disjoint_of, figures, flt, snapshot, touched
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
+from dpsynth_ledger.service import sizes
 from dpsynth_ledger.views import budget_view, job_event, released_events
 
 
@@ -49,21 +51,26 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
 
     Raises:
         DpsynthError: ``conflict`` when the dataset already has a budget; ``invalid_request``
-            when δ ≥ 1/N̂ (DESIGN §3) or a label is named ``"*"``.
+            when δ ≥ 1/N̂ (docs/privacy.md) or a label is named ``"*"``, or the N̂ of a DP
+            count (``size_release``) has a σ below calibration; BudgetExhausted when that
+            count alone exceeds the limit (nothing is created).
     """
     if request.delta >= 1.0 / request.declared_size:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, "delta must be below 1/declared_size")
-    if WHOLE_DATASET in request.partitions or len(set(request.partitions)) != len(
+    if {WHOLE_DATASET, HOLDOUT} & set(request.partitions) or len(set(request.partitions)) != len(
             request.partitions):
-        raise DpsynthError(ErrorCode.INVALID_REQUEST, "labels must be distinct and not '*'")
+        raise DpsynthError(ErrorCode.INVALID_REQUEST,
+                           f"labels must be distinct and not '*' or {HOLDOUT!r}")
     check_class_sizes(request)
     order = admission_order(request.epsilon_limit, request.delta)
+    rdp_budget = epsilon_to_rdp_budget(request.epsilon_limit, order, request.delta)
+    sizes.check_size_release(request, order, rdp_budget, ctx)  # a DP count of N̂ must fit
     budget = Budget(
         dataset_id=request.dataset_id, tenant_id=request.tenant_id,
         epsilon_limit=request.epsilon_limit, delta=request.delta,
         declared_size=request.declared_size, neighbouring=str(request.neighbouring),
         admission_order=order,
-        rdp_budget=epsilon_to_rdp_budget(request.epsilon_limit, order, request.delta),
+        rdp_budget=rdp_budget,
         created_at=datetime.now(UTC), class_sizes=request.class_sizes,
         privacy_unit=str(request.privacy_unit),
         partitions_disjoint=request.partitions_disjoint,
@@ -87,7 +94,11 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
         "privacy_unit": budget.privacy_unit, "partitions_disjoint": budget.partitions_disjoint,
         "warning_fraction": budget.warning_fraction,
         **({"class_sizes": request.class_sizes} if request.class_sizes is not None else {}),
+        # how N̂ was made public: declared by the owner, or a charged DP count (next entry)
+        "declared_size_source": "dp_count" if request.size_release else "declared",
     })
+    if request.size_release is not None:  # the budget's first DP event, same transaction
+        sizes.record_size_release(session, budget, request, ctx)
     session.commit()
     return budget_view(session, budget, ctx.discretization)
 
@@ -151,7 +162,7 @@ class RunPlan:
 
 def _run(budget: Budget, *, partition: str, target: float, batch: int, steps: int,
          size: int, ctx: LedgerContext) -> RunPlan:
-    """Calibrate one run: q = batch / size (DESIGN §3, refused above 1), σ for the
+    """Calibrate one run: q = batch / size (docs/privacy.md, refused above 1), σ for the
     standalone target (PLD), and its RDP at the filter's order."""
     if batch > size:
         where = "the declared dataset size" if partition == WHOLE_DATASET else \

@@ -47,7 +47,15 @@ from dpsynth_ledger.accounting import (
     gaussian_epsilon,
     rdp_at_order,
 )
-from dpsynth_ledger.book import charge, disjoint_of, figures, flt, snapshot
+from dpsynth_ledger.book import (
+    charge,
+    disjoint_of,
+    figures,
+    flt,
+    labels_of,
+    snapshot,
+    touched,
+)
 from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.metrics import counts_refusals
@@ -109,15 +117,17 @@ def _release(budget: Budget, accs: dict[str, Accumulator], *, event: GaussianEve
     rdp = rdp_at_order(event, budget.admission_order)
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
-    held = max(f.total_after(a.committed, a.reserved, rdp) for a in accs.values())
+    train = touched(WHOLE_DATASET, accs)  # the held-out partition does not see the counts
+    held = max(f.total_after(accs[p].committed, accs[p].reserved, rdp) for p in train)
     return HistogramRelease(
         dataset_id=budget.dataset_id, event=event, target_epsilon=target, epsilon=epsilon,
         delta=budget.delta, admission_order=budget.admission_order, rdp_charge=rdp,
-        partitions=sorted(accs),
+        partitions=train,
         dataset_epsilon_spent_before=figures(budget, accs)["dataset_epsilon_spent"],
-        dataset_epsilon_spent_after=f.epsilon(max(add_up(c, rdp) for c in committed.values())),
+        dataset_epsilon_spent_after=f.epsilon(max(add_up(c, rdp if p in train else 0.0)
+                                                  for p, c in committed.items())),
         dataset_epsilon_remaining_after=max(0.0, budget.epsilon_limit - f.epsilon(held)),
-        admissible=f.admits(committed=committed, reserved=reserved, new={p: rdp for p in accs}),
+        admissible=f.admits(committed=committed, reserved=reserved, new={p: rdp for p in train}),
         charged=False, accountant=ACCOUNTANT_NAME)
 
 
@@ -140,7 +150,7 @@ def release_histogram(session: Session, *, dataset_id: str, request: HistogramRe
     if budget is None:
         raise NotFound("budget", dataset_id)
     _refuse_sized(budget)
-    if not [p for p in repo.accumulators(session, dataset_id) if p != WHOLE_DATASET]:
+    if not labels_of(repo.accumulators(session, dataset_id)):
         raise DpsynthError(ErrorCode.INVALID_REQUEST, "the dataset declares no labels")
     event, epsilon = _event(budget, request.target_epsilon, ctx)
     if request.dry_run:
@@ -159,7 +169,7 @@ def release_histogram(session: Session, *, dataset_id: str, request: HistogramRe
     accs = repo.accumulators(session, dataset_id)
     f = flt(budget)
     rdp = rdp_at_order(event, budget.admission_order)
-    new = {p: rdp for p in accs}
+    new = {p: rdp for p in touched(WHOLE_DATASET, accs)}
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
     release_id = new_id("release")
@@ -174,7 +184,7 @@ def release_histogram(session: Session, *, dataset_id: str, request: HistogramRe
             **details, "decision": "refused", "numbers": numbers,
             "accumulators_after": snapshot(accs), "figures": figures(budget, accs)})
         session.commit()
-        room = f.room(committed=committed, reserved=reserved, partitions=list(accs))
+        room = f.room(committed=committed, reserved=reserved, partitions=list(new))
         raise BudgetExhausted(
             "the dataset's privacy filter refuses the class-size histogram: committed + "
             f"reserved + its RDP at order {budget.admission_order} would exceed the budget",
@@ -210,10 +220,10 @@ def set_class_sizes(session: Session, *, dataset_id: str, request: SetClassSizes
         raise NotFound("budget", dataset_id)
     try:
         _refuse_sized(budget)
-        labels = [p for p in repo.accumulators(session, dataset_id) if p != WHOLE_DATASET]
+        labels = labels_of(repo.accumulators(session, dataset_id))
         check_sizes(request.class_sizes, labels, budget.declared_size)
         release = next((e for e in repo.entries(session, dataset_id=dataset_id)
-                        if e.kind == RELEASED
+                        if e.kind == RELEASED and "statistic" not in e.payload  # not N̂'s
                         and e.payload.get("release_id") == request.release_id), None)
         if release is None:
             raise DpsynthError(ErrorCode.INVALID_REQUEST, "release_id names no histogram "

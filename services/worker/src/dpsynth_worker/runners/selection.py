@@ -1,13 +1,21 @@
 """Loading a dataset for a job, with the selection of a derived dataset applied.
 
-A derived dataset (a class subset or a random split, docs/privacy.md "Records, overlap and
-derived data") is its parent's canonical object plus a selection (``DatasetInfo.selection``):
+A derived dataset (a class subset or a split, docs/privacy.md "Records, overlap and derived
+data") is its parent's canonical object plus a selection (``DatasetInfo.selection``):
 ``classes`` keeps the records of those classes (labels renumbered to the kept classes, in
-the parent's order), then ``indices_key`` (an ``.npy`` of int64 positions into the
-class-filtered records) keeps those positions. Every per-record array (images, labels,
-masks, subjects) is selected together: a record's mask and subject are part of the record.
-The selection is applied here, inside the job and after the read grant, because the api
-never reads private data after ingest. Errors never name a record.
+the parent's order), then
+
+* ``split`` (``{"rule": "keyed_hash_v1", "key", "fraction", "part"}``) keeps the records
+  whose keyed content hash falls below the fraction (``train``) or not (``holdout``): the
+  rule of ``dpsynth_shared.record_splits``, over the same content hashes the api stored at
+  ingest, so each record's side depends on that record alone (1-stable, issue 13);
+* ``indices_key`` (splits made before issue 13) keeps the positions listed in an ``.npy``
+  of int64 positions into the class-filtered records.
+
+Every per-record array (images, labels, masks, subjects) is selected together: a record's
+mask and subject are part of the record. The selection is applied here, inside the job and
+after the read grant, because the api never reads private data after ingest. Errors never
+name a record.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.record_splits import SPLIT_RULE, in_first_part, record_hashes
 from dpsynth_shared.worker_contract import DatasetInfo
 
 from dpsynth_worker.runners.context import JobContext
@@ -50,13 +59,32 @@ def fetch_dataset(ctx: JobContext, dataset: DatasetInfo, dest: Path, *,
         index_path.unlink()
     classes = selection.get("classes")
     apply_selection(whole, dest, classes=[str(c) for c in classes] if classes else None,
-                    indices=indices)
+                    indices=indices, split=selection.get("split"))
     whole.unlink()
     return dest
 
 
+def split_side(images: np.ndarray, split: Any) -> np.ndarray:
+    """Which of ``images`` a keyed-hash split keeps: ``[N]`` bool.
+
+    Raises:
+        DpsynthError: ``invalid_dataset`` for a split of an unknown rule or shape.
+    """
+    if not isinstance(split, dict) or split.get("rule") != SPLIT_RULE \
+            or split.get("part") not in ("train", "holdout"):
+        raise DpsynthError(ErrorCode.INVALID_DATASET, "the derived dataset's split rule is "
+                           "not one this worker applies")
+    try:
+        key, fraction = bytes.fromhex(str(split["key"])), float(split["fraction"])
+        first = in_first_part(key, record_hashes(images), fraction)
+    except (KeyError, ValueError) as exc:
+        raise DpsynthError(ErrorCode.INVALID_DATASET, "the derived dataset's split is "
+                           "malformed") from exc
+    return first if split["part"] == "train" else ~first
+
+
 def apply_selection(source: Path, dest: Path, *, classes: list[str] | None,
-                    indices: np.ndarray | None) -> None:
+                    indices: np.ndarray | None, split: Any = None) -> None:
     """Write ``source``'s records kept by the selection to ``dest`` (canonical npz).
 
     Raises:
@@ -84,6 +112,8 @@ def apply_selection(source: Path, dest: Path, *, classes: list[str] | None,
             raise DpsynthError(ErrorCode.INVALID_DATASET, "the derived dataset's indices do "
                                "not fit its parent's data")
         keep = keep[indices]
+    if split is not None:
+        keep = keep[split_side(arrays["images"][keep], split)]
     out: dict[str, Any] = {}
     for name, array in arrays.items():
         if name == "class_names":
