@@ -8,6 +8,9 @@ import math
 import httpx
 from opacus.accountants.analysis.rdp import compute_rdp
 
+HOLDOUT = "*holdout"
+"""The held-out partition (disjoint from "*" and every label)."""
+
 
 def independent_rdp(noise_multiplier: float, sample_rate: float, steps: int,
                     order: int) -> float:
@@ -39,6 +42,10 @@ def replay_accumulators(entries: list[dict]) -> dict[str, float]:
     dataset a DP-SGD lease (analysed add/remove) is charged through group privacy at distance
     2, 3 × its RDP at twice the order (Mironov 2017, Prop. 2); when ``partitions_disjoint`` is
     false a per-label lease adds to EVERY partition (the classes are summed).
+
+    A ``dp_evaluation_released`` entry (issue 13, item 6: m correct-classification counts on
+    the HELD-OUT records, sensitivity √m) adds one Gaussian's RDP to the held-out partition
+    ``"*holdout"`` ALONE (created by the first one); training charges never enter it.
     """
     entries = sorted(entries, key=lambda e: e["seq"])
     created = next(e["payload"] for e in entries if e["kind"] == "budget_created")
@@ -47,11 +54,17 @@ def replay_accumulators(entries: list[dict]) -> dict[str, float]:
     group = created.get("neighbouring") == "replace_one"
     disjoint = created.get("partitions_disjoint", True) is not False
     for e in entries:
-        if e["kind"] == "histogram_released":  # one Gaussian: every partition, once
+        if e["kind"] == "histogram_released":  # one Gaussian: every TRAINING partition, once
             ev = e["payload"]["event"]
             rdp = independent_rdp(ev["sigma"] / ev["sensitivity"], 1.0, 1, order)
             for p in committed:
-                committed[p] += rdp
+                if p != HOLDOUT:
+                    committed[p] += rdp
+            continue
+        if e["kind"] == "dp_evaluation_released":  # one Gaussian: the held-out part ALONE
+            ev = e["payload"]["event"]
+            rdp = independent_rdp(ev["sigma"] / ev["sensitivity"], 1.0, 1, order)
+            committed[HOLDOUT] = committed.get(HOLDOUT, 0.0) + rdp
             continue
         if e["kind"] != "lease_granted":
             continue
@@ -60,7 +73,7 @@ def replay_accumulators(entries: list[dict]) -> dict[str, float]:
                                    2 * order) if group else
                independent_rdp(ev["noise_multiplier"], ev["sample_rate"], ev["steps"], order))
         targets = ([payload["label"]] if payload.get("per_label") and disjoint
-                   else list(committed))
+                   else [p for p in committed if p != HOLDOUT])
         for p in targets:
             committed[p] += rdp
     return committed

@@ -2,7 +2,8 @@
 records → feature network → tiny pretrain → private upload with held-out records → DP
 finetune → generate → evaluate against the PRIVATE reference → the owner reads the report
 (403 without the owner scope) → the corpus download lists the evaluation in its manifest,
-and the ledger's chain records the non-DP read with no charge."""
+and the ledger's chain records the non-DP read with no charge; then a DP evaluation of the
+CNN's accuracy is charged to the held-out partition and shown to readers (issue 13, item 6)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from dpsynth_client import Client
 
 from tests.e2e.conftest import CLASSES, TINY_PRETRAIN, digits_npz, finetune_spec
-from tests.e2e.ledger_replay import ledger_entries
+from tests.e2e.ledger_replay import ledger_entries, replay_accumulators, verify_chain
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,8 @@ def evaluation(platform, client, tmp_path_factory):
     reader_key = client.create_key(tenant_id, ["read", "submit"], name="no-owner")["api_key"]
     public_npz, _ = digits_npz(tmp / "public.npz", part="public", n=400)
     public = owner.upload_dataset(public_npz, name="pub", visibility="public",
-                                  label_domain=CLASSES, holdout_fraction=0.2, holdout_seed=3)
+                                  label_domain=CLASSES, holdout_fraction=0.2,
+                                  holdout_key="e2e-public-holdout-key-0123")
     features = owner.submit_job({"type": "feature_net", "dataset_id": public["dataset_id"],
                                  "image_size": 8, "epochs": 15, "batch_size": 64, "seed": 0})
     features = owner.wait_for_job(features["job_id"], timeout=600)
@@ -37,7 +39,7 @@ def evaluation(platform, client, tmp_path_factory):
     private_npz, _ = digits_npz(tmp / "private.npz", part="private", n=200)
     private = owner.upload_dataset(private_npz, name="priv", visibility="private",
                                    epsilon_limit=10.0, label_domain=CLASSES,
-                                   holdout_fraction=0.25)
+                                   holdout_fraction=0.25, declared_size=200)
     ft = owner.submit_job(finetune_spec(private["dataset_id"], pre["result"]["model_id"],
                                         target_epsilon=4.0))
     ft = owner.wait_for_job(ft["job_id"], timeout=600)
@@ -65,11 +67,17 @@ def evaluation(platform, client, tmp_path_factory):
 
 def test_held_out_records_are_set_aside_at_upload(evaluation):
     private = evaluation["owner"].get_dataset(evaluation["private"]["dataset_id"])
-    assert private["holdout_fraction"] == 0.25 and private["holdout_size"] == 50
-    assert private["true_size"] == 150 and private["declared_size"] == 150
-    assert isinstance(private["holdout_seed"], int)
+    # each record by a keyed hash of itself (issue 13): about, not exactly, the fraction
+    assert private["holdout_fraction"] == 0.25 and 20 <= private["holdout_size"] <= 80
+    assert private["true_size"] + private["holdout_size"] == 200
+    assert private["declared_size"] == 200 and private["holdout_rule"] == "keyed_hash_v1"
+    assert private["holdout_key_source"] == "platform" and "holdout_seed" not in private
+    listed = evaluation["owner"].list_held_out(private["dataset_id"])
+    assert [i["index"] for i in listed] == sorted(i["index"] for i in listed)
+    assert len(listed) == private["holdout_size"]
     public = evaluation["public"]
-    assert public["holdout_seed"] == 3 and public["holdout_size"] == 80
+    assert public["holdout_key_source"] == "owner" and 40 <= public["holdout_size"] <= 130
+    assert public["true_size"] + public["holdout_size"] == 400
 
 
 def test_the_dry_run_says_what_the_evaluation_does(evaluation):
@@ -123,3 +131,53 @@ def test_the_corpus_release_lists_the_evaluation_and_nothing_was_charged(evaluat
     kinds = [e["kind"] for e in ledger_entries(platform.ledger_url, platform.api_ledger_token,
                                                budget_id)]
     assert "evaluation_authorised" in kinds and "evaluation_read" in kinds
+
+
+# -- issue 13, item 6: a DP evaluation (selection inside the guarantee) -----------------------
+
+@pytest.fixture(scope="module")
+def dp_evaluation(evaluation, platform):
+    """After the non-DP journey above: the CNN's TSTR accuracy released with DP."""
+    owner, budget_id = evaluation["owner"], evaluation["private"]["dataset_id"]
+    before = owner.get_budget(budget_id)
+    spec = {"type": "evaluate", "corpus_artifact_id": evaluation["corpus"]["artifact_id"],
+            "dataset_id": budget_id, "classifiers": ["cnn"], "max_images": 200,
+            "dp": {"target_epsilon": 2.0}}
+    plan = owner.submit_job(spec, dry_run=True)
+    job = owner.wait_for_job(owner.submit_job(spec)["job_id"], timeout=900)
+    return {"plan": plan, "job": job, "before": before, "after": owner.get_budget(budget_id)}
+
+
+def test_a_dp_evaluation_is_charged_to_the_held_out_partition_and_shown_to_readers(
+        evaluation, dp_evaluation, platform):
+    plan = dp_evaluation["plan"]["plan"]["dp"]
+    assert plan["holdout_size"] == 67  # round(N̂ 200 · 0.25 / 0.75): public values only
+    assert plan["metrics"] == ["tstr_accuracy/cnn"] and plan["partition"] == "*holdout"
+    job = dp_evaluation["job"]
+    assert job["state"] == "succeeded", job
+    reader = Client(platform.api_url, evaluation["reader_key"])
+    dp = reader.get_job(job["job_id"])["result"]["dp_evaluation"]  # a reader sees it
+    assert dp["label"] == "DP" and dp["partition"] == "*holdout"
+    assert dp["holdout_size"] == 67 and dp["epsilon"] == pytest.approx(2.0, rel=0.02)
+    assert dp["sensitivity"] == 1.0 and dp["sigma"] > 0
+    assert set(dp["metrics"]) == {"tstr_accuracy/cnn"}
+    assert 0.0 <= dp["metrics"]["tstr_accuracy/cnn"]["accuracy_clipped"] <= 1.0
+    before, after = dp_evaluation["before"], dp_evaluation["after"]
+    assert "*holdout" not in before["partitions"] and after["partitions"]["*holdout"] > 0
+    assert {p: v for p, v in after["partitions"].items() if p != "*holdout"} == \
+        before["partitions"]  # training partitions untouched: parallel composition
+    budget_id = evaluation["private"]["dataset_id"]
+    entries = ledger_entries(platform.ledger_url, platform.api_ledger_token, budget_id)
+    [released] = [e for e in entries if e["kind"] == "dp_evaluation_released"]
+    assert released["payload"]["rdp_delta"] == {"*holdout": pytest.approx(
+        after["partitions"]["*holdout"], rel=1e-12)}
+    assert replay_accumulators(entries) == pytest.approx(after["partitions"], rel=1e-9)
+    verified = verify_chain(platform.ledger_url, platform.api_ledger_token)
+    assert verified["ok"], verified["problems"]
+    path = evaluation["owner"].download_artifact(evaluation["corpus"]["artifact_id"],
+                                                 evaluation["tmp"] / "corpus-dp.zip")
+    with zipfile.ZipFile(path) as zf:
+        manifest = json.loads(zf.read("manifest.json"))
+    assert "does not cover that choice" in manifest["selection_caveat"]
+    [listed] = manifest["dp_evaluations"]
+    assert listed["job_id"] == job["job_id"] and listed["inside_guarantee"] is True

@@ -14,6 +14,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 REPORT_VERSION = 1
 
+SELECTION_CAVEAT = (
+    "non-DP selection: evaluations on private data that are not DP (non_dp_evaluations, "
+    "and every number of a non-DP evaluation report) read the private training and held-out "
+    "records outside any DP mechanism; if you chose which corpus or model to release by "
+    "looking at them, the released epsilon does not cover that choice. To select inside the "
+    "guarantee, compare candidates by DP evaluations (an evaluate job with dp: "
+    "{target_epsilon}), whose numbers are charged to the dataset's held-out partition; "
+    "choosing among k candidates then costs k DP evaluations, all charged")
+"""The statement a corpus manifest, an evaluation report and the docs make about selection
+(issue 13, item 6; docs/privacy.md "DP evaluations: selection inside the guarantee")."""
+
+
 
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -97,6 +109,12 @@ class EvaluationReport(_Doc):
     per_class: dict[str, dict[str, float]] = Field(default_factory=dict, description="per "
                                                    "class: counts, tstr recall, fd_dpsynth")
     memorisation: list[Memorisation] = Field(default_factory=list)
+    selection_caveat: str | None = Field(None, description="on a private reference: "
+                                         "SELECTION_CAVEAT (selection by these numbers is "
+                                         "not covered by the released epsilon)")
+    dp_evaluation: dict[str, Any] | None = Field(
+        None, description="the DP release of the job (evaluate with dp): noisy TSTR "
+        "accuracies on the held-out records, ε, δ, σ, N̂_h, charged to the held-out partition")
     notes: list[str] = Field(default_factory=list)
     settings: dict[str, Any] = Field(default_factory=dict, description="the spec and the "
                                      "fixed classifier hyperparameters")

@@ -261,6 +261,19 @@ def _default_classifiers() -> list[ClassifierKind]:
     return ["cnn", "logreg"]
 
 
+class DpEvaluationSpec(BaseModel):
+    """The DP part of an evaluate job (docs/privacy.md, "DP evaluations: selection inside the
+    guarantee"): each classifier's TSTR accuracy on ALL the held-out records, released as
+    (correct count + N(0, σ²)) / N̂_h with N̂_h a PUBLIC held-out size, σ calibrated by the
+    ledger for ``target_epsilon`` (sensitivity √(number of classifiers)) and charged to the
+    budget's held-out partition, which composes in parallel with training."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target_epsilon: float = Field(gt=0, le=100, description="the release's standalone "
+                                  "epsilon at the dataset's delta")
+
+
 class EvaluateSpec(_Spec):
     """Compare a synthetic corpus with real reference data (docs/evaluation.md).
 
@@ -299,6 +312,11 @@ class EvaluateSpec(_Spec):
         True, description="private reference: show real images in the report (closest "
         "synthetic/real pairs, real sample grid); the report is owner-only either way")
     seed: int = 0
+    dp: DpEvaluationSpec | None = Field(
+        None, description="also release each classifier's TSTR accuracy on the held-out "
+        "records with calibrated Gaussian noise, charged to the budget's held-out partition "
+        "and shown to the job's readers (private, non-derived reference only); selecting a "
+        "corpus by these numbers stays inside the guarantee, unlike the non-DP report")
 
     @model_validator(mode="after")
     def _distinct(self) -> EvaluateSpec:
@@ -317,3 +335,17 @@ def steps_for(*, epochs: float, expected_batch_size: int, declared_size: int) ->
     import math
 
     return max(1, math.ceil(epochs * declared_size / expected_batch_size - 1e-9))
+
+
+def public_holdout_size(*, declared_size: int, holdout_fraction: float) -> int:
+    """N̂_h, the PUBLIC held-out size that normalises a DP evaluation's counts.
+
+    N̂ is the declared (public) size of the TRAINING part and f the public fraction of units
+    held out, so the held-out part is about N̂·f/(1 − f) units: N̂_h = max(1, round(that)).
+    It is a function of public values only (never the true held-out count, which is private
+    under add/remove); when it is off, a released accuracy is scaled by N_h/N̂_h, but its
+    privacy is unchanged (the sensitivity is 1/N̂_h per number whatever N_h).
+    """
+    if not 0 < holdout_fraction < 1:
+        raise ValueError("holdout_fraction must be in (0, 1)")
+    return max(1, round(declared_size * holdout_fraction / (1 - holdout_fraction)))

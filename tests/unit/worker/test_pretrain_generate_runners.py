@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from dpsynth_shared.evaluation import SELECTION_CAVEAT
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.worker_contract import Claim, DatasetInfo, HeartbeatReply, ModelRef
 from dpsynth_worker.runners import Outcome
@@ -79,7 +80,8 @@ def test_generate_from_a_non_dp_model_has_null_epsilons(world: World) -> None:
     assert manifest["batch_size"] == 64 and manifest["images_per_second"] > 0
     assert manifest["guidance_applied"] is True and manifest["per_label"] is False
     assert manifest["layout_source"] is None
-    assert manifest["non_dp_evaluations"] == []
+    assert manifest["non_dp_evaluations"] == [] and manifest["dp_evaluations"] == []
+    assert manifest["selection_caveat"] == SELECTION_CAVEAT  # issue 13, item 6
     assert world.ledger.calls == []
     result = world.api.final.result
     assert result["images"] == 20 and result["images_per_second"] == manifest[

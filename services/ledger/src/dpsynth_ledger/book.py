@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.ledger_contract import ReservationState
 
-from dpsynth_ledger.accounting import WHOLE_DATASET, RdpFilter, add_up, sum_up
+from dpsynth_ledger.accounting import HOLDOUT, WHOLE_DATASET, RdpFilter, add_up, sum_up
 from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
 
 
@@ -82,8 +82,13 @@ def touched(partition: str, partitions: Iterable[str], disjoint: bool = True) ->
     When the labels are NOT disjoint (``disjoint=False``: a subject with images in two
     classes), a class's run may touch any unit of the dataset, so it adds to EVERY partition
     (``"*"`` and every label): a per-label job's classes are summed (sequential composition).
+
+    The held-out partition (:data:`HOLDOUT`) is disjoint from all of them: training runs never
+    touch it, and a DP evaluation (``partition == HOLDOUT``) touches it alone.
     """
-    names = sorted(partitions)
+    if partition == HOLDOUT:  # a DP evaluation: the held-out part only
+        return [HOLDOUT]
+    names = sorted(p for p in partitions if p != HOLDOUT)  # training never touches it
     return names if partition == WHOLE_DATASET or not disjoint else [partition]
 
 
@@ -116,6 +121,16 @@ def charge(accs: Mapping[str, Accumulator], partition: str, amount: float,
         accs[p].committed = add_up(accs[p].committed, amount)
         delta[p] = amount
     return delta
+
+
+def training_partitions(accs: Mapping[str, Accumulator] | Iterable[str]) -> list[str]:
+    """The partitions of the training part: ``"*"`` and every label (not :data:`HOLDOUT`)."""
+    return sorted(p for p in accs if p != HOLDOUT)
+
+
+def labels_of(accs: Mapping[str, Accumulator] | Iterable[str]) -> list[str]:
+    """The declared labels: every partition but ``"*"`` and :data:`HOLDOUT`."""
+    return [p for p in training_partitions(accs) if p != WHOLE_DATASET]
 
 
 def snapshot(accs: Mapping[str, Accumulator]) -> dict[str, dict[str, float]]:

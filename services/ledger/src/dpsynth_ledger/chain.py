@@ -14,6 +14,7 @@ to the anchor, under the chain-head lock, before the database commits. A write i
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import (
+    HOLDOUT,
     WHOLE_DATASET,
     add_up,
     charge_step,
@@ -185,14 +187,18 @@ class _Replay:
         elif kind == "histogram_released":  # one Gaussian: every partition, full RDP once
             amount = rdp_at_order(GaussianEvent.model_validate(payload["event"]), self.order,
                                   self.relation)
-            if set(payload["rdp_delta"]) != set(self.committed):
-                problems.append(f"entry {seq}: a histogram release must charge every partition"
-                                f", not {sorted(payload['rdp_delta'])}")
+            if set(payload["rdp_delta"]) != set(touched(WHOLE_DATASET, self.committed)):
+                problems.append(f"entry {seq}: a histogram release must charge every training "
+                                f"partition, not {sorted(payload['rdp_delta'])}")
             for p, recorded in payload["rdp_delta"].items():
                 if recorded != amount:
                     problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
                 self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
             self.releases.add(payload["release_id"])
+        elif kind in ("dp_evaluation_released", "dp_evaluation_refused"):
+            self.committed.setdefault(HOLDOUT, 0.0)  # the row is created at the first one
+            if kind == "dp_evaluation_released":
+                self._dp_evaluation(payload, problems, seq)
         elif kind == "class_sizes_set":
             if self.sized:
                 problems.append(f"entry {seq}: class sizes set twice")
@@ -202,6 +208,22 @@ class _Replay:
         elif kind == "reservation_closed":
             for key in [k for k in self.holds if k[0] == rid]:
                 del self.holds[key]
+
+    def _dp_evaluation(self, payload: dict[str, Any], problems: list[str], seq: int) -> None:
+        """A DP evaluation: one Gaussian of sensitivity √(number of metrics), charged to the
+        held-out partition ALONE at its full RDP."""
+        event = GaussianEvent.model_validate(payload["event"])
+        amount = rdp_at_order(event, self.order, self.relation)
+        if abs(event.sensitivity - math.sqrt(len(payload.get("metrics") or []))) > 1e-12:
+            problems.append(f"entry {seq}: a DP evaluation's sensitivity must be √(number of "
+                            f"metrics), not {event.sensitivity}")
+        if set(payload["rdp_delta"]) != {HOLDOUT}:
+            problems.append(f"entry {seq}: a DP evaluation must charge the held-out partition "
+                            f"alone, not {sorted(payload['rdp_delta'])}")
+        for p, recorded in payload["rdp_delta"].items():
+            if recorded != amount:
+                problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
+            self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
 
     def check(self, accs: dict[str, dict[str, float]], where: str, problems: list[str]) -> None:
         reserved = self.reserved()
@@ -234,6 +256,8 @@ def _restored(replay: _Replay, payload: dict[str, Any], problems: list[str], seq
             if recorded != amount:
                 problems.append(f"entry {seq}: restored charge {recorded} != recomputed {amount}")
     for p, recorded in payload["rdp_delta"].items():
+        if p == HOLDOUT:  # a restored DP evaluation charge (the row is created with it)
+            replay.committed.setdefault(HOLDOUT, 0.0)
         if p not in replay.committed:
             problems.append(f"entry {seq}: restored charge names unknown partition {p!r}")
             continue

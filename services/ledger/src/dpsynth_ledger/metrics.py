@@ -49,8 +49,9 @@ from dpsynth_ledger.models import Accumulator, Budget, LeaseRow, ReservationRow
 P = ParamSpec("P")
 R = TypeVar("R")
 
-ADMISSION_KINDS = ("reservation", "extension", "histogram")
-"""What was admitted: a job's reservation, an extension of one, a class-size histogram."""
+ADMISSION_KINDS = ("reservation", "extension", "histogram", "dp_evaluation")
+"""What was admitted: a job's reservation, an extension of one, a class-size histogram, a DP
+evaluation release (charged to the held-out partition)."""
 
 REFUSAL_REASONS: dict[ErrorCode, str] = {
     ErrorCode.PRIVACY_BUDGET_EXHAUSTED: "budget_exhausted",

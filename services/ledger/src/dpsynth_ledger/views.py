@@ -84,6 +84,14 @@ def released_events(session: Session, dataset_id: str) -> list[GaussianEvent]:
             if e.kind == "histogram_released"]
 
 
+def holdout_events(entries: list[Entry]) -> list[GaussianEvent]:
+    """The DP evaluations' releases (held-out partition), from the chain. They compose with
+    each other only: the held-out records are disjoint from the training records, so the
+    dataset's tight figure is the max of the two sides' figures (parallel composition)."""
+    return [GaussianEvent.model_validate(e.payload["event"]) for e in entries
+            if e.kind == "dp_evaluation_released"]
+
+
 def _granted_event(key: tuple[str | None, float, float],
                    steps: int) -> DpSgdEvent | ParallelEvent:
     label, sigma, q = key
@@ -97,20 +105,24 @@ def _history(entries: list[Entry], delta: float, discretization: float,
     granted: dict[tuple[str | None, float, float], int] = {}
     tight = 0.0
     released: list[GaussianEvent] = []
+    held_out: list[GaussianEvent] = []
     out: list[Charge] = []
     for e in entries:
         p: dict[str, Any] = e.payload
         if e.kind == "histogram_released":  # one Gaussian on the whole dataset
             released.append(GaussianEvent.model_validate(p["event"]))
+        elif e.kind == "dp_evaluation_released":  # the held-out partition only
+            held_out.append(GaussianEvent.model_validate(p["event"]))
         elif e.kind == "lease_granted":
             ev = p["event"]
             # a per-label lease names its class: it composes only with that class's record
             key = (p.get("label"), float(ev["noise_multiplier"]), float(ev["sample_rate"]))
             granted[key] = granted.get(key, 0) + int(ev["steps"])
-        if e.kind in ("lease_granted", "histogram_released"):
-            tight = pld_epsilon([*(_granted_event(k, n) for k, n in granted.items()),
-                                 *released], delta, discretization, dataset=relation,
-                                disjoint=disjoint)
+        if e.kind in ("lease_granted", "histogram_released", "dp_evaluation_released"):
+            tight = max(pld_epsilon([*(_granted_event(k, n) for k, n in granted.items()),
+                                     *released], delta, discretization, dataset=relation,
+                                    disjoint=disjoint),
+                        pld_epsilon(held_out, delta, discretization, dataset=relation))
         rdp_delta = max((float(v) for v in p.get("rdp_delta", {}).values()), default=0.0)
         out.append(Charge(
             seq=e.seq, at=e.at, kind=e.kind, job_id=p.get("job_id"),
@@ -128,13 +140,16 @@ def budget_view(session: Session, budget: Budget, discretization: float,
     fig = figures(budget, accs)
     f = flt(budget)
     reservations = repo.reservations_of(session, budget.dataset_id)
-    tight = pld_epsilon([*granted_events(reservations),
-                         *released_events(session, budget.dataset_id)], budget.delta,
-                        discretization, dataset=budget.neighbouring,
-                        disjoint=disjoint_of(budget))
+    entries = repo.entries(session, dataset_id=budget.dataset_id)
+    tight = max(pld_epsilon([*granted_events(reservations),
+                             *released_events(session, budget.dataset_id)], budget.delta,
+                            discretization, dataset=budget.neighbouring,
+                            disjoint=disjoint_of(budget)),
+                pld_epsilon(holdout_events(entries), budget.delta, discretization,
+                            dataset=budget.neighbouring))
     warning_fraction = (budget.warning_fraction if budget.warning_fraction is not None
                         else DEFAULT_WARNING_FRACTION)
-    history = (_history(repo.entries(session, dataset_id=budget.dataset_id), budget.delta,
+    history = (_history(entries, budget.delta,
                         discretization, budget.neighbouring, disjoint_of(budget))
                if with_history else [])
     return BudgetView(

@@ -16,6 +16,8 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
 from dpsynth_shared.ledger_contract import (
     BudgetView,
     CloseRequest,
+    DpEvaluationRelease,
+    DpEvaluationRequest,
     EvaluationGrantRequest,
     ExtendRequest,
     Lease,
@@ -165,6 +167,14 @@ class LedgerClient:
         body = EvaluationGrantRequest(attempt=attempt, worker_id=worker_id)
         data = self._http.request("POST", f"/v1/evaluations/{evaluation_id}/grant", body)
         return _parse(ReadGrant, data)
+
+    def dp_evaluation_release(self, evaluation_id: str,
+                              request: DpEvaluationRequest) -> DpEvaluationRelease:
+        """Charge a DP evaluation release to the budget's held-out partition (issue 13,
+        item 6); the noise is drawn by the caller only after this returns."""
+        data = self._http.request("POST", f"/v1/evaluations/{evaluation_id}/dp-releases",
+                                  request)
+        return _parse(DpEvaluationRelease, data)
 
     def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,
               partition: str | None = None) -> Lease:

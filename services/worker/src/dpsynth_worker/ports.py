@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Literal, Protocol
 
-from dpsynth_shared.ledger_contract import BudgetView, Lease, ReadGrant, Reservation
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    DpEvaluationRelease,
+    DpEvaluationRequest,
+    Lease,
+    ReadGrant,
+    Reservation,
+)
 from dpsynth_shared.worker_contract import (
     Claim,
     Heartbeat,
@@ -54,6 +61,12 @@ class LedgerPort(Protocol):
                          worker_id: str) -> ReadGrant:
         """A read grant for an evaluate job's PRIVATE reference (a non-DP read the ledger
         records in its chain; no epsilon charged)."""
+        ...
+
+    def dp_evaluation_release(self, evaluation_id: str,
+                              request: DpEvaluationRequest) -> DpEvaluationRelease:
+        """Charge a DP evaluation release to the budget's held-out partition (committed at
+        once; 409 ``privacy_budget_exhausted`` when the filter refuses it)."""
         ...
 
     def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,

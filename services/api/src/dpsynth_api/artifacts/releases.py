@@ -28,11 +28,12 @@ import json
 import shutil
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.evaluation import SELECTION_CAVEAT
 from dpsynth_shared.object_store import ObjectInfo
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -49,11 +50,14 @@ _MAX_LINEAGE = 1000
 
 @dataclass(frozen=True)
 class Release:
-    """What a download of a corpus serves: the object, and the evaluations it lists."""
+    """What a download of a corpus serves: the object, and the evaluations it lists
+    (``evaluations``: the non-DP ones; ``dp_evaluations``: the DP ones, inside the
+    guarantee)."""
 
     key: str
     info: ObjectInfo
     evaluations: list[dict[str, Any]]
+    dp_evaluations: list[dict[str, Any]] = field(default_factory=list)
 
 
 def model_budgets(session: Session, model_id: str | None) -> set[str]:
@@ -130,18 +134,58 @@ def non_dp_evaluations(session: Session, artifact: Artifact) -> list[dict[str, A
     return out
 
 
-def release_key(artifact: Artifact, evaluations: list[dict[str, Any]]) -> str:
-    """The release object's key for this list (the corpus's own key for an empty list)."""
-    if not evaluations:
+def dp_evaluations(session: Session, artifact: Artifact) -> list[dict[str, Any]]:
+    """The DP evaluations a release of this corpus lists, oldest first: every SUCCEEDED
+    evaluate job with ``dp`` that evaluated this corpus or a corpus of a budget its model was
+    DP-trained on. Their numbers were released with DP and charged to the budget's held-out
+    partition: a choice made by them is inside the guarantee (issue 13, item 6)."""
+    producer = session.get(Job, artifact.job_id)
+    budgets = model_budgets(session, producer.model_id if producer is not None else None)
+    jobs = session.scalars(select(Job).where(
+        Job.tenant_id == artifact.tenant_id, Job.type == "evaluate",
+        Job.state == "succeeded").order_by(Job.created_at, Job.id))
+    out: list[dict[str, Any]] = []
+    for job in jobs:
+        dp = (job.result or {}).get("dp_evaluation")
+        if not isinstance(dp, dict):
+            continue
+        spec = job.spec or {}
+        on_corpus = spec.get("corpus_artifact_id") == artifact.id
+        if not on_corpus and dp.get("budget_id") not in budgets:
+            continue
+        out.append({
+            "job_id": job.id, "reference_dataset_id": job.dataset_id,
+            "budget_id": dp.get("budget_id"),
+            "corpus_artifact_id": spec.get("corpus_artifact_id"),
+            "released": dp.get("metrics"), "epsilon": dp.get("epsilon"),
+            "delta": dp.get("delta"), "sigma": dp.get("sigma"),
+            "sensitivity": dp.get("sensitivity"), "holdout_size": dp.get("holdout_size"),
+            "partition": dp.get("partition"), "release_id": dp.get("release_id"),
+            "finished_at": _iso(job.finished_at), "dp": True, "inside_guarantee": True,
+            "relation": "this corpus" if on_corpus else "same budget",
+        })
+    return out
+
+
+def release_key(artifact: Artifact, evaluations: list[dict[str, Any]],
+                dp: list[dict[str, Any]] | None = None) -> str:
+    """The release object's key for these lists (the corpus's own key when both are
+    empty)."""
+    if not evaluations and not dp:
         return artifact.object_key
-    canonical = json.dumps(evaluations, sort_keys=True, separators=(",", ":")).encode()
+    # v2: the manifest also states selection_caveat and lists dp_evaluations (issue 13,
+    # item 6), so a release written before them is never served again
+    listed = {"v": 2, "non_dp": evaluations, "dp": list(dp or [])}
+    canonical = json.dumps(listed, sort_keys=True, separators=(",", ":")).encode()
     digest = hashlib.sha256(canonical).hexdigest()[:32]
     return f"corpora/{artifact.job_id}/release-{digest}.zip"
 
 
-def rewrite_manifest(source: Path, dest: Path, evaluations: list[dict[str, Any]]) -> None:
+def rewrite_manifest(source: Path, dest: Path, evaluations: list[dict[str, Any]],
+                     dp: list[dict[str, Any]] | None = None) -> None:
     """Copy a corpus zip entry by entry, replacing ``manifest.json``'s
-    ``non_dp_evaluations`` (a manifest is added when the corpus has none).
+    ``non_dp_evaluations`` and ``dp_evaluations`` and stating ``selection_caveat`` (a
+    manifest is added when the corpus has none).
 
     Entries keep their names, dates, attributes and compression; data is copied in 1 MiB
     blocks, so memory does not grow with the corpus.
@@ -158,7 +202,7 @@ def rewrite_manifest(source: Path, dest: Path, evaluations: list[dict[str, Any]]
                 if not isinstance(manifest, dict):
                     raise DpsynthError(ErrorCode.INTERNAL, "the corpus manifest is not an "
                                        "object")
-                manifest["non_dp_evaluations"] = evaluations
+                manifest.update(_listing(evaluations, dp))
                 zout.writestr(out, json.dumps(manifest, indent=2, sort_keys=True))
                 found = True
             elif entry.is_dir():
@@ -168,8 +212,15 @@ def rewrite_manifest(source: Path, dest: Path, evaluations: list[dict[str, Any]]
                 with zin.open(entry) as src, zout.open(out, "w") as dst:
                     shutil.copyfileobj(src, dst, _CHUNK)
         if not found:
-            zout.writestr(MANIFEST, json.dumps({"non_dp_evaluations": evaluations}, indent=2,
+            zout.writestr(MANIFEST, json.dumps(_listing(evaluations, dp), indent=2,
                                                sort_keys=True))
+
+
+def _listing(evaluations: list[dict[str, Any]],
+             dp: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What a release's manifest says about evaluations and selection."""
+    return {"non_dp_evaluations": evaluations, "dp_evaluations": list(dp or []),
+            "selection_caveat": SELECTION_CAVEAT}
 
 
 def release_of(session: Session, store: ObjectStore, artifact: Artifact) -> Release:
@@ -179,10 +230,11 @@ def release_of(session: Session, store: ObjectStore, artifact: Artifact) -> Rele
         NotFound: the corpus object is gone.
     """
     evaluations = non_dp_evaluations(session, artifact)
-    key = release_key(artifact, evaluations)
+    dp = dp_evaluations(session, artifact)
+    key = release_key(artifact, evaluations, dp)
     info = store.stat(key)
     if info is not None:
-        return Release(key, info, evaluations)
+        return Release(key, info, evaluations, dp)
     if key == artifact.object_key:
         raise NotFound("artifact object", artifact.id)
     with tempfile.TemporaryDirectory(prefix="dpsynth-release-") as tmp:
@@ -192,6 +244,6 @@ def release_of(session: Session, store: ObjectStore, artifact: Artifact) -> Rele
         with source.open("wb") as fh:
             for chunk in store.iter_chunks(artifact.object_key):
                 fh.write(chunk)
-        rewrite_manifest(source, dest, evaluations)
+        rewrite_manifest(source, dest, evaluations, dp)
         info = store.put_file(key, dest, content_type="application/zip")
-    return Release(key, info, evaluations)
+    return Release(key, info, evaluations, dp)

@@ -15,13 +15,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
-from dpsynth_shared.job_specs import EvaluateSpec, FeatureNetSpec
+from dpsynth_shared.evaluation import SELECTION_CAVEAT
+from dpsynth_shared.job_specs import EvaluateSpec, FeatureNetSpec, public_holdout_size
 from sqlalchemy.orm import Session
 
-from dpsynth_api.datasets.derive import check_not_deleted
+from dpsynth_api.datasets.derive import check_not_deleted, selection_of
 from dpsynth_api.datasets.service import get_dataset
 from dpsynth_api.models.service import get_model
 from dpsynth_api.tables import Artifact, Dataset, Job, Model
@@ -130,6 +132,8 @@ def resolve_evaluate(session: Session, principal: Principal,
                            f"dataset {dataset.id} is private: evaluating against it reads its "
                            "records outside any DP mechanism, which only the data's owner "
                            "may do; the 'owner' scope is required", required_scope="owner")
+    if spec.dp is not None:
+        check_dp_reference(dataset)
     model = None
     if spec.feature_model_id is not None:
         model = feature_model(session, principal, spec.feature_model_id)
@@ -137,10 +141,67 @@ def resolve_evaluate(session: Session, principal: Principal,
     return dataset, artifact, model
 
 
-def evaluation_privacy(dataset: Dataset, evaluation_id: str | None) -> dict[str, Any]:
-    """The privacy block of an evaluate job (shown by ``dry_run`` and on the job)."""
+def check_dp_reference(dataset: Dataset) -> None:
+    """A DP evaluation needs a private, non-derived, image-unit reference whose held-out part
+    has a public size N̂_h (its declared N̂ and holdout_fraction).
+
+    Raises:
+        DpsynthError: 422 ``invalid_spec`` naming why (nothing about the data).
+    """
+    why = None
+    if dataset.visibility != "private":
+        why = "the reference is public: its numbers need no DP (leave dp out)"
+    elif dataset.parent_id is not None or selection_of(dataset) is not None:
+        why = ("the reference is a derived dataset: a DP evaluation reads the held-out part of "
+               "an upload; evaluate against the upload itself")
+    elif dataset.privacy_unit == "subject":
+        why = ("the reference's privacy unit is the subject: one subject moves as many "
+               "held-out counts as it has images, so the count sensitivity is not 1; DP "
+               "evaluations are offered for image-unit datasets")
+    elif not dataset.holdout_fraction or not dataset.declared_size:
+        why = "the reference has no public held-out size (declared N̂ and holdout_fraction)"
+    if why is not None:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, f"dp evaluation refused: {why}",
+                           dataset_id=dataset.id)
+
+
+def dp_plan(dataset: Dataset, spec: EvaluateSpec) -> dict[str, Any] | None:
+    """The DP part of an evaluate job's privacy block (None without ``spec.dp``): what will
+    be released, normalised by which PUBLIC held-out size, and where it is charged. σ is
+    calibrated and the charge admitted by the ledger when the worker releases (committed at
+    once, like the class-size histogram), after the counts are computed and before any noise
+    is drawn."""
+    if spec.dp is None:
+        return None
+    holdout_size = public_holdout_size(declared_size=int(dataset.declared_size),
+                                       holdout_fraction=float(dataset.holdout_fraction or 0))
+    metrics = [f"tstr_accuracy/{kind}" for kind in spec.classifiers]
+    return {
+        "target_epsilon": spec.dp.target_epsilon, "metrics": metrics,
+        "holdout_size": holdout_size, "sensitivity": math.sqrt(len(metrics)),
+        "partition": "*holdout", "budget_id": dataset.budget_id or dataset.id,
+        "released_to": "the job's readers",
+        "notes": [
+            "each classifier is trained on the synthetic corpus only; its number of correctly "
+            "classified held-out records moves by at most 1 when one held-out record is added "
+            f"or removed, so the {len(metrics)} counts have L2 sensitivity "
+            f"√{len(metrics)}",
+            f"released: (count + N(0, σ²)) / N̂_h with N̂_h = {holdout_size}, a public size "
+            "(declared N̂ · f / (1 − f)), never the true held-out count",
+            "charged to the budget's held-out partition, which composes in parallel with "
+            "training (the split is 1-stable: the two parts are disjoint); the ledger "
+            "calibrates σ and admits the release through the filter when the job releases",
+        ],
+    }
+
+
+def evaluation_privacy(dataset: Dataset, evaluation_id: str | None,
+                       spec: object = None) -> dict[str, Any]:
+    """The privacy block of an evaluate job (shown by ``dry_run`` and on the job); ``dp``
+    is the DP release's plan for an evaluate spec with ``dp``."""
     private = dataset.visibility == "private"
     block: dict[str, Any] = {
+        "dp": dp_plan(dataset, spec) if isinstance(spec, EvaluateSpec) else None,
         "epsilon_charged": 0.0,
         "non_dp_read": private,
         "reference_visibility": dataset.visibility,
@@ -154,6 +215,7 @@ def evaluation_privacy(dataset: Dataset, evaluation_id: str | None) -> dict[str,
             "its report is owner-only and labelled non-DP, and is never bundled with a corpus",
             "every corpus of this budget released afterwards lists this evaluation in its "
             "manifest (non_dp_evaluations)",
+            SELECTION_CAVEAT,
         ] if private else [
             "no epsilon is charged and no private data is read: the reference is public",
         ]),

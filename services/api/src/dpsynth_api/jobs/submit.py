@@ -184,7 +184,7 @@ def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     resolved = _resolve(session, principal, spec, new_job_id())
     plan: dict[str, Any] | None = None
     if resolved.evaluate and resolved.dataset is not None:
-        plan = evaluations.evaluation_privacy(resolved.dataset, None)
+        plan = evaluations.evaluation_privacy(resolved.dataset, None, spec)
     if resolved.reserve is not None and resolved.steps is not None:
         plan = privacy_block(ledger.plan(resolved.reserve), reservation_id=None,
                              steps=resolved.steps)
@@ -207,7 +207,7 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     privacy = None
     reservation_id = None
     if resolved.evaluate and resolved.dataset is not None:
-        privacy = _authorise_evaluation(ledger, principal, resolved.dataset, job_id)
+        privacy = _authorise_evaluation(ledger, principal, resolved.dataset, job_id, spec)
     if resolved.reserve is not None and resolved.steps is not None:
         reservation = ledger.reserve(resolved.reserve)  # before the row exists
         reservation_id = reservation.reservation_id
@@ -235,7 +235,7 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
 
 
 def _authorise_evaluation(ledger: LedgerPort, principal: Principal, dataset: Dataset,
-                          job_id: str) -> dict[str, Any]:
+                          job_id: str, spec: AnySpec) -> dict[str, Any]:
     """An evaluate job's privacy block; on a PRIVATE reference the ledger first records the
     non-DP read (before the job row exists: a read is never unrecorded, at worst an
     authorisation is recorded for a job that never ran)."""
@@ -246,7 +246,7 @@ def _authorise_evaluation(ledger: LedgerPort, principal: Principal, dataset: Dat
             dataset_id=budget_id, job_id=job_id, reference_dataset_id=dataset.id,
             requested_by=principal.key_id))
         evaluation_id = evaluation.evaluation_id
-    return evaluations.evaluation_privacy(dataset, evaluation_id)
+    return evaluations.evaluation_privacy(dataset, evaluation_id, spec)
 
 
 def _reservation_block(reservation: Reservation, steps: int) -> dict[str, Any]:

@@ -7,6 +7,7 @@
 """
 
 from dpsynth_ledger.accounting.events import (
+    HOLDOUT,
     REPLACE_INTO_ADD_REMOVE,
     WHOLE_DATASET,
     check_neighbouring,
@@ -50,6 +51,7 @@ __all__ = [
     "DEFAULT_DISCRETIZATION",
     "GROUP_FACTOR",
     "GROUP_NAME",
+    "HOLDOUT",
     "REPLACE_INTO_ADD_REMOVE",
     "REPLACE_ONE_PLD_NAME",
     "WHOLE_DATASET",

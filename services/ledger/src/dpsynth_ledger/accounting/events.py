@@ -22,6 +22,16 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode
 WHOLE_DATASET = "*"
 """Name of the partition that every whole-dataset event enters (besides every label)."""
 
+HOLDOUT = "*holdout"
+"""Name of the partition of the dataset's HELD-OUT part (docs/privacy.md, "DP evaluations").
+
+Only mechanisms that read the held-out records alone (DP evaluations) enter it; training
+events (``"*"`` and the labels) never do. The 1-stable keyed-hash split makes the held-out and
+the training part disjoint under add/remove, so the two sides compose in PARALLEL: the
+dataset's filter figure is the max over ``"*"``, every label and this partition. It is created
+at the first DP evaluation (a budget without one has no such row), and no label may take its
+name."""
+
 
 def to_dp_accounting(event: DpSgdEvent | GaussianEvent) -> dp_accounting.DpEvent:
     """Translate one (non-parallel) dpsynth event into a ``dp_accounting`` event.
@@ -59,14 +69,15 @@ def partition_events(
 ) -> dict[str, DpSgdEvent | GaussianEvent]:
     """The part of ``event`` that enters each of the dataset's partitions.
 
-    A whole-dataset event enters every partition (``"*"`` and every label); a
+    A whole-dataset (training) event enters every training partition (``"*"`` and every
+    label, never :data:`HOLDOUT`); a
     :class:`ParallelEvent` enters only the partitions it names (parallel composition over
     disjoint, publicly labelled partitions: McSherry 2009, PINQ).
 
     Raises:
         DpsynthError: ``invalid_request`` when a parallel event names an undeclared partition.
     """
-    names = list(partitions)
+    names = [p for p in partitions if p != HOLDOUT]  # training events never enter it
     if not isinstance(event, ParallelEvent):
         return {p: event for p in names}
     out: dict[str, DpSgdEvent | GaussianEvent] = {}

@@ -47,11 +47,12 @@ from dpsynth_ledger.book import disjoint_of, figures
 from dpsynth_ledger.chain import CHAIN_KEY, append_entry, verify_chain
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Budget, Entry
-from dpsynth_ledger.views import budget_view
+from dpsynth_ledger.views import budget_view, holdout_events
 
 LIMIT_LOWERED = "limit_lowered"
 WARNING_FRACTION_SET = "warning_fraction_set"
-CHARGE_KINDS = frozenset({"lease_granted", "histogram_released", "restored_charge"})
+CHARGE_KINDS = frozenset({"lease_granted", "histogram_released", "dp_evaluation_released",
+                          "restored_charge"})
 
 _ENTRY = re.compile(r"^entr(?:y|ies) (\d+)(?:\.\.(\d+))?: (.*)$")
 _DATASET = re.compile(r"^dataset (\S+)")
@@ -308,8 +309,10 @@ def recompute(session: Session, *, dataset_id: str, ctx: LedgerContext) -> Recom
     if spent_now != fig["dataset_epsilon_spent"]:
         differences.append(f"dataset_epsilon_spent: stored {fig['dataset_epsilon_spent']}, "
                            f"recomputed {spent_now}")
-    tight = pld_epsilon(_tight_events(entries), delta, ctx.discretization,
-                        dataset=budget.neighbouring, disjoint=disjoint_of(budget))
+    tight = max(pld_epsilon(_tight_events(entries), delta, ctx.discretization,
+                            dataset=budget.neighbouring, disjoint=disjoint_of(budget)),
+                pld_epsilon(holdout_events(entries), delta, ctx.discretization,
+                            dataset=budget.neighbouring))
     return RecomputeReport(
         dataset_id=dataset_id, accountant=ACCOUNTANT_NAME,
         conversion_recorded=created.get("conversion"), conversion=CONVERSION_NAME,

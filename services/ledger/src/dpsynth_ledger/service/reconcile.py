@@ -42,7 +42,7 @@ from dpsynth_shared.ledger_contract import (
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
-from dpsynth_ledger.accounting import WHOLE_DATASET, add_up, charge_step, mul_up
+from dpsynth_ledger.accounting import HOLDOUT, WHOLE_DATASET, add_up, charge_step, mul_up
 from dpsynth_ledger.anchor import ChainKeeper
 from dpsynth_ledger.book import (
     disjoint_of,
@@ -64,10 +64,12 @@ from dpsynth_ledger.chain import (
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Budget
 from dpsynth_ledger.service import evaluations
+from dpsynth_ledger.service.dp_evaluations import holdout_accumulator
 from dpsynth_ledger.service.reservations import write_entry
 
-CHARGES = ("lease_granted", "histogram_released", RESTORED_CHARGE)
+CHARGES = ("lease_granted", "histogram_released", "dp_evaluation_released", RESTORED_CHARGE)
 INFORMATIONAL = ("reservation_refused", "extension_refused", "histogram_refused",
+                 "dp_evaluation_refused",
                  "read_grant", "lease_ended", "reservation_accepted", "extension_accepted",
                  "reservation_closed", RECONCILED, "warning_fraction_set")
 
@@ -208,6 +210,8 @@ def _reapply(session: Session, record: dict[str, Any], budgets: dict[str, Budget
                          "no budget in the database or the anchor: not re-applied")
         return 0
     accs = repo.accumulators(session, dataset_id)
+    if kind in CHARGES and HOLDOUT in payload["rdp_delta"]:  # a lost DP evaluation charge
+        accs = holdout_accumulator(session, dataset_id)
     if kind in CHARGES:
         delta = {p: float(v) for p, v in payload["rdp_delta"].items() if p in accs}
         for p, amount in delta.items():

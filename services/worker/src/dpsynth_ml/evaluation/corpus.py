@@ -75,6 +75,9 @@ class EvaluationResult:
     features: dict[str, np.ndarray] = field(default_factory=dict)
     memorisation: dict[str, MemorisationResult] = field(default_factory=dict)
     predictions: dict[str, np.ndarray] = field(default_factory=dict)
+    classifiers: dict[str, Any] = field(default_factory=dict)
+    """per kind, the classifier trained on the SYNTHETIC images alone (a DP evaluation counts
+    its correct answers on every held-out record: :mod:`dpsynth_ml.evaluation.dp`)."""
 
 
 def resize_uint8(images: np.ndarray, *, image_size: int, channels: int) -> np.ndarray:
@@ -298,6 +301,8 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
                                      num_classes=k_classes, seed=seed, device=device)
             predicted = predict(model, test_x)
             result.predictions[f"{kind}/{train_on}"] = predicted
+            if train_on == "synthetic":
+                result.classifiers[kind] = model
             accuracy = float((predicted == test_y).mean())
             scores.append({"classifier": kind, "train_on": train_on, "accuracy": accuracy,
                            "train_size": sizes[source], "test_size": sizes["real_holdout"],

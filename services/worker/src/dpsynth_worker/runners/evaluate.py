@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.evaluation import SELECTION_CAVEAT
 from dpsynth_shared.job_specs import EvaluateSpec
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.worker_contract import DatasetInfo
@@ -29,6 +30,7 @@ from dpsynth_worker.reports import ClosestPair, ReportArrays, plain, render_html
 from dpsynth_worker.runners.artifacts import download_folder, read_provenance, upload_and_register
 from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.corpus_zip import read_corpus
+from dpsynth_worker.runners.evaluate_dp import release_dp
 from dpsynth_worker.runners.feature_net import load_public, require_public, validation_split
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
 from dpsynth_worker.runners.selection import apply_selection, fetch_dataset
@@ -96,8 +98,10 @@ def run_evaluate(ctx: JobContext) -> Outcome:
         return stopped(ctx)
     if ctx.flags.any():
         return stopped(ctx)
+    dp = release_dp(ctx, spec, result, holdout) if spec.dp is not None else None
     show_private = private and spec.include_private_images
     document = build_document(ctx, spec, reference, result.document, corpus.manifest)
+    document["dp_evaluation"] = dp
     arrays = report_arrays(result, names, show_real=show_private or not private)
     return _publish(ctx, document, arrays, private=private, contains_private_images=show_private)
 
@@ -249,6 +253,7 @@ def build_document(ctx: JobContext, spec: EvaluateSpec, reference: DatasetInfo,
     if private:
         notes.append("computed from private data outside any DP mechanism: owner only, not "
                      "covered by the corpus's privacy guarantee")
+        document["selection_caveat"] = SELECTION_CAVEAT
     settings = dict(document.get("settings") or {})
     settings["spec"] = spec.model_dump(mode="json")
     document.update(
@@ -301,9 +306,12 @@ def _publish(ctx: JobContext, document: dict[str, Any], arrays: ReportArrays, *,
             ctx, key=report_key(ctx.job_id, path.name), path=path, kind="report",
             content_type=content_type, metadata={"format": fmt, **meta},
             owner_only=private, non_dp=private)
-    propose(ctx, JobState.SUCCEEDED, result={
+    result: dict[str, Any] = {
         "report_artifact_id": registered["json"].artifact_id,
         "report_html_artifact_id": registered["html"].artifact_id,
-        "non_dp": private, "contains_private_images": contains_private_images})
+        "non_dp": private, "contains_private_images": contains_private_images}
+    if document.get("dp_evaluation") is not None:  # DP numbers: the job's readers see them
+        result["dp_evaluation"] = document["dp_evaluation"]
+    propose(ctx, JobState.SUCCEEDED, result=result)
     log.info("evaluation report written", extra={"non_dp": private})
     return Outcome.SUCCEEDED

@@ -1,0 +1,47 @@
+"""The report's DP evaluation and selection sections (issue 13, item 6).
+
+A DP evaluation's released numbers (labelled DP, with ε, δ, σ and the public N̂_h) come
+first; then the selection caveat of a report on private data: its non-DP numbers are not
+covered by the released epsilon if a corpus is chosen by them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from html import escape
+from typing import Any
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return escape(str(value))
+
+
+def dp_section(doc: Mapping[str, Any]) -> str:
+    """The DP release of the job, or "" without one."""
+    dp: Mapping[str, Any] | None = doc.get("dp_evaluation")
+    if not dp:
+        return ""
+    metrics: Mapping[str, Mapping[str, Any]] = dp.get("metrics") or {}
+    rows = "".join(
+        f"<tr><td>{escape(name)}</td><td>{_fmt(v.get('accuracy'))}</td>"
+        f"<td>{_fmt(v.get('accuracy_clipped'))}</td></tr>" for name, v in metrics.items())
+    terms = " · ".join(f"{escape(k)} {_fmt(dp.get(key))}" for k, key in (
+        ("ε", "epsilon"), ("δ", "delta"), ("σ", "sigma"), ("sensitivity", "sensitivity"),
+        ("N̂_h (public held-out size)", "holdout_size"), ("partition", "partition")))
+    return ('<section><h2>DP evaluation (inside the guarantee)</h2>'
+            '<div class="banner public">DP — shown to the job\'s readers — '
+            f"{terms}<small>{escape(str(dp.get('statement', '')))}</small></div>"
+            "<table><thead><tr><th>metric</th><th>released (DP)</th><th>clipped to [0, 1]"
+            f"</th></tr></thead><tbody>{rows}</tbody></table></section>")
+
+
+def selection_section(doc: Mapping[str, Any]) -> str:
+    """The selection caveat of a report on private data, or ""."""
+    caveat = doc.get("selection_caveat")
+    if not caveat:
+        return ""
+    return ('<section><h2>Choosing a corpus by this report</h2>'
+            f'<div class="banner nondp">NON-DP SELECTION<small>{escape(str(caveat))}</small>'
+            "</div></section>")
