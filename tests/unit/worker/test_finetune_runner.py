@@ -63,6 +63,10 @@ def test_finetune_leases_in_chunks_and_publishes_a_dp_model(world: World) -> Non
         state = json.load(tar.extractfile("trainer_state.json"))  # type: ignore[arg-type]
     assert state["dp"] == {"noise_multiplier": 1.1, "sample_rate": 0.16,
                            "expected_batch_size": 8, "max_grad_norm": 1.0, "steps": 12}
+    # every step ran a fixed number of rows sized from public numbers only: N̂ = 8 / 0.16,
+    # and the job's (epsilon, delta) bound what the timing channel adds to delta
+    assert state["fixed_batch"]["population"] == 50
+    assert state["fixed_batch"]["delta_timing"] == pytest.approx(1e-3 * 1e-5)
     assert not (world.work_dir / f"{world.job_id}-attempt-1").exists()
 
 

@@ -149,7 +149,8 @@ def _evaluate_inputs(session: Session, job: Job) -> dict[str, object]:
                        budget_id=_budget_of(session, sampled.dataset_id)
                        if sampled is not None and sampled.dp else None)
     out: dict[str, object] = {"corpus": corpus,
-                              "evaluation_id": (job.privacy or {}).get("evaluation_id")}
+                              "evaluation_id": (job.privacy or {}).get("evaluation_id"),
+                              "dp_evaluation": (job.privacy or {}).get("dp")}
     feature_id = spec.get("feature_model_id")
     if feature_id:
         feature = models_repo.get_for_tenant(session, tenant_id=job.tenant_id,
@@ -191,7 +192,8 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
     rng = meta.get("rng")
     if base is not None and base.rng == "test":
         rng = "test"  # a descendant of a test-rng model is never publishable either
-    kept = ("class_names", "image_size", "channels", "preset", "training_kind", "steps")
+    kept = ("class_names", "image_size", "channels", "preset", "training_kind", "steps",
+            "dataset_epsilon_spent")  # the filter figure when the model was made (item 8)
     info: dict[str, object] = {k: meta[k] for k in kept if k in meta}
     # layout conditioning: stated by the worker, else kept from the base model
     channels = layout_channels(meta) or (layout_channels(base.info or {}) if base else 0)

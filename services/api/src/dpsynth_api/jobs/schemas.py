@@ -17,12 +17,18 @@ from dpsynth_api.tables import Artifact, Job
 RESULT_KEYS = frozenset({"job_epsilon", "job_epsilon_granted", "steps", "steps_done",
                          "samples", "model_id", "checkpoint_step", "seed", "images",
                          "images_per_second", "sampler", "guidance_scale", "batch_size",
-                         "steps_used", "trainable_parameters"})
+                         "steps_used", "trainable_parameters",
+                         # a finetune's model: the label of a composed job_epsilon and the
+                         # filter figure beside it (issue 13, item 8)
+                         "job_epsilon_label", "dataset_epsilon_spent"})
 # An evaluate job's result: ONLY where its report is and how it is labelled, never a
 # metric (a reader without the owner scope sees job results; the headline numbers are served
 # by GET /v1/jobs/{id}/report, owner-only for a private reference).
 EVALUATE_RESULT_KEYS = frozenset({"report_artifact_id", "report_html_artifact_id", "non_dp",
-                                  "contains_private_images"})
+                                  "contains_private_images",
+                                  # the DP release of an evaluate job with dp (issue 13,
+                                  # item 6): noised, charged to the held-out partition
+                                  "dp_evaluation"})
 # Keys the api itself writes into a job's result at submission; a worker never sets them.
 API_RESULT_KEYS = frozenset({"layout_source"})
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth_worker.reports.arrays import ClosestPair, ReportArrays
+from dpsynth_worker.reports.dp_section import dp_section, selection_section
 from dpsynth_worker.reports.images import montage, png_data_uri
 from dpsynth_worker.reports.svg import accuracy_bars, histogram, horizontal_bars, paired_bars
 
@@ -112,7 +113,8 @@ def render_html(document: Mapping[str, Any], arrays: ReportArrays | None = None)
     """
     show_real = (document.get("reference_visibility") == "public"
                  or bool(document.get("contains_private_images")))
-    parts = [_header(document), _headline(document), _classifiers(document),
+    parts = [_header(document), dp_section(document), selection_section(document),
+             _headline(document), _classifiers(document),
              _feature_network(document), _per_class(document), _memorisation(document, arrays)]
     if arrays is not None:
         parts += [_samples(document, arrays, show_real=show_real),
@@ -155,7 +157,9 @@ def _header(doc: Mapping[str, Any]) -> str:
     tight = manifest.get("dataset_tight_epsilon")
     tight_label = manifest.get("dataset_tight_epsilon_label")
     counts = manifest.get("counts") or {}
-    privacy = [("DP model", manifest.get("dp")), ("job ε", manifest.get("job_epsilon")),
+    job_label = manifest.get("job_epsilon_label")  # a composed lineage (issue 13, item 8)
+    privacy = [("DP model", manifest.get("dp")),
+               (f"job ε{f' ({job_label})' if job_label else ''}", manifest.get("job_epsilon")),
                ("δ", manifest.get("delta")),
                ("dataset ε spent (filter)", manifest.get("dataset_epsilon_spent")),
                (f"dataset ε, tight{f' ({tight_label})' if tight_label else ''}", tight),

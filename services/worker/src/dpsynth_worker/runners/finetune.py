@@ -17,7 +17,7 @@ from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import FinetuneSpec
 from dpsynth_shared.job_states import JobState
-from dpsynth_shared.ledger_contract import Reservation
+from dpsynth_shared.ledger_contract import LINEAGE_LABEL, Reservation
 from dpsynth_shared.worker_contract import DatasetInfo, ModelRef
 
 from dpsynth_worker.runners.artifacts import (
@@ -157,8 +157,17 @@ def per_label_dp(inputs: _Inputs) -> dict[str, Any]:
                          sample_rate=part.event.sample_rate,
                          expected_batch_size=part.expected_batch_size,
                          max_grad_norm=inputs.spec.privacy.max_grad_norm,
-                         steps=part.steps_planned)
+                         steps=part.steps_planned, **_padding_terms(inputs))
             for name, part in sorted(parts.items())}
+
+
+def _padding_terms(inputs: _Inputs) -> dict[str, float | None]:
+    """The job's (epsilon, delta): public, they size the fixed per-step work that makes
+    every step cost the same (dpsynth_ml.dp.padding; docs/privacy.md)."""
+    plan = inputs.reservation.plan
+    delta = inputs.dataset.delta if inputs.dataset.delta is not None else (
+        plan.delta if plan is not None else None)
+    return {"epsilon": inputs.spec.privacy.target_epsilon, "delta": delta}
 
 
 def map_classes(private_names: list[str], base_names: list[str],
@@ -196,7 +205,7 @@ def training_spec(ctx: JobContext, inputs: _Inputs) -> Any:
         dp = DpSpec(noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate,
                     expected_batch_size=inputs.reservation.expected_batch_size,
                     max_grad_norm=inputs.spec.privacy.max_grad_norm,
-                    steps=planned_steps(inputs.reservation))
+                    steps=planned_steps(inputs.reservation), **_padding_terms(inputs))
     return TrainingSpec(kind="finetune", preset=base.preset, image_size=base.image_size,
                         channels=base.channels, class_conditional=t.class_conditional,
                         num_classes=num_classes, trainable=t.trainable,
@@ -269,18 +278,36 @@ def _steps_used(inputs: _Inputs, result: Any) -> dict[str, Any]:
     return used
 
 
+def epsilon_labels(ancestors: list[str], spent: float) -> dict[str, Any]:
+    """What the model's ``job_epsilon`` is, and the guarantee beside it (issue 13, item 8).
+
+    With DP ancestors on the same budget, ``job_epsilon`` is a PLD composition of runs each
+    chosen after the previous one's output was seen: valid only had the sequence been fixed
+    in advance (``LINEAGE_LABEL``). The guarantee is the RDP filter's ``dataset_epsilon_spent``
+    once the model's last step was granted: it covers every charge of the budget, so also
+    the jobs whose outputs informed the choice of this one (docs/privacy.md, "Figures that
+    are not a guarantee").
+    """
+    return {"job_epsilon_label": LINEAGE_LABEL if ancestors else None,
+            "dataset_epsilon_spent": spent}
+
+
 def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
     """Job epsilon from the ledger, publish the model, close the reservation, propose."""
     rid, dataset_id = inputs.reservation.reservation_id, inputs.dataset.dataset_id
     reservation_ids = [*inputs.ancestors, rid]
     steps_used = _steps_used(inputs, result)
-    eps = ctx.ledger.job_epsilon(dataset_id=inputs.dataset.budget_id or dataset_id,
-                                 reservation_ids=reservation_ids, steps_used=steps_used)
+    budget_id = inputs.dataset.budget_id or dataset_id
+    # the filter figure once every step of the model is granted (issue 13, item 8)
+    spent = ctx.ledger.budget_view(budget_id).dataset_epsilon_spent
+    eps = ctx.ledger.job_epsilon(dataset_id=budget_id, reservation_ids=reservation_ids,
+                                 steps_used=steps_used)
     event, plan = inputs.reservation.event, inputs.reservation.plan
     job_ids = [*(inputs.base.job_ids if inputs.ancestors else []), ctx.job_id]
     record: dict[str, Any] = {
         "dp": True, "dataset_id": dataset_id, "reservation_ids": reservation_ids,
         "job_ids": job_ids, "job_epsilon": eps.job_epsilon, "delta": eps.delta,
+        **epsilon_labels(inputs.ancestors, spent),
         "accountant": plan.accountant if plan else None,
         "admission_order": plan.admission_order if plan else None,
         "noise_multiplier": getattr(event, "noise_multiplier", None),
@@ -299,6 +326,7 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
     propose(ctx, JobState.SUCCEEDED, result={
         "model_id": published.model_id, "artifact_id": published.artifact_id,
         "model_hash": published.model_hash, "job_epsilon": eps.job_epsilon, "delta": eps.delta,
+        **epsilon_labels(inputs.ancestors, spent),
         "steps_used": steps_used, "trainable_parameters": result.trainable_parameters})
     log.info("finetune succeeded", extra={"steps": result.steps_completed})
     return Outcome.SUCCEEDED

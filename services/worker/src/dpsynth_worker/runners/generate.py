@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.evaluation import SELECTION_CAVEAT
 from dpsynth_shared.job_specs import GenerateSpec
 from dpsynth_shared.job_states import JobState
+from dpsynth_shared.ledger_contract import LINEAGE_LABEL
 from dpsynth_shared.object_store import PRIVATE_PREFIX
 from dpsynth_shared.worker_contract import DatasetInfo, ModelRef
 
@@ -153,13 +155,14 @@ def _generate_layouts(ctx: JobContext, spec: GenerateSpec,
         raise DpsynthError(ErrorCode.NOT_PUBLISHABLE, f"layout model {layout_ref.model_id} "
                            "was trained with a test random generator (rng: test)",
                            model_id=layout_ref.model_id)
-    job_epsilon = None
+    job_epsilon, lineage = None, None
     if layout_ref.dp:
         provenance = read_provenance(layout_dir)
         if layout_ref.dataset_id is None or provenance.get("dataset_id") != layout_ref.dataset_id:
             raise DpsynthError(ErrorCode.INVALID_MODEL,
                                "the DP layout model's provenance is missing")
         job_epsilon = provenance.get("job_epsilon")
+        lineage = lineage_label(provenance)
     counts = _layout_counts(spec, ctx.ml.read_model_info(model_dir), layout_info)
     ctx.heartbeat.phase("sampling layouts")
 
@@ -173,7 +176,8 @@ def _generate_layouts(ctx: JobContext, spec: GenerateSpec,
                              batch_size=spec.batch_size, per_class=source.per_class,
                              progress=progress)
     return {"model_id": layout_ref.model_id, "dp": bool(layout_ref.dp),
-            "job_epsilon": job_epsilon, "dataset_id": layout_ref.dataset_id,
+            "job_epsilon": job_epsilon, "job_epsilon_label": lineage,
+            "dataset_id": layout_ref.dataset_id,
             "rng": layout_info.rng, "masks_generated": len(layouts)}, layouts
 
 
@@ -237,10 +241,19 @@ def _layout_record(spec: GenerateSpec, origin: Mapping[str, Any],
             "indices": {name: list(picks) for name, picks in used.items()}}
 
 
+def lineage_label(provenance: Mapping[str, Any]) -> str | None:
+    """``LINEAGE_LABEL`` when a DP model's ``job_epsilon`` composes its DP ancestors' runs
+    (more than one reservation in its provenance), else None (issue 13, item 8). The
+    manifest's ``dataset_epsilon_spent``, read at generation time, is the guarantee beside it:
+    the filter covers every charge of the budget up to then, the model's lineage included."""
+    return LINEAGE_LABEL if len(provenance.get("reservation_ids") or []) > 1 else None
+
+
 def _privacy_figures(ctx: JobContext, ref: ModelRef, model_dir: Path) -> dict[str, Any]:
     """Epsilon figures for the manifest: null for a non-DP model."""
     none: dict[str, Any] = {"dp": False, "dataset_id": None, "job_epsilon": None,
-                            "dataset_epsilon_spent": None, "dataset_tight_epsilon": None,
+                            "job_epsilon_label": None, "dataset_epsilon_spent": None,
+                            "dataset_tight_epsilon": None,
                             "dataset_tight_epsilon_label": None, "delta": None,
                             "admission_order": None, "accountant": None, "job_ids": []}
     if not ref.dp:
@@ -251,6 +264,7 @@ def _privacy_figures(ctx: JobContext, ref: ModelRef, model_dir: Path) -> dict[st
     view = ctx.ledger.budget_view(ref.dataset_id)
     return {**none, "dp": True, "dataset_id": ref.dataset_id,
             "job_epsilon": provenance.get("job_epsilon"),
+            "job_epsilon_label": lineage_label(provenance),
             "dataset_epsilon_spent": view.dataset_epsilon_spent,
             "dataset_tight_epsilon": view.dataset_tight_epsilon,
             "dataset_tight_epsilon_label": view.dataset_tight_epsilon_label,
@@ -278,4 +292,6 @@ def build_manifest(ctx: JobContext, spec: GenerateSpec, ref: ModelRef, model_dir
             "per_label": per_label, "batch_size": spec.batch_size, "seed": spec.seed,
             "images_per_second": images_per_second,
             "samples_per_class": spec.samples_per_class, "counts": counts,
-            "layout_source": layout, "non_dp_evaluations": []}
+            "layout_source": layout, "non_dp_evaluations": [], "dp_evaluations": [],
+            # issue 13, item 6: a download rewrites both lists; the caveat stands either way
+            "selection_caveat": SELECTION_CAVEAT}

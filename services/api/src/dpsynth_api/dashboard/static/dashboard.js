@@ -118,6 +118,15 @@
     return el("td", attrs, text);
   }
 
+  // a figure that is not a guarantee (a model's composed lineage): its label on hover
+  function labelled(cell, label) {
+    if (label) {
+      cell.title = label;
+      cell.setAttribute("data-label", label);
+    }
+    return cell;
+  }
+
   function svg(tag, attrs, ...children) {
     const node = document.createElementNS(SVG_NS, tag);
     for (const [name, value] of Object.entries(attrs || {})) {
@@ -467,7 +476,8 @@
                          numCell(privacy.steps, "steps", true),
                          numCell(granted, "job_epsilon_granted"),
                          numCell(stepsDone, "steps_done", true),
-                         numCell(result.job_epsilon, "model_job_epsilon"),
+                         labelled(numCell(result.job_epsilon, "model_job_epsilon"),
+                                  result.job_epsilon_label),
                          numCell(after.has(job.job_id) ? after.get(job.job_id) : null,
                                  "dataset_epsilon_spent_after"),
                          el("td", {}, fmtTime(job.created_at))));
