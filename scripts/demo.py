@@ -9,7 +9,8 @@ feature-space Fréchet distance, precision/recall, memorisation; an owner-only, 
 Data: scikit-learn's digits (1,797 8x8 images, installed by pip). The client-side split is
 seeded and fixed: 40% play the public corpus (pretraining and the feature network, 20% of
 it held out at upload to check the feature network) and 60% the private dataset, uploaded
-with ``holdout_fraction`` 0.25: the platform sets those records aside (seeded, recorded),
+with ``holdout_fraction`` 0.25: the platform sets about a quarter of the records aside (each by a
+keyed hash of itself, so adding or removing one record moves no other),
 never trains on them and uses them as the real test data of the evaluation. Writes
 ``out/demo/summary.json`` and ``out/demo/report.html`` and exits 1 when the best classifier
 trained on synthetic data is below twice chance (20%) or the ledger history does not verify.
@@ -41,8 +42,13 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "out" / "demo"
 CLASSES = [str(i) for i in range(10)]
 SPLIT_SEED = 20261121
-HOLDOUT_SEED = 20261122
+HOLDOUT_KEY = "dpsynth-demo-holdout-20261122"  # fixed: the same records are held out each run
 PRIVATE_HOLDOUT = 0.25
+SIZE_ROUNDING = 100
+"""The private dataset's public size N̂ is declared as the records uploaded rounded up to a
+hundred: an upper bound on the training part the owner agrees to publish. The platform never
+publishes a true count of private data (docs/privacy.md, "No exact private count without
+DP"); a private upload states N̂ or asks for a charged DP count (``size_epsilon``)."""
 PUBLIC_HOLDOUT = 0.2
 PHASES: dict[str, float] = {}
 
@@ -166,7 +172,7 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
     with phase("upload_public"):
         public = client.upload_dataset(public_npz, name="digits-public", visibility="public",
                                        label_domain=CLASSES, holdout_fraction=PUBLIC_HOLDOUT,
-                                       holdout_seed=HOLDOUT_SEED)
+                                       holdout_key=HOLDOUT_KEY)
     print(f"   {public['dataset_id']}: {public['declared_size']} training images, "
           f"{public.get('holdout_size')} held out")
 
@@ -189,16 +195,20 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
     print(f"   feature network {feature_model_id}: accuracy "
           f"{feat['result'].get('accuracy', float('nan')):.3f} on held-out public digits")
 
+    declared = -(-len(data["private"][1]) // SIZE_ROUNDING) * SIZE_ROUNDING
     print(f"3. Upload the private dataset with a budget of epsilon {args.epsilon_limit}; "
-          f"{PRIVATE_HOLDOUT:.0%} of it is held out by the platform for evaluation", flush=True)
+          f"{PRIVATE_HOLDOUT:.0%} of it is held out by the platform for evaluation. Its public "
+          f"size N̂ = {declared} is declared (the records uploaded, rounded up: an upper bound "
+          "on the training part; the true count is never published)", flush=True)
     with phase("upload_private"):
         private = client.upload_dataset(private_npz, name="digits-private",
-                                        visibility="private",
+                                        visibility="private", declared_size=declared,
                                         epsilon_limit=args.epsilon_limit, label_domain=CLASSES,
                                         holdout_fraction=PRIVATE_HOLDOUT,
-                                        holdout_seed=HOLDOUT_SEED)
-    print(f"   {private['dataset_id']}: declared size {private['declared_size']} (training "
-          f"records only), {private.get('holdout_size')} held out, delta {private['delta']:.2e}")
+                                        holdout_key=HOLDOUT_KEY)
+    print(f"   {private['dataset_id']}: declared size N̂ {private['declared_size']} "
+          f"({private.get('declared_size_source')}; it bounds the training records only), "
+          f"{private.get('holdout_size')} held out (owner view), delta {private['delta']:.2e}")
 
     finetune_spec = {
         "type": "finetune", "dataset_id": private["dataset_id"], "base_model_id": base_model_id,
@@ -249,13 +259,15 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
         audit = audit_ledger(client, private["dataset_id"])
     tstr = headline.get("tstr_accuracy") or {}
     accuracy = max(tstr.values()) if tstr else 0.0
+    guarantee = guarantee_of(private, budget)
+    print(f"\nWhat the guarantee covers: {guarantee['covers']}")
     print(f"\nSynthetic corpus: {corpus_zip} (extracted in {OUT / 'corpus'})")
     print(f"Evaluation report: {report_html} (owner-only, non-DP: it shows private images)")
     return {
         "public_dataset_id": public["dataset_id"], "private_dataset_id": private["dataset_id"],
         "pretrain_job_id": pre["job_id"], "feature_net_job_id": feat["job_id"],
         "finetune_job_id": ft["job_id"], "generate_job_id": gen["job_id"],
-        "evaluate_job_id": ev["job_id"],
+        "evaluate_job_id": ev["job_id"], "guarantee": guarantee,
         "base_model_id": base_model_id, "dp_model_id": dp_model_id,
         "feature_model_id": feature_model_id,
         "corpus_artifact_id": corpus["artifact_id"], "corpus_path": str(corpus_zip),
@@ -277,6 +289,23 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
                      "guidance_scale": args.guidance_scale,
                      "samples_per_class": args.samples_per_class,
                      "private_holdout_fraction": PRIVATE_HOLDOUT},
+    }
+
+
+def guarantee_of(private: dict, budget: dict) -> dict:
+    """What the dataset's (epsilon, delta) speaks of: its training part, at the declared N̂."""
+    return {
+        "covers": (f"the training part of the private upload (the held-out records are read "
+                   f"only by the non-DP, owner-only evaluation): (epsilon "
+                   f"{budget['dataset_epsilon_spent']:.3f} spent, delta {budget['delta']:.0e}) "
+                   f"bounds what the DP finetune and everything made from it reveal about "
+                   f"adding or removing any one training record; public size N̂ = "
+                   f"{private['declared_size']} ({private.get('declared_size_source')})"),
+        "unit": private.get("privacy_unit") or "image",
+        "neighbouring": private.get("neighbouring"),
+        "declared_size": private["declared_size"],
+        "declared_size_source": private.get("declared_size_source"),
+        "epsilon_spent": budget["dataset_epsilon_spent"], "delta": budget["delta"],
     }
 
 

@@ -1,4 +1,4 @@
-"""DP events: what each mechanism did, the ledger's unit of record (DESIGN §3).
+"""DP events: what each mechanism did, the ledger's unit of record (docs/privacy.md).
 
 The ledger never stores only an epsilon: it stores the mechanism's parameters, so any
 accountant (RDP filter, PLD, PRV, a future one) can be recomputed from the record. Events

@@ -1,6 +1,6 @@
 """Versioned job specs: a pydantic discriminated union validated at submission.
 
-Jobs carry no delta: the dataset's delta applies (DESIGN §3). ``expected_batch_size`` is the
+Jobs carry no delta: the dataset's delta applies (docs/privacy.md). ``expected_batch_size`` is the
 mean of the Poisson batch; the ledger turns it into q = expected_batch_size / N̂.
 """
 

@@ -36,7 +36,7 @@ DEFAULT_WARNING_FRACTION = 0.8
 
 
 class PrivacyUnit(StrEnum):
-    """What one "record" of a private dataset is (DESIGN §3).
+    """What one "record" of a private dataset is (docs/privacy.md).
 
     ``image``: one image (record-level DP). ``subject``: every image of one subject (a
     patient, a customer) together; the dataset trains only with user-level DP-SGD (Poisson

@@ -1,7 +1,7 @@
 """JSON logs with request and job ids, one line per record.
 
 Never log anything computed from private data (losses, gradient statistics, record names):
-such values only go to owner-only artifacts labelled non-DP (DESIGN §3).
+such values only go to owner-only artifacts labelled non-DP (docs/privacy.md).
 """
 
 from __future__ import annotations

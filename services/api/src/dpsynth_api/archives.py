@@ -7,7 +7,7 @@ by the declared sizes (zip checks each member's CRC and length). Nothing is ever
 disk under the archive's own names.
 
 Error messages name a member only for public uploads (``private=False``): a private
-dataset's file names are private data (DESIGN §3), so its errors only count.
+dataset's file names are private data (docs/privacy.md), so its errors only count.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def budget_warning(budget: dict[str, Any]) -> str | None:
 
 
 def budget_lines(budget: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) rows of ``dpsynth budget``: every figure named apart (DESIGN §3)."""
+    """(label, value) rows of ``dpsynth budget``: every figure named apart (docs/privacy.md)."""
     tight_label = budget.get("dataset_tight_epsilon_label") or TIGHT_LABEL
     rows = [
         ("dataset", str(budget.get("dataset_id", "-"))),

@@ -9,7 +9,7 @@ EMA when ``ema_decay`` is set) plus::
     ema.safetensors          the EMA of the trainable weights (only with ``ema_decay``)
 
 The RNG state is deliberately *not* saved: DP noise and Poisson sampling are never restored
-or replayed on resume (DESIGN §3), so every attempt's steps are fresh releases.
+or replayed on resume (docs/privacy.md), so every attempt's steps are fresh releases.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Protocol
 class TrainingHooks(Protocol):
     """Callbacks the worker passes to :func:`dpsynth_ml.train`.
 
-    The privacy budget is charged in :meth:`acquire_steps` *before* steps run (DESIGN §3,
+    The privacy budget is charged in :meth:`acquire_steps` *before* steps run (docs/privacy.md,
     "Charging"), so the trainer never runs a step it was not granted.
     """
 

@@ -18,7 +18,7 @@ from dpsynth_ml.spec import InvalidSpecError, RngKind, TrainingResult, TrainingS
 def os_seeded_generator() -> torch.Generator:
     """A fresh CPU generator seeded from OS entropy (``secrets``), never from a spec.
 
-    DP noise and Poisson sampling must be unpredictable and never replayed (DESIGN §3), so
+    DP noise and Poisson sampling must be unpredictable and never replayed (docs/privacy.md), so
     each call to :func:`train` gets its own generator.
     """
     return torch.Generator().manual_seed(secrets.randbits(63))

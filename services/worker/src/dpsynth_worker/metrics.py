@@ -1,7 +1,7 @@
 """Prometheus metrics of a worker process.
 
 Only data-independent values: job types, outcomes, step counters. Nothing computed from
-private data (loss, gradient or clipping statistics) is ever exported (DESIGN §3).
+private data (loss, gradient or clipping statistics) is ever exported (docs/privacy.md).
 """
 
 from __future__ import annotations

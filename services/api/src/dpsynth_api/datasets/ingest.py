@@ -5,7 +5,7 @@ Canonical form (docs/architecture.md): ``images`` uint8 ``[N,H,W,C]`` (C = 1 or 
 and optionally ``masks`` uint8 ``[N,H,W,1]``: one layout mask per image (DP-DocLDM layout
 conditioning; only an ``.npz`` upload can carry them). The masks of a private dataset are
 private data like its images: they share the dataset's budget and are read only inside a
-DP job, with the images. For private uploads no error message names a record (DESIGN §3):
+DP job, with the images. For private uploads no error message names a record (docs/privacy.md):
 only counts.
 
 A ``subject`` dataset (privacy unit, see ``datasets/units.py``) also carries ``subjects``

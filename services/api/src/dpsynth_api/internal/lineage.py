@@ -1,7 +1,7 @@
 """What a claim carries (inputs of the attempt) and the lineage of models jobs produce.
 
 A model's ``job_ids`` are the jobs whose steps produced it on its dataset: the job itself and,
-when its base model was DP-trained on the SAME dataset, that model's jobs (DESIGN §3: a
+when its base model was DP-trained on the SAME dataset, that model's jobs (docs/privacy.md: a
 model's ``job_epsilon`` covers its DP ancestors on the same dataset).
 """
 

@@ -92,7 +92,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
         model = get_model(session, principal=principal, model_id=spec.model_id)
         evaluations.refuse_feature_net(model, "model a generate job samples")
         if model.rng == "test":
-            # DESIGN §3: a model trained with a test-injected seeded generator has
+            # docs/privacy.md: a model trained with a test-injected seeded generator has
             # predictable noise; its outputs carry no DP guarantee and are never released.
             raise DpsynthError(ErrorCode.NOT_PUBLISHABLE,
                                f"model {model.id} was trained with a test random generator "

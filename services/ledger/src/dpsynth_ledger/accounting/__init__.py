@@ -1,4 +1,4 @@
-"""The ledger's accountant: pure functions, no database (DESIGN §3).
+"""The ledger's accountant: pure functions, no database (docs/privacy.md).
 
 * :mod:`.events` maps dpsynth events to ``dp_accounting`` events (one function);
 * :mod:`.rdp` is RDP at one order, the named RDP→DP conversion, and α*;

@@ -1,4 +1,4 @@
-"""The RDP privacy filter that decides admission (DESIGN §3).
+"""The RDP privacy filter that decides admission (docs/privacy.md).
 
 Feldman & Zrnic 2021, "Individual Privacy Accounting via a Rényi Filter" (NeurIPS 2021),
 Thm. 3.1: for a FIXED order α, a sequence of mechanisms whose RDP parameters ρ_t at α are

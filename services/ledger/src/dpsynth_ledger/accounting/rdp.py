@@ -228,7 +228,7 @@ def _gaussian_eps(rho: float, delta: float) -> tuple[float, int]:
 
 @lru_cache(maxsize=1024)
 def admission_order(epsilon_limit: float, delta: float) -> int:
-    """The dataset's fixed filter order α* (DESIGN §3), from (ε limit, δ) alone.
+    """The dataset's fixed filter order α* (docs/privacy.md), from (ε limit, δ) alone.
 
     Finds the Gaussian mechanism (RDP α/(2σ²) = α·ρ) whose ε at δ under the named conversion,
     optimised over integer orders in [2, 256], equals the limit (bisection on ρ = 1/(2σ²)),

@@ -1,4 +1,4 @@
-"""DP fine-tuning on a private dataset under step leases (DESIGN §3; DP-LDMs, Liu et al.).
+"""DP fine-tuning on a private dataset under step leases (docs/privacy.md; DP-LDMs, Liu et al.).
 
 The DP parameters (noise multiplier, sample rate q, expected batch size, steps) come from
 the ledger's reservation and are handed to the trainer verbatim: the worker never

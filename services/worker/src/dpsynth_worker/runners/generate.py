@@ -1,6 +1,6 @@
 """Sampling a synthetic corpus from a model (post-processing: costs no privacy budget).
 
-The manifest names each privacy figure apart (DESIGN §3): ``job_epsilon`` of the model,
+The manifest names each privacy figure apart (docs/privacy.md): ``job_epsilon`` of the model,
 and the dataset's filter figure, tight figure (with its label), delta and admission order
 read from the ledger's budget view at generation time. It also records how the corpus was
 sampled (sampler, steps, guidance, batch size, seed, images per second) and, for a

@@ -2,7 +2,7 @@
 
 :class:`PlainHooks` (pretrain: public data) only reports progress and stops on request.
 :class:`LeasedHooks` (finetune) charges the privacy budget *before* steps run by asking the
-ledger for step leases (DESIGN §3, "Charging"), uploads checkpoints, and keeps the
+ledger for step leases (docs/privacy.md, "Charging"), uploads checkpoints, and keeps the
 owner-only, non-DP statistics in memory for one upload at the end: never logged, never
 sent in heartbeats or metrics.
 """

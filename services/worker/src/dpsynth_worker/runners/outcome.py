@@ -74,7 +74,7 @@ def stopped(ctx: JobContext) -> Outcome:
         propose(ctx, JobState.CANCELLED)
         return Outcome.CANCELLED
     # SIGTERM: granted steps stay charged; the api requeues attempt + 1, which resumes
-    # from the last checkpoint under fresh leases (DESIGN §3, "Charging"). The code tells
+    # from the last checkpoint under fresh leases (docs/privacy.md, "Charging"). The code tells
     # the reaper this was a drain, not a lost worker, so it does not use up max_attempts.
     propose(ctx, JobState.INTERRUPTED, error_code=WORKER_SHUTDOWN,
             message="worker shut down; the job will resume")
