@@ -32,6 +32,10 @@ class DatasetInfo(BaseModel):
     class_names: list[str]
     declared_size: int | None = None
     delta: float | None = None
+    epsilon_limit: float | None = Field(
+        None, description="private datasets: the budget's epsilon limit (public); it sizes the "
+        "fixed per-step work of DP-SGD so that the timing channel adds at most 1e-3·delta at "
+        "any figure the dataset can reach (docs/privacy.md, item 5)")
     has_masks: bool = False
     declared_public_by: str | None = Field(
         None, description="public datasets: the key that declared the data public (recorded "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import tarfile
 import threading
 
@@ -68,6 +69,20 @@ def test_finetune_leases_in_chunks_and_publishes_a_dp_model(world: World) -> Non
     assert state["fixed_batch"]["population"] == 50
     assert state["fixed_batch"]["delta_timing"] == pytest.approx(1e-3 * 1e-5)
     assert not (world.work_dir / f"{world.job_id}-attempt-1").exists()
+
+
+def test_the_padding_cap_is_sized_at_the_dataset_limit(world: World) -> None:
+    """A job of ε 1 on a dataset whose limit is 8: the timing channel's δ term must stay at
+    1e-3·δ at any figure the dataset can reach, so η is sized at the limit (issue 13, item 5)."""
+    claim = world.finetune_claim(steps=3, checkpoint_every=3)
+    claim = claim.model_copy(update={"dataset": claim.dataset.model_copy(
+        update={"epsilon_limit": 8.0})})
+    assert world.run(claim) == Outcome.SUCCEEDED
+    with tarfile.open(world.store.root / checkpoint_key(world.job_id, 3)) as tar:
+        state = json.load(tar.extractfile("trainer_state.json"))  # type: ignore[arg-type]
+    fixed = state["fixed_batch"]
+    assert fixed["delta_timing"] == pytest.approx(1e-3 * 1e-5)
+    assert fixed["overflow_bound"] == pytest.approx(1e-3 * 1e-5 / (1 + math.exp(8.0)))
 
 
 def test_private_stats_go_only_to_the_owner_only_artifact(

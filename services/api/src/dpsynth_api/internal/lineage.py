@@ -124,7 +124,7 @@ def dataset_info(dataset: Dataset) -> DatasetInfo:
                        visibility=dataset.visibility, has_masks=bool(dataset.has_masks),
                        object_key=dataset.object_key, class_names=list(dataset.class_names),
                        declared_size=dataset.declared_size, delta=dataset.delta,
-                       class_sizes=dataset.class_sizes,
+                       epsilon_limit=dataset.epsilon_limit, class_sizes=dataset.class_sizes,
                        privacy_unit="subject" if dataset.privacy_unit == "subject"
                        else "image",
                        selection=selection_of(dataset), budget_id=dataset.budget_id,

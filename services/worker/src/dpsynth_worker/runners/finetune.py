@@ -162,12 +162,19 @@ def per_label_dp(inputs: _Inputs) -> dict[str, Any]:
 
 
 def _padding_terms(inputs: _Inputs) -> dict[str, float | None]:
-    """The job's (epsilon, delta): public, they size the fixed per-step work that makes
-    every step cost the same (dpsynth_ml.dp.padding; docs/privacy.md)."""
+    """The (epsilon, delta) that size the fixed per-step work making every step cost the
+    same (dpsynth_ml.dp.padding; docs/privacy.md, item 5). Both are public. epsilon is the
+    larger of the job's target and the dataset's limit: the filter keeps every figure of the
+    dataset at or below its limit, so the timing channel's (1 + e^ε)·η stays ≤ 1e-3·δ at the
+    dataset's figure too, not only at the job's own."""
     plan = inputs.reservation.plan
     delta = inputs.dataset.delta if inputs.dataset.delta is not None else (
         plan.delta if plan is not None else None)
-    return {"epsilon": inputs.spec.privacy.target_epsilon, "delta": delta}
+    epsilon = inputs.spec.privacy.target_epsilon
+    limit = inputs.dataset.epsilon_limit
+    if epsilon is not None and limit is not None:
+        epsilon = max(epsilon, limit)
+    return {"epsilon": epsilon, "delta": delta}
 
 
 def map_classes(private_names: list[str], base_names: list[str],
