@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,6 +22,7 @@ from dpsynth_shared.ledger_contract import (
     SetClassSizes,
     SizeRelease,
 )
+from dpsynth_shared.secure_noise import NormalSource, SecureNormal
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -344,14 +344,14 @@ def list_datasets(session: Session, *, principal: Principal, limit: int,
 
 
 def noisy_class_sizes(counts: dict[str, int], sigma: float, declared_size: int,
-                      rng: np.random.Generator | None = None) -> dict[str, int]:
+                      rng: NormalSource | None = None) -> dict[str, int]:
     """Post-process a Gaussian histogram into public class sizes.
 
     Each true count gets N(0, σ²) noise; the size is ``min(N̂, max(1, ceil(noisy)))``
     (at least 1 so q_c is defined, at most N̂ so δ < 1/N̂ ≤ 1/N̂_c). The noise comes from
-    OS entropy (a generator seeded by :func:`secrets.randbits`), never from a user seed.
+    the OS CSPRNG (:class:`dpsynth_shared.secure_noise.SecureNormal`), never from a user seed.
     """
-    rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+    rng = rng if rng is not None else SecureNormal()
     names = sorted(counts)
     noisy = np.asarray([counts[c] for c in names], dtype=np.float64) + rng.normal(
         0.0, sigma, size=len(names))

@@ -38,7 +38,6 @@ alone gets the count in the refusal of a too small ``declared_size``).
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,6 +46,7 @@ from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
 from dpsynth_shared.ids import new_id
 from dpsynth_shared.ledger_contract import PrivacyUnit, SizeRelease, SizeReleasePlanRequest
+from dpsynth_shared.secure_noise import NormalSource, SecureNormal
 
 from dpsynth_api.datasets.ingest import SUBJECTS_CSV, Ingested
 from dpsynth_api.datasets.schemas import DatasetMetadata
@@ -138,9 +138,9 @@ class ReleasedSize:
                 "delta": self.delta}
 
 
-def noisy_size(count: int, sigma: float, rng: np.random.Generator | None = None) -> int:
-    """N̂ = max(1, ⌈N + Z + z·σ⌉), Z ~ N(0, σ²) from OS entropy (never a user seed)."""
-    rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+def noisy_size(count: int, sigma: float, rng: NormalSource | None = None) -> int:
+    """N̂ = max(1, ⌈N + Z + z·σ⌉), Z ~ N(0, σ²) from the OS CSPRNG (never a user seed)."""
+    rng = rng if rng is not None else SecureNormal()
     return max(1, math.ceil(count + float(rng.normal(0.0, sigma)) + SIZE_MARGIN_Z * sigma))
 
 

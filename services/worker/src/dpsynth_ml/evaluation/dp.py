@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from dpsynth_shared.secure_noise import NormalSource
 
 from dpsynth_ml.evaluation.classifiers import Classifier, predict
 from dpsynth_ml.evaluation.corpus import resize_uint8
@@ -49,7 +50,7 @@ def holdout_correct_counts(classifiers: Mapping[str, Classifier], images: np.nda
 
 
 def release_accuracies(counts: Sequence[int], *, sigma: float, holdout_size: int,
-                       rng: np.random.Generator) -> list[dict[str, Any]]:
+                       rng: NormalSource) -> list[dict[str, Any]]:
     """Noise the counts (N(0, σ²) each, one draw per count) and normalise by N̂_h.
 
     Returns:

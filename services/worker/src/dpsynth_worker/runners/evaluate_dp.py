@@ -15,13 +15,12 @@ Order of events, each after the one before:
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
-import numpy as np
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import EvaluateSpec
 from dpsynth_shared.ledger_contract import DpEvaluationRequest
+from dpsynth_shared.secure_noise import NormalSource, SecureNormal
 
 from dpsynth_worker.runners.context import JobContext
 
@@ -31,13 +30,13 @@ STATEMENT = (
     "to training); selecting a corpus by these numbers stays inside the guarantee")
 
 
-def os_generator() -> np.random.Generator:
-    """A generator seeded from OS entropy (128 bits), drawn after the ledger's charge."""
-    return np.random.default_rng(secrets.randbits(128))
+def os_generator() -> SecureNormal:
+    """The OS CSPRNG's Gaussians (sum-of-four mitigation), drawn after the ledger's charge."""
+    return SecureNormal()
 
 
 def release_dp(ctx: JobContext, spec: EvaluateSpec, result: Any, holdout: Any,
-               rng: np.random.Generator | None = None) -> dict[str, Any]:
+               rng: NormalSource | None = None) -> dict[str, Any]:
     """Count, charge, noise and return the DP block (report and job result).
 
     ``rng`` is for tests only (runners pass None: OS entropy).
