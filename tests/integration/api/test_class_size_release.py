@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from dpsynth_api.datasets.service import noisy_class_sizes
 from dpsynth_shared.errors import DpsynthError, ErrorCode
-from dpsynth_shared.ledger_contract import HistogramRequest, SetClassSizes
+from dpsynth_shared.release_contract import HistogramRequest, SetClassSizes
 
 from tests.integration.api.conftest import Api, auth
 from tests.unit.api import builders as b

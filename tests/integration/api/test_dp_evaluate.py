@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dpsynth_shared.ledger_contract import DpEvaluationRequest
+from dpsynth_shared.release_contract import DpEvaluationRequest
 from fastapi.testclient import TestClient
 
 from tests.integration.api.conftest import LEDGER_TOKEN, Api, api_with_real_ledger, auth

@@ -23,7 +23,7 @@ from dpsynth_api.datasets.schemas import DatasetMetadata, dataset_out
 from dpsynth_api.fakes import FakeLedger
 from dpsynth_api.tables import Dataset
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
-from dpsynth_shared.ledger_contract import SizeReleasePlanRequest
+from dpsynth_shared.release_contract import SizeReleasePlanRequest
 
 from tests.unit.api import builders as b
 

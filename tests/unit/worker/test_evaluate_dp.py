@@ -24,7 +24,7 @@ from dpsynth_shared.dp_events import GaussianEvent
 from dpsynth_shared.errors import BudgetExhausted
 from dpsynth_shared.evaluation import SELECTION_CAVEAT
 from dpsynth_shared.job_specs import EvaluateSpec, public_holdout_size
-from dpsynth_shared.ledger_contract import DpEvaluationRelease, DpEvaluationRequest
+from dpsynth_shared.release_contract import DpEvaluationRelease, DpEvaluationRequest
 from dpsynth_worker.runners import MlCore, Outcome
 
 from tests.unit.worker.conftest import CLASS_NAMES, World

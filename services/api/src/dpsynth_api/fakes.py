@@ -21,10 +21,6 @@ from dpsynth_shared.ledger_contract import (
     BudgetView,
     ChainKey,
     CreateBudget,
-    Evaluation,
-    EvaluationRequest,
-    HistogramRelease,
-    HistogramRequest,
     LabelPlan,
     LabelReservation,
     LedgerEntry,
@@ -36,10 +32,16 @@ from dpsynth_shared.ledger_contract import (
     Reservation,
     ReservationState,
     ReserveRequest,
+    VerifyReport,
+)
+from dpsynth_shared.release_contract import (
+    Evaluation,
+    EvaluationRequest,
+    HistogramRelease,
+    HistogramRequest,
     SetClassSizes,
     SizeReleasePlan,
     SizeReleasePlanRequest,
-    VerifyReport,
 )
 
 

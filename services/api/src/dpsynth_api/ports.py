@@ -15,10 +15,6 @@ from dpsynth_shared.ledger_contract import (
     BudgetView,
     ChainKey,
     CreateBudget,
-    Evaluation,
-    EvaluationRequest,
-    HistogramRelease,
-    HistogramRequest,
     LedgerEntry,
     LimitUpdate,
     Plan,
@@ -27,12 +23,18 @@ from dpsynth_shared.ledger_contract import (
     ReconcileRequest,
     Reservation,
     ReserveRequest,
-    SetClassSizes,
-    SizeReleasePlan,
-    SizeReleasePlanRequest,
     VerifyReport,
 )
 from dpsynth_shared.object_store import ObjectStore
+from dpsynth_shared.release_contract import (
+    Evaluation,
+    EvaluationRequest,
+    HistogramRelease,
+    HistogramRequest,
+    SetClassSizes,
+    SizeReleasePlan,
+    SizeReleasePlanRequest,
+)
 
 TASK_NAME = "dpsynth.run_job"
 TASK_QUEUE = "dpsynth"

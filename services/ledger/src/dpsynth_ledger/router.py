@@ -12,14 +12,7 @@ from dpsynth_shared.ledger_contract import (
     ChainKey,
     CloseRequest,
     CreateBudget,
-    DpEvaluationRelease,
-    DpEvaluationRequest,
-    Evaluation,
-    EvaluationGrantRequest,
-    EvaluationRequest,
     ExtendRequest,
-    HistogramRelease,
-    HistogramRequest,
     JobEpsilon,
     JobEpsilonRequest,
     Lease,
@@ -35,10 +28,19 @@ from dpsynth_shared.ledger_contract import (
     ReconcileRequest,
     Reservation,
     ReserveRequest,
+    VerifyReport,
+)
+from dpsynth_shared.release_contract import (
+    DpEvaluationRelease,
+    DpEvaluationRequest,
+    Evaluation,
+    EvaluationGrantRequest,
+    EvaluationRequest,
+    HistogramRelease,
+    HistogramRequest,
     SetClassSizes,
     SizeReleasePlan,
     SizeReleasePlanRequest,
-    VerifyReport,
 )
 from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session

@@ -16,15 +16,17 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
 from dpsynth_shared.ledger_contract import (
     BudgetView,
     CloseRequest,
-    DpEvaluationRelease,
-    DpEvaluationRequest,
-    EvaluationGrantRequest,
     ExtendRequest,
     Lease,
     LeaseRequest,
     ReadGrant,
     ReadGrantRequest,
     Reservation,
+)
+from dpsynth_shared.release_contract import (
+    DpEvaluationRelease,
+    DpEvaluationRequest,
+    EvaluationGrantRequest,
 )
 from dpsynth_shared.worker_contract import (
     Claim,

@@ -9,14 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, Protocol
 
-from dpsynth_shared.ledger_contract import (
-    BudgetView,
-    DpEvaluationRelease,
-    DpEvaluationRequest,
-    Lease,
-    ReadGrant,
-    Reservation,
-)
+from dpsynth_shared.ledger_contract import BudgetView, Lease, ReadGrant, Reservation
+from dpsynth_shared.release_contract import DpEvaluationRelease, DpEvaluationRequest
 from dpsynth_shared.worker_contract import (
     Claim,
     Heartbeat,

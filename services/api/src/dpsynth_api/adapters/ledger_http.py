@@ -12,10 +12,6 @@ from dpsynth_shared.ledger_contract import (
     ChainKey,
     CloseRequest,
     CreateBudget,
-    Evaluation,
-    EvaluationRequest,
-    HistogramRelease,
-    HistogramRequest,
     LedgerEntry,
     LimitUpdate,
     Plan,
@@ -24,10 +20,16 @@ from dpsynth_shared.ledger_contract import (
     ReconcileRequest,
     Reservation,
     ReserveRequest,
+    VerifyReport,
+)
+from dpsynth_shared.release_contract import (
+    Evaluation,
+    EvaluationRequest,
+    HistogramRelease,
+    HistogramRequest,
     SetClassSizes,
     SizeReleasePlan,
     SizeReleasePlanRequest,
-    VerifyReport,
 )
 
 #: Entries asked of the ledger per page when exporting a budget's history.

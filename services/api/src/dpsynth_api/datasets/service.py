@@ -13,12 +13,10 @@ from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_dataset_id
 from dpsynth_shared.job_states import JobState, is_terminal
-from dpsynth_shared.ledger_contract import (
-    DEFAULT_WARNING_FRACTION,
-    CreateBudget,
+from dpsynth_shared.ledger_contract import DEFAULT_WARNING_FRACTION, CreateBudget, PrivacyUnit
+from dpsynth_shared.release_contract import (
     HistogramRelease,
     HistogramRequest,
-    PrivacyUnit,
     SetClassSizes,
     SizeRelease,
 )

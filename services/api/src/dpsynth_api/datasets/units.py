@@ -45,7 +45,8 @@ import numpy as np
 from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
 from dpsynth_shared.ids import new_id
-from dpsynth_shared.ledger_contract import PrivacyUnit, SizeRelease, SizeReleasePlanRequest
+from dpsynth_shared.ledger_contract import PrivacyUnit
+from dpsynth_shared.release_contract import SizeRelease, SizeReleasePlanRequest
 from dpsynth_shared.secure_noise import NormalSource, SecureNormal
 
 from dpsynth_api.datasets.ingest import SUBJECTS_CSV, Ingested

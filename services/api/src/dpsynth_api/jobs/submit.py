@@ -19,12 +19,8 @@ from dpsynth_shared.job_specs import (
     steps_for,
 )
 from dpsynth_shared.job_states import Actor, JobState
-from dpsynth_shared.ledger_contract import (
-    EvaluationRequest,
-    LabelShape,
-    Reservation,
-    ReserveRequest,
-)
+from dpsynth_shared.ledger_contract import LabelShape, Reservation, ReserveRequest
+from dpsynth_shared.release_contract import EvaluationRequest
 from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.derive import check_not_deleted

@@ -34,7 +34,7 @@ from typing import Any
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_id
-from dpsynth_shared.ledger_contract import DpEvaluationRelease, DpEvaluationRequest
+from dpsynth_shared.release_contract import DpEvaluationRelease, DpEvaluationRequest
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo

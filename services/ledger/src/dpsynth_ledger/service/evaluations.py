@@ -26,12 +26,8 @@ from typing import Any
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.grants import GrantClaims, private_dataset_prefix, sign_grant
 from dpsynth_shared.ids import new_id
-from dpsynth_shared.ledger_contract import (
-    Evaluation,
-    EvaluationGrantRequest,
-    EvaluationRequest,
-    ReadGrant,
-)
+from dpsynth_shared.ledger_contract import ReadGrant
+from dpsynth_shared.release_contract import Evaluation, EvaluationGrantRequest, EvaluationRequest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 

@@ -29,12 +29,8 @@ from typing import Any
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_id
-from dpsynth_shared.ledger_contract import (
-    BudgetView,
-    HistogramRelease,
-    HistogramRequest,
-    SetClassSizes,
-)
+from dpsynth_shared.ledger_contract import BudgetView
+from dpsynth_shared.release_contract import HistogramRelease, HistogramRequest, SetClassSizes
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo

@@ -22,7 +22,8 @@ from typing import Any
 
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
-from dpsynth_shared.ledger_contract import CreateBudget, SizeReleasePlan, SizeReleasePlanRequest
+from dpsynth_shared.ledger_contract import CreateBudget
+from dpsynth_shared.release_contract import SizeReleasePlan, SizeReleasePlanRequest
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo

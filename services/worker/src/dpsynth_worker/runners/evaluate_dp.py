@@ -19,7 +19,7 @@ from typing import Any
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import EvaluateSpec
-from dpsynth_shared.ledger_contract import DpEvaluationRequest
+from dpsynth_shared.release_contract import DpEvaluationRequest
 from dpsynth_shared.secure_noise import NormalSource, SecureNormal
 
 from dpsynth_worker.runners.context import JobContext
