@@ -26,7 +26,6 @@ subject, clipped once; the noised sum is divided by the expected number of subje
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -360,7 +359,7 @@ def _prepare(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
         rng = "test"  # a model is "test" if any attempt in its history was seeded by a test
     start_step = _resume_step(resume_from, dp) if resume_from is not None else 0
     dataset = dataset if dataset is not None else load_dataset(dataset_path)
-    data = _model_and_data(spec, bundle, info, dataset, base_model_dir,
+    data = model_and_data(spec, bundle, info, dataset, base_model_dir,
                            fresh=resume_from is None)
     info, latents, layouts, labels = data.info, data.latents, data.layouts, data.labels
     names, denoiser = data.names, data.denoiser
@@ -408,7 +407,7 @@ def _optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) 
 
 
 @dataclass
-class _ModelAndData:
+class ModelAndData:
     """The model with its trainable set selected and the encoded training examples."""
 
     info: ModelInfo
@@ -419,9 +418,9 @@ class _ModelAndData:
     denoiser: ConditionalDenoiser
 
 
-def _model_and_data(spec: TrainingSpec, bundle: ModelBundle, info: ModelInfo,
+def model_and_data(spec: TrainingSpec, bundle: ModelBundle, info: ModelInfo,
                     dataset: ImageDataset, base_model_dir: Path | None, *,
-                    fresh: bool) -> _ModelAndData:
+                    fresh: bool) -> ModelAndData:
     """Check spec/data/model, encode the examples, select the trainable parameters.
 
     Shared by the DP finetune and the non-private benchmark mode so both train exactly the
@@ -443,7 +442,7 @@ def _model_and_data(spec: TrainingSpec, bundle: ModelBundle, info: ModelInfo,
     named = dict(denoiser.named_parameters())
     count = sum(named[n].numel() for n in names)
     info = dataclasses.replace(info, extra={**info.extra, "trainable_parameters": count})
-    return _ModelAndData(info=info, latents=latents, layouts=layouts, labels=labels,
+    return ModelAndData(info=info, latents=latents, layouts=layouts, labels=labels,
                          names=names, denoiser=denoiser)
 
 
@@ -677,96 +676,5 @@ def _checkpoint(run: _Run, step: int, hooks: TrainingHooks) -> None:
 
 # --- non-private mode (benchmarks only) ---------------------------------------------------
 
-def run_nonprivate_finetune(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
-                            hooks: TrainingHooks, base_model_dir: Path | None,
-                            generator: torch.Generator, rng: RngKind) -> TrainingResult:
-    """Finetune WITHOUT privacy: the baseline benchmarks compare DP-SGD with.
 
-    The same base model, examples, trainable set (``_model_and_data``), diffusion loss,
-    label dropout, K draws, AdamW, warm-up and EMA as :func:`run_finetune`; what differs is
-    only what DP-SGD adds: each epoch is a uniform shuffle cut into minibatches of
-    ``spec.batch_size`` (the last one may be smaller), and the update is the plain gradient
-    of the minibatch's mean loss (micro-batches of ``max_physical_batch_size`` accumulate
-    into ``p.grad``): no per-example gradients, no clipping, no noise. The platform never
-    builds such a spec (``TrainingSpec.nonprivate``); ``hooks.acquire_steps`` is still asked
-    for every chunk of ``checkpoint_every`` steps so a stop or a refusal is honoured, but no
-    checkpoint is written and a resume is not supported.
-
-    Returns:
-        The result; the model's info carries ``extra["nonprivate"] = True``.
-    """
-    if base_model_dir is None:
-        raise InvalidSpecError("a finetune needs base_model_dir")
-    bundle, base_info = load_model(base_model_dir)
-    data = _model_and_data(spec, bundle, base_info, load_dataset(dataset_path), base_model_dir,
-                           fresh=True)
-    info = dataclasses.replace(data.info, extra={**data.info.extra, "nonprivate": True})
-    named = dict(data.denoiser.named_parameters())
-    params = [named[n] for n in data.names]
-    optimizer = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0)
-    schedule = warmup_schedule(optimizer, spec.warmup_steps)
-    ema = EMAModel(params, decay=spec.ema_decay) if spec.ema_decay is not None else None
-    size = int(data.latents.shape[0])
-    total = spec.epochs * math.ceil(size / spec.batch_size)
-    batches = _shuffled_batches(size, spec.batch_size, generator)
-    step, stopped = 0, False
-    while step < total and not stopped:
-        wanted = min(spec.checkpoint_every, total - step)
-        granted = 0 if hooks.should_stop() else max(0, min(int(hooks.acquire_steps(
-            step, wanted)), wanted))
-        stopped = granted == 0
-        for i in range(granted):
-            if i > 0 and hooks.should_stop():
-                stopped = True
-                break
-            hooks.on_private_stats(_nonprivate_step(spec, data, bundle, next(batches),
-                                                    optimizer, generator))
-            schedule.step()
-            if ema is not None:
-                ema.step(params)
-            step += 1
-            hooks.on_progress(step, total)
-    if ema is not None:
-        ema.copy_to(params)  # the EMA is what is released, as in the DP finetune
-    model_dir = save_model(bundle, dataclasses.replace(info, steps=step, rng=rng),
-                           out_dir / "model")
-    write_trainer_state(out_dir, {"kind": "finetune", "nonprivate": True, "step": step,
-                                  "batch_size": spec.batch_size, "epochs": spec.epochs,
-                                  "trainable_parameter_names": data.names})
-    return TrainingResult(steps_completed=step, stopped_early=stopped, model_dir=model_dir,
-                          trainable_parameters=sum(p.numel() for p in params),
-                          total_parameters=bundle.parameter_count(), rng=rng)
-
-
-def _shuffled_batches(size: int, batch_size: int,
-                      generator: torch.Generator) -> Iterator[torch.Tensor]:
-    """Endless epochs: a fresh uniform permutation each epoch, cut into ``batch_size``."""
-    while size:
-        order = torch.randperm(size, generator=generator)
-        yield from order.split(batch_size)
-
-
-def _nonprivate_step(spec: TrainingSpec, data: _ModelAndData, bundle: ModelBundle,
-                     indices: torch.Tensor, optimizer: torch.optim.Optimizer,
-                     generator: torch.Generator) -> dict[str, float]:
-    """One plain minibatch step on the mean (over examples and K draws) diffusion loss."""
-    labels = drop_labels(data.labels[indices], probability=spec.label_dropout,
-                         null_class=data.info.null_class, generator=generator)
-    size, loss_sum = int(indices.numel()), 0.0
-    optimizer.zero_grad(set_to_none=True)
-    for start in range(0, size, spec.max_physical_batch_size):
-        chunk = indices[start:start + spec.max_physical_batch_size]
-        chunk_labels = labels[start:start + spec.max_physical_batch_size]
-        layout = data.layouts[chunk] if data.layouts is not None else None
-        for _ in range(spec.noise_multiplicity):
-            losses = per_sample_diffusion_loss(data.denoiser, bundle.scheduler,
-                                               data.latents[chunk], chunk_labels, generator,
-                                               layout=layout)
-            (losses.sum() / (size * spec.noise_multiplicity)).backward()
-            loss_sum += float(losses.detach().sum()) / spec.noise_multiplicity
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"batch_size": float(size), "loss": loss_sum / size}
-
-
-__all__: Sequence[str] = ["run_finetune", "run_nonprivate_finetune"]
+__all__: Sequence[str] = ["ModelAndData", "model_and_data", "run_finetune"]

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from dpsynth_ml.distributed import Placement
-from dpsynth_ml.finetune import run_finetune, run_nonprivate_finetune
+from dpsynth_ml.finetune import run_finetune
+from dpsynth_ml.finetune_nonprivate import run_nonprivate_finetune
 from dpsynth_ml.hooks import NullHooks, TrainingHooks
 from dpsynth_ml.per_label import run_per_label
 from dpsynth_ml.pretrain import run_pretrain
@@ -35,7 +36,7 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
             ``spec.per_label_dp`` (one model per class, see :mod:`dpsynth_ml.per_label`);
             a pretrain has neither. ``spec.nonprivate`` (benchmarks only) trains without
             privacy, seeded by ``spec.seed`` (see
-            :func:`dpsynth_ml.finetune.run_nonprivate_finetune`).
+            :func:`dpsynth_ml.finetune_nonprivate.run_nonprivate_finetune`).
         dataset_path: canonical ``.npz`` dataset (see :func:`dpsynth_ml.load_dataset`).
         out_dir: the model is written to ``out_dir/model``; a finetune also writes
             ``out_dir/checkpoints/step-NNNNNNN/`` and ``out_dir/trainer_state.json``.
