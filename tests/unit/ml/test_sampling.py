@@ -6,9 +6,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from dpsynth_ml import TrainingResult, train
 from dpsynth_ml.dp import PoissonSampler
+from dpsynth_ml.spec import InvalidSpecError
 from safetensors.torch import load_file
 
 from .support import NUM_RECORDS, RecordingHooks, finetune_spec, seeded
@@ -65,12 +67,18 @@ def test_finetune_uses_exactly_the_accounted_sample_rate(
 
 def test_empty_batch_still_adds_noise_and_counts_as_a_step(
         pretrained: TrainingResult, digits_path: Path, tmp_path: Path) -> None:
-    spec = finetune_spec(dp_sample_rate=1e-12, dp_steps=2, dp_expected_batch_size=4)
+    # q = 1e-4 over the fixture's records: with this seed both Poisson batches are empty
+    # (each step still runs its fixed padded rows, sized for N̂ = B / q = 10,000)
+    spec = finetune_spec(dp_sample_rate=1e-4, dp_steps=2, dp_expected_batch_size=1)
     hooks = RecordingHooks()
     result = train(spec, dataset_path=digits_path, out_dir=tmp_path, hooks=hooks,
                    base_model_dir=pretrained.model_dir, _test_generator=seeded())
     assert result.steps_completed == 2
     assert [s["batch_size"] for s in hooks.private_stats] == [0.0, 0.0]
+    with pytest.raises(InvalidSpecError, match="public size"):
+        train(finetune_spec(dp_sample_rate=1e-12, dp_steps=2, dp_expected_batch_size=4),
+              dataset_path=digits_path, out_dir=tmp_path / "absurd", hooks=RecordingHooks(),
+              base_model_dir=pretrained.model_dir, _test_generator=seeded())
     before = load_file(str(pretrained.model_dir / "unet" / "diffusion_pytorch_model.safetensors"))
     after = load_file(str(result.model_dir / "unet" / "diffusion_pytorch_model.safetensors"))
     changed = [k for k in before if not torch.equal(before[k], after[k])]

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from scipy.stats import binom
 
+from dpsynth_ml.spec import InvalidSpecError
+
 #: η when the job's (ε, δ) are unknown (specs built by tests and benchmarks).
 DEFAULT_OVERFLOW_BOUND = 1e-12
 #: δ_timing as a fraction of the job's δ: η = TIMING_DELTA_FRACTION · δ / (1 + e^ε).
@@ -76,9 +78,24 @@ class FixedBatch:
                 "delta_timing": self.delta_timing}
 
 
+MAX_PUBLIC_SIZE = 100_000_000
+"""The largest public size N̂ a job may imply (the api refuses a larger declared size): the
+sampler draws N̂ uniforms per step and the encoder pads to N̂ rows, both in proportion to it."""
+
+
 def public_size(*, sample_rate: float, expected_batch_size: int) -> int:
-    """N̂ from q = B / N̂ (the ledger computes q that way; the tiny slack absorbs rounding)."""
-    return max(1, math.ceil(expected_batch_size / sample_rate - 1e-6))
+    """N̂ from q = B / N̂ (the ledger computes q that way; the tiny slack absorbs rounding).
+
+    Raises:
+        InvalidSpecError: q and B imply N̂ above :data:`MAX_PUBLIC_SIZE` (a rate no dataset of the
+            platform gives: every step's padded work is in proportion to N̂).
+    """
+    size = max(1, math.ceil(expected_batch_size / sample_rate - 1e-6))
+    if size > MAX_PUBLIC_SIZE:
+        raise InvalidSpecError(f"sample_rate {sample_rate:g} with expected_batch_size "
+                         f"{expected_batch_size} implies a public size N̂ = {size:.3g}, above "
+                         f"the largest the platform serves ({MAX_PUBLIC_SIZE:,})")
+    return size
 
 
 def overflow_bound(*, epsilon: float | None, delta: float | None) -> float:
