@@ -14,9 +14,11 @@ output costs about 2^(53 (2n - 1)) instead of 2^53.
 This module provides both, in plain torch integer ops that run unchanged on CPU and CUDA:
 
 * Keystream: the ChaCha20 block function of RFC 8439 §2.3 (20 rounds, 256-bit key, 32-bit
-  block counter, 96-bit nonce), vectorised over blocks. 32-bit words are held in int64 and
-  masked to 32 bits after every addition and left shift, so no op relies on signed
-  wraparound (int32 overflow) or on unsigned dtypes (torch.uint32 lacks most kernels).
+  block counter, 96-bit nonce), vectorised over blocks. 32-bit words are held in int32
+  (torch.uint32 lacks most kernels): additions wrap modulo 2^32 and right shifts are masked
+  (they are arithmetic on signed ints). Wraparound is what every torch backend computes but
+  not a documented guarantee, so each device runs the RFC's known-answer block before its
+  first draw (:func:`check_keystream`) and refuses to draw noise if it differs.
 * Key: 256 bits from the OS (``secrets``) per :class:`ChaChaGaussian`, i.e. per engine, i.e.
   per attempt (docs/privacy.md: noise is never replayed on resume).
 * Nonce and counter: the n-th call to :meth:`ChaChaGaussian.gaussian` uses nonce
@@ -79,34 +81,53 @@ def _words_le(data: bytes) -> list[int]:
 
 
 def _rotl(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """In-place 32-bit left rotation of int64-held words (values in [0, 2^32))."""
-    high = x >> (32 - bits)
-    return x.bitwise_left_shift_(bits).bitwise_and_(_MASK32).bitwise_or_(high)
+    """In-place 32-bit left rotation of int32 words (two's complement).
+
+    torch's left shift of a signed int is done on its unsigned bit pattern; its right shift
+    is arithmetic, so the bits brought in from the left are masked off.
+    """
+    high = (x >> (32 - bits)).bitwise_and_((1 << bits) - 1)
+    return x.bitwise_left_shift_(bits).bitwise_or_(high)
 
 
 def _quarter_round(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
                    d: torch.Tensor) -> None:
-    """RFC 8439 §2.1 quarter round, in place, on rows of words (each a [4, B] tensor)."""
-    a.add_(b).bitwise_and_(_MASK32)
+    """RFC 8439 §2.1 quarter round, in place, on rows of int32 words (each a [4, B] tensor).
+
+    Additions are modulo 2^32 by int32 wraparound, which every torch backend computes (the
+    vectorised kernels use wrapping integer instructions); it is not a documented torch
+    guarantee, so :func:`check_keystream` runs the RFC's known-answer block on each device
+    before its first draw, and the tests compare the keystream with a second library.
+    """
+    a.add_(b)
     _rotl(d.bitwise_xor_(a), 16)
-    c.add_(d).bitwise_and_(_MASK32)
+    c.add_(d)
     _rotl(b.bitwise_xor_(c), 12)
-    a.add_(b).bitwise_and_(_MASK32)
+    a.add_(b)
     _rotl(d.bitwise_xor_(a), 8)
-    c.add_(d).bitwise_and_(_MASK32)
+    c.add_(d)
     _rotl(b.bitwise_xor_(c), 7)
+
+
+def _int32_words(values: list[int], device: torch.device) -> torch.Tensor:
+    """32-bit words (in [0, 2^32)) as int32 with the same bit pattern."""
+    return torch.tensor([v - (1 << 32) if v >= 1 << 31 else v for v in values],
+                        dtype=torch.int32, device=device)
 
 
 def chacha20_blocks(key: bytes, nonce: bytes, counter: int, num_blocks: int, *,
                     device: torch.device | str = "cpu") -> torch.Tensor:
     """The ChaCha20 block function (RFC 8439 §2.3) for consecutive block counters.
 
+    The state is held in int32 (half the memory traffic of int64 words, which is what the
+    elementwise kernels are bound by).
+
     Args:
         key: 32 bytes.
         nonce: 12 bytes.
         counter: the first 32-bit block counter.
         num_blocks: how many consecutive blocks (counter, counter + 1, ...).
-        device: where to compute (any device with int64 bitwise ops).
+        device: where to compute (any device with int32 bitwise ops).
 
     Returns:
         int64 tensor [num_blocks, 16] of the serialised blocks' little-endian 32-bit words
@@ -121,11 +142,13 @@ def chacha20_blocks(key: bytes, nonce: bytes, counter: int, num_blocks: int, *,
     if num_blocks < 0 or counter < 0 or counter + num_blocks > 2**32:
         raise ValueError("the 32-bit block counter would wrap")
     device = torch.device(device)
-    fixed = torch.tensor([*_CONSTANTS, *_words_le(key)], dtype=torch.int64, device=device)
-    state = torch.empty((16, num_blocks), dtype=torch.int64, device=device)
+    fixed = _int32_words([*_CONSTANTS, *_words_le(key)], device)
+    state = torch.empty((16, num_blocks), dtype=torch.int32, device=device)
     state[:12] = fixed[:, None]
-    state[12] = torch.arange(counter, counter + num_blocks, dtype=torch.int64, device=device)
-    state[13:] = torch.tensor(_words_le(nonce), dtype=torch.int64, device=device)[:, None]
+    # counters < 2^32: the int64 -> int32 cast keeps the low 32 bits (two's complement)
+    state[12] = torch.arange(counter, counter + num_blocks, dtype=torch.int64,
+                             device=device).to(torch.int32)
+    state[13:] = _int32_words(_words_le(nonce), device)[:, None]
     x = state.clone().view(4, 4, num_blocks)
     a, b, c, d = x[0], x[1], x[2], x[3]  # rows 0-3, 4-7, 8-11, 12-15 of the 4x4 matrix
     for _ in range(10):  # 20 rounds = 10 x (column round, diagonal round), RFC 8439 §2.3
@@ -137,7 +160,8 @@ def chacha20_blocks(key: bytes, nonce: bytes, counter: int, num_blocks: int, *,
         b.copy_(b2.roll(1, 0))
         c.copy_(c2.roll(2, 0))
         d.copy_(d2.roll(3, 0))
-    return x.view(16, num_blocks).add_(state).bitwise_and_(_MASK32).t()
+    words = x.view(16, num_blocks).add_(state)
+    return words.t().to(torch.int64).bitwise_and_(_MASK32)
 
 
 def check_keystream(device: torch.device) -> None:
