@@ -191,6 +191,23 @@ def test_evaluate_submits_the_spec_waits_and_prints_the_headline(api: FakeApi) -
     assert "NON-DP, OWNER ONLY" in result.output and "0.7120" in result.output
 
 
+def test_evaluate_with_dp_epsilon_asks_for_a_dp_release_and_prints_it(api: FakeApi) -> None:
+    _accept_jobs(api, "job_ev")
+    released = {"label": "DP", "epsilon": 0.5, "metrics": {"tstr_accuracy/cnn": 0.61}}
+    api.route("GET", "/v1/jobs/job_ev", {"id": "job_ev", "state": "succeeded",
+                                         "result": {"dp_evaluation": released}})
+    api.route("GET", "/v1/jobs/job_ev/report", REPORT)
+    result = runner.invoke(app, ["evaluate", "art_corpus", "--dataset", "ds_priv",
+                                 "--dp-epsilon", "0.5", "--wait", "--poll", "0"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    (spec,) = _submitted(api)
+    assert spec["dp"] == {"target_epsilon": 0.5}
+    EvaluateSpec.model_validate(spec)
+    assert "DP evaluation (inside the guarantee)" in result.output
+    assert "tstr_accuracy/cnn" in result.output
+
+
 def test_evaluate_defaults_and_a_failed_job(api: FakeApi) -> None:
     _accept_jobs(api, "job_ev")
     api.route("GET", "/v1/jobs/job_ev", {"id": "job_ev", "state": "failed",

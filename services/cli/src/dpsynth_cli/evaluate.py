@@ -42,8 +42,8 @@ def feature_net_spec(dataset_id: str, *, image_size: int | None = None,
 
 def evaluate_spec(corpus_artifact_id: str, *, dataset_id: str,
                   feature_model_id: str | None = None, classifiers: list[str] | None = None,
-                  inception: bool = False, include_private_images: bool = True
-                  ) -> dict[str, Any]:
+                  inception: bool = False, include_private_images: bool = True,
+                  dp_epsilon: float | None = None) -> dict[str, Any]:
     """An ``evaluate`` job spec (defaults omitted, so the api's apply).
 
     Raises:
@@ -63,6 +63,8 @@ def evaluate_spec(corpus_artifact_id: str, *, dataset_id: str,
         spec["inception"] = True
     if not include_private_images:
         spec["include_private_images"] = False
+    if dp_epsilon is not None:
+        spec["dp"] = {"target_epsilon": dp_epsilon}
     return spec
 
 
@@ -129,6 +131,10 @@ def evaluate(
     no_private_images: Annotated[bool, typer.Option(
         "--no-private-images", help="private reference: show no real image in the report")]
     = False,
+    dp_epsilon: Annotated[float | None, typer.Option(
+        "--dp-epsilon", min=0.0, help="private reference: also release the classifiers' "
+        "accuracies on the held-out records with DP at this epsilon, charged to the "
+        "held-out partition (selection by them stays inside the guarantee)")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="follow the job, then print its "
                                        "headline numbers")] = False,
     poll: Annotated[float, typer.Option(help="seconds between polls with --wait")] = 2.0,
@@ -136,15 +142,22 @@ def evaluate(
     """Evaluate a synthetic corpus against a reference dataset (an evaluate job).
 
     On a PRIVATE reference this is a non-DP read of private data: it needs the owner scope,
-    charges no epsilon but is recorded in the ledger, and its report is owner-only.
+    charges no epsilon but is recorded in the ledger, and its report is owner-only. If you
+    choose what to release by looking at it, the released epsilon does not cover that
+    choice; ``--dp-epsilon`` releases the accuracies with DP instead (docs/privacy.md).
     """
     spec = evaluate_spec(corpus_artifact_id, dataset_id=dataset, feature_model_id=feature_model,
                          classifiers=_split(classifiers), inception=inception,
-                         include_private_images=not no_private_images)
+                         include_private_images=not no_private_images, dp_epsilon=dp_epsilon)
     client = state_of(ctx).client()
     job, code = _submit_and_maybe_wait(client, spec, wait, poll)
     if wait and code == 0:
         print_report(client.get_report(str(job["id"])))
+        if dp_epsilon is not None:
+            released = (client.get_job(str(job["id"])).get("result") or {}).get(
+                "dp_evaluation")
+            console.print("DP evaluation (inside the guarantee):", style="bold")
+            print_json(released)
     raise typer.Exit(code)
 
 
