@@ -22,7 +22,8 @@ class DatasetMetadata(BaseModel):
     label_domain: list[str] | None = Field(None, min_length=1, max_length=100_000)
     declared_size: int | None = Field(
         None, ge=1, le=100_000_000, description="the public size N̂ (at most 10^8): an upper "
-        "bound on the number of units (images, or subjects), at least the true count; shown to every reader and setting "
+        "bound on the number of units (images, or subjects), at least the true count; shown "
+        "to every reader and setting "
         "every job's sample rate. A private add/remove dataset gives this or size_epsilon "
         "(its true count is never published by default)")
     size_epsilon: float | None = Field(
@@ -314,7 +315,8 @@ class DeriveIn(BaseModel):
     part: Literal["train", "holdout"] | None = Field(None, description="split: which part")
     declared_size: int | None = Field(
         None, ge=1, le=100_000_000, description="the child's public size N̂ (at least its "
-        "true count, at most 10^8); default: a public bound computed from the parent's public sizes (split: the "
+        "true count, at most 10^8); default: a public bound computed from the parent's "
+        "public sizes (split: the "
         "parent's N̂, since a keyed-hash part may keep any number of records; subset: the "
         "sum of the parent's class sizes of the classes kept, else N̂). A smaller size is "
         "checked against the true count: owner scope only")
