@@ -74,6 +74,22 @@ class CreateBudget(_Body):
         None, description="declared_size is a charged DP count (issue 13, item 2): the ledger "
         "charges the Gaussian count to every partition as the budget's first DP event; None: "
         "declared by the owner (or public under replace-one)")
+    declared_size_source: Literal["declared", "dp_count", "true_count"] | None = Field(
+        None, description="how N̂ was made public: an owner's upper bound, a charged DP count "
+        "(with size_release), or the true count (replace-one only, where it is public); "
+        "default: dp_count with a size_release, else declared")
+
+    @model_validator(mode="after")
+    def _source_matches_release(self) -> CreateBudget:
+        if self.declared_size_source is None:
+            self.declared_size_source = "dp_count" if self.size_release else "declared"
+        if (self.declared_size_source == "dp_count") != (self.size_release is not None):
+            raise ValueError("declared_size_source 'dp_count' goes with a size_release, and "
+                             "only with it")
+        if (self.declared_size_source == "true_count"
+                and self.neighbouring != Neighbouring.REPLACE_ONE):
+            raise ValueError("only a replace-one dataset may publish its true count")
+        return self
 
 
 class Charge(BaseModel):

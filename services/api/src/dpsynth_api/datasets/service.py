@@ -321,6 +321,7 @@ def _budget_request(dataset: Dataset, meta: DatasetMetadata) -> CreateBudget:
                                                  if dataset.partitions_disjoint is not None
                                                  else True),
                         warning_fraction=dataset.warning_fraction or DEFAULT_WARNING_FRACTION,
+                        declared_size_source=dataset.declared_size_source or "declared",
                         size_release=(SizeRelease.model_validate({
                             k: dataset.size_release[k] for k in SizeRelease.model_fields})
                             if dataset.size_release is not None else None))

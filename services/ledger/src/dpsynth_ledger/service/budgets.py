@@ -94,8 +94,9 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
         "privacy_unit": budget.privacy_unit, "partitions_disjoint": budget.partitions_disjoint,
         "warning_fraction": budget.warning_fraction,
         **({"class_sizes": request.class_sizes} if request.class_sizes is not None else {}),
-        # how N̂ was made public: declared by the owner, or a charged DP count (next entry)
-        "declared_size_source": "dp_count" if request.size_release else "declared",
+        # how N̂ was made public: declared, a charged DP count (next entry) or, under
+        # replace-one only, the true count
+        "declared_size_source": request.declared_size_source,
     })
     if request.size_release is not None:  # the budget's first DP event, same transaction
         sizes.record_size_release(session, budget, request, ctx)
