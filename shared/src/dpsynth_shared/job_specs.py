@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dpsynth_shared.text import MAX_INT32, MIN_EPSILON, refuse_nul
+
 SPEC_VERSION = 1
 
 
@@ -17,6 +19,12 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec_version: Literal[1] = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        # PostgreSQL takes no NUL byte in text or jsonb: refuse it anywhere (issue 14).
+        return refuse_nul(data)
 
 
 UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
@@ -65,7 +73,7 @@ class PretrainSpec(_Spec):
     batch_size: int = Field(64, ge=1, le=4096)
     learning_rate: float = Field(1e-3, gt=0, le=1)
     label_dropout: float = Field(0.1, ge=0, lt=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_INT32)
 
     @model_validator(mode="after")
     def _size(self) -> PretrainSpec:
@@ -82,8 +90,9 @@ class PretrainSpec(_Spec):
 class PrivacySpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    target_epsilon: float = Field(gt=0, le=100, description="This job's standalone epsilon "
-                                  "(tight accountant) at the dataset's delta.")
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="This job's standalone "
+                                  "epsilon (tight accountant) at the dataset's delta, at least "
+                                  "1e-3.")
     max_grad_norm: float = Field(1.0, gt=0, le=1e4)
 
 
@@ -134,8 +143,9 @@ class FinetuneTraining(BaseModel):
     target: TrainingTarget = Field(
         "images", description=_TARGET_DOC + "; the masks are private data of the dataset: "
         "the job is an ordinary DP finetune, charged to the dataset's budget")
-    expected_batch_size: int = Field(256, ge=1, description="mean Poisson batch; per class "
-                                     "with per_label (capped at the class's declared size)")
+    expected_batch_size: int = Field(256, ge=1, le=MAX_INT32, description="mean Poisson "
+                                     "batch; per class with per_label (capped at the class's "
+                                     "declared size)")
     epochs: float = Field(5, gt=0, le=10_000)
     learning_rate: float = Field(3e-4, gt=0, le=1)
     warmup_steps: int = Field(0, ge=0, le=1_000_000, description="linear learning-rate "
@@ -151,7 +161,7 @@ class FinetuneTraining(BaseModel):
         description="Private class name -> base model class name. Without it the class "
         "embedding is re-initialised and trained under DP.",
     )
-    checkpoint_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(10, ge=1, le=MAX_INT32)
     max_images_per_subject: int = Field(
         8, ge=1, le=4096, description="datasets whose privacy unit is 'subject' (user-level "
         "DP-SGD): each sampled subject contributes the mean gradient of up to this many of "
@@ -223,7 +233,7 @@ class GenerateSpec(_Spec):
     batch_size: int = Field(64, ge=1, le=4096)
     layout_source: LayoutSource | None = Field(
         None, description="required by layout-conditioned models")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_INT32)
 
 
 class FeatureNetSpec(_Spec):
@@ -245,7 +255,7 @@ class FeatureNetSpec(_Spec):
     learning_rate: float = Field(1e-3, gt=0, le=1)
     validation_fraction: float = Field(
         0.2, gt=0, lt=1, description="used only when the dataset has no held-out records")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_INT32)
 
     @model_validator(mode="after")
     def _size(self) -> FeatureNetSpec:
@@ -270,7 +280,7 @@ class DpEvaluationSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    target_epsilon: float = Field(gt=0, le=100, description="the release's standalone "
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the release's standalone "
                                   "epsilon at the dataset's delta")
 
 
@@ -311,7 +321,7 @@ class EvaluateSpec(_Spec):
     include_private_images: bool = Field(
         True, description="private reference: show real images in the report (closest "
         "synthetic/real pairs, real sample grid); the report is owner-only either way")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_INT32)
     dp: DpEvaluationSpec | None = Field(
         None, description="also release each classifier's TSTR accuracy on the held-out "
         "records with calibrated Gaussian noise, charged to the budget's held-out partition "

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
 from dpsynth_shared.release_contract import SizeRelease
+from dpsynth_shared.text import MAX_DECLARED_SIZE, MAX_INT32, MIN_EPSILON, Name, refuse_nul
 
 TIGHT_LABEL = (
     "tight PLD epsilon of the realised sequence, as if it had been fixed in advance; "
@@ -51,15 +52,21 @@ class PrivacyUnit(StrEnum):
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        # PostgreSQL takes no NUL byte in text or jsonb: refuse it in any field (issue 14).
+        return refuse_nul(data)
+
 
 class CreateBudget(_Body):
     dataset_id: str
     tenant_id: str
     epsilon_limit: float = Field(gt=0, le=100)
     delta: float = Field(gt=0, lt=1)
-    declared_size: int = Field(ge=1)
+    declared_size: int = Field(ge=1, le=MAX_DECLARED_SIZE)
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
-    partitions: list[str] = Field(default_factory=list, description="declared label domain")
+    partitions: list[Name] = Field(default_factory=list, description="declared label domain")
     class_sizes: dict[str, int] | None = Field(
         None, description="public per-class sizes N̂_c declared by the owner (per-label "
         "training): one per declared label, each in [1, declared_size]")
@@ -145,14 +152,16 @@ class BudgetView(BaseModel):
 class LabelShape(_Body):
     """One class's DP-SGD run in a per-label job: q_c = expected_batch_size / N̂_c."""
 
-    expected_batch_size: int = Field(ge=1, description="mean Poisson batch of the class")
+    expected_batch_size: int = Field(ge=1, le=MAX_INT32,
+                                     description="mean Poisson batch of the class")
     steps: int = Field(ge=1, description="logical steps of the class's model, from 0")
 
 
 class _Shape(_Body):
     """A job's shape: one whole-dataset run, or one run per class (``per_label``)."""
 
-    expected_batch_size: int | None = Field(None, ge=1, description="whole-dataset job")
+    expected_batch_size: int | None = Field(None, ge=1, le=MAX_INT32,
+                                            description="whole-dataset job")
     steps: int | None = Field(None, ge=1, description="whole-dataset job")
     per_label: dict[str, LabelShape] | None = Field(
         None, min_length=1, description="per-label job (parallel composition over the "
@@ -182,8 +191,9 @@ _POPULATION = ("public size N̂ of the dataset the job reads when it is not the 
 
 class PlanRequest(_Shape):
     dataset_id: str
-    target_epsilon: float = Field(gt=0, le=100)
-    population_size: int | None = Field(None, ge=1, description=_POPULATION)
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100)
+    population_size: int | None = Field(None, ge=1, le=MAX_DECLARED_SIZE,
+                                        description=_POPULATION)
     neighbouring: Neighbouring = Field(Neighbouring.ADD_REMOVE, description=_RELATION)
 
 
@@ -235,9 +245,10 @@ class Plan(BaseModel):
 class ReserveRequest(_Shape):
     job_id: str
     dataset_id: str
-    target_epsilon: float = Field(gt=0, le=100)
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100)
     dry_run: bool = False
-    population_size: int | None = Field(None, ge=1, description=_POPULATION)
+    population_size: int | None = Field(None, ge=1, le=MAX_DECLARED_SIZE,
+                                        description=_POPULATION)
     neighbouring: Neighbouring = Field(Neighbouring.ADD_REMOVE, description=_RELATION)
 
 

@@ -11,22 +11,29 @@ one Gaussian mechanism the ledger calibrates and charges before the caller draws
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
+from dpsynth_shared.text import MIN_EPSILON, refuse_nul
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        # PostgreSQL takes no NUL byte in text or jsonb: refuse it in any field (issue 14).
+        return refuse_nul(data)
 
 
 class SizeRelease(_Body):
     """A charged DP count that set ``declared_size`` (the api drew the noise)."""
 
     release_id: str
-    target_epsilon: float = Field(gt=0, le=100)
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100)
     sigma: float = Field(gt=0, description="noise std of the count (sensitivity 1)")
     margin_z: float = Field(ge=0, description="N̂ = ceil(N + Z + margin_z·σ)")
     failure_probability: float = Field(ge=0, le=1, description="P[N̂ < N] = Φ(−margin_z)")
@@ -38,8 +45,8 @@ class SizeReleasePlanRequest(_Body):
     epsilon_limit: float = Field(gt=0, le=100)
     delta: float = Field(gt=0, lt=1, description="declared or fixed; never from the count")
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
-    target_epsilon: float = Field(gt=0, le=100, description="the count's standalone epsilon "
-                                  "at delta (add/remove: sensitivity 1)")
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the count's standalone "
+                                  "epsilon at delta (add/remove: sensitivity 1)")
 
 
 class SizeReleasePlan(BaseModel):
@@ -60,7 +67,7 @@ class SizeReleasePlan(BaseModel):
 class HistogramRequest(_Body):
     """Release the dataset's class sizes through a Gaussian histogram, charged to its budget."""
 
-    target_epsilon: float = Field(gt=0, le=100, description="the release's standalone "
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the release's standalone "
                                   "epsilon at the dataset's delta (add/remove)")
     dry_run: bool = False
 
@@ -143,7 +150,7 @@ class DpEvaluationRequest(_Body):
 
     job_id: str
     attempt: int = Field(ge=1)
-    target_epsilon: float = Field(gt=0, le=100, description="the release's standalone "
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the release's standalone "
                                   "epsilon at the dataset's delta")
     metrics: list[str] = Field(min_length=1, max_length=3, description="the released "
                                "numbers, e.g. ['tstr_accuracy/cnn']")

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from dpsynth_shared.ledger_contract import LINEAGE_LABEL
+from dpsynth_shared.text import Name
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth_api.tables import Model
@@ -14,7 +15,7 @@ from dpsynth_api.tables import Model
 class ModelMetadata(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200)
 
 
 class ModelOut(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from dpsynth_shared.text import Name
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth_api.tenants.security import Scope
@@ -14,7 +15,7 @@ DEFAULT_SCOPES = [Scope.READ, Scope.SUBMIT, Scope.OWNER]
 class CreateTenant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200)
     scopes: list[Scope] = Field(default_factory=lambda: list(DEFAULT_SCOPES),
                                 description="scopes of the tenant's first key")
 
@@ -23,7 +24,7 @@ class CreateKey(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scopes: list[Scope] = Field(min_length=1)
-    name: str | None = Field(None, max_length=200)
+    name: Name | None = Field(None, max_length=200)
 
 
 class KeyOut(BaseModel):
