@@ -651,7 +651,8 @@ def test_a_deleted_subject_dataset_still_blocks_its_subjects(api: Api) -> None:
     _, token = api.tenant()
     ds = _subject_upload(api, token, _images(48, 4), SUBJECT_IDS).json()["dataset_id"]
     assert api.client.delete(f"/v1/datasets/{ds}", headers=auth(token)).status_code == 200
-    r = _subject_upload(api, token, _images(49, 2), ["p-4714", "p-4714"])
+    # a second, new subject: a private upload holds at least two units (issue 14 item 16)
+    r = _subject_upload(api, token, _images(49, 2), ["p-4714", "p-new-0001"])
     assert r.status_code == 409, r.text
     assert r.json()["datasets"] == [ds] and r.json()["overlapping_subjects"] == 1
     _names_no_subject(r.text, SUBJECT_IDS)

@@ -73,8 +73,12 @@ def test_deduplicate_keeps_the_first_copy(api: Api) -> None:
         assert np.array_equal(npz["images"][..., 0], images[[0, 1, 2, 3, 5]])
         assert npz["labels"].tolist() == [0, 1, 2, 0, 2]
     # the dropped copy is still the budget's record: re-uploading it overlaps
-    again = _private(api, token, b.npz_bytes(images=images[4:5], labels=np.asarray([1])))
+    # (with one new record: a private upload holds at least two, issue 14 item 16)
+    fresh = np.full((1, *images.shape[1:]), 251, dtype=np.uint8)
+    again = _private(api, token, b.npz_bytes(images=np.concatenate([images[4:5], fresh]),
+                                             labels=np.asarray([1, 0])))
     assert again.status_code == 409 and again.json()["code"] == "private_data_overlap"
+    assert again.json()["overlapping_records"] == 1
 
 
 def test_a_copy_under_another_label_is_refused_even_when_deduplicating(api: Api) -> None:
@@ -135,3 +139,15 @@ def test_copies_are_dropped_before_the_held_out_split(api: Api) -> None:
         with np.load(path, allow_pickle=False) as npz:
             stored += [row.tobytes() for row in npz["images"]]
     assert len(stored) == 30 and len(set(stored)) == 30  # train + held out: each record once
+
+
+def test_the_private_minimum_counts_the_records_kept_after_deduplication(api: Api) -> None:
+    """Two copies of one image deduplicate to ONE record: below the private minimum of 2."""
+    _, token = api.tenant()
+    image = np.random.default_rng(7).integers(0, 256, size=(1, 8, 8), dtype=np.uint8)
+    data = b.npz_bytes(images=np.concatenate([image, image]), labels=np.asarray([1, 1]))
+    r = _private(api, token, data, on_duplicate="deduplicate")
+    assert r.status_code == 422, r.text
+    assert r.json()["code"] == "invalid_dataset"
+    assert "at least 2" in r.json()["detail"]
+    assert api.ledger.budgets == {} and _rows(api) == (0, 0)

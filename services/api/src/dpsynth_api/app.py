@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from dpsynth_shared.text import refuse_bad_request_strings
+from fastapi import Depends, FastAPI, Request
 from PIL import Image
 
 from dpsynth_api import health
@@ -23,7 +24,11 @@ from dpsynth_api.jobs.reaper import Reaper
 from dpsynth_api.jobs.router import router as jobs_router
 from dpsynth_api.ledger_views.router import router as ledger_views_router
 from dpsynth_api.metrics import ApiMetrics
-from dpsynth_api.middleware import GuardMiddleware, ObservabilityMiddleware
+from dpsynth_api.middleware import (
+    GuardMiddleware,
+    ObservabilityMiddleware,
+    SecurityHeadersMiddleware,
+)
 from dpsynth_api.models.router import router as models_router
 from dpsynth_api.ports import LedgerPort, ObjectStore, TaskSender
 from dpsynth_api.settings import ApiSettings
@@ -39,6 +44,11 @@ def _default_store(settings: ApiSettings) -> ObjectStore:
     store: ObjectStore = from_settings(settings.object_store,
                                        grant_public_key=settings.grant_public_keys or None)
     return store
+
+
+def _refuse_bad_strings(request: Request) -> None:
+    # A NUL byte in a path id or query value would reach PostgreSQL (a 500): refuse it first.
+    refuse_bad_request_strings(request.path_params, request.query_params.multi_items())
 
 
 def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
@@ -79,6 +89,7 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
             engine.dispose()
 
     app = FastAPI(title="dpsynth api", version="0.1.0", lifespan=lifespan,
+                  dependencies=[Depends(_refuse_bad_strings)],
                   description="DP fine-tuning of latent diffusion models on private images, "
                   "synthetic corpora, and an exact account of each dataset's privacy budget.")
     app.state.ctx = ctx
@@ -93,4 +104,6 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
     app.add_middleware(GuardMiddleware,
                        max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES)
     app.add_middleware(ObservabilityMiddleware, metrics=ctx.metrics)
+    # Outermost: every answer (problem+json from the guard included) gets the headers.
+    app.add_middleware(SecurityHeadersMiddleware)
     return app

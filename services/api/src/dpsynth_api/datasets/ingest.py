@@ -31,6 +31,7 @@ import numpy as np
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 
 from dpsynth_api.archives import ArchiveLimits, SafeArchive, describe
+from dpsynth_api.datasets import limits as bounds
 from dpsynth_api.datasets.images import decode_image
 
 _IGNORED_PARTS = ("__MACOSX",)
@@ -45,6 +46,10 @@ SUBJECTS_CSV = "subjects.csv"
 class IngestLimits:
     archive: ArchiveLimits
     max_image_pixels: int
+    max_classes: int = bounds.MAX_CLASSES  # the other bounds: datasets/limits.py
+    min_image_side: int = bounds.MIN_IMAGE_SIDE
+    max_aspect_ratio: float = bounds.MAX_ASPECT_RATIO
+    min_private_records: int = bounds.MIN_PRIVATE_RECORDS
 
 
 @dataclass
@@ -119,6 +124,20 @@ def ingest_upload(path: Path, filename: str, *, private: bool, label_domain: lis
         DpsynthError: 422 with ``invalid_archive``, ``unsafe_archive``, ``invalid_image``,
             ``unsafe_npz`` or ``invalid_dataset``.
     """
+    if label_domain is not None:
+        bounds.check_class_count(len(label_domain), limits.max_classes, "declared classes")
+    data = _ingest(path, filename, private=private, label_domain=label_domain, limits=limits,
+                   subject_column=subject_column)
+    bounds.check_image_size(*data.images.shape[1:3], min_side=limits.min_image_side,
+                            max_aspect=limits.max_aspect_ratio)
+    bounds.check_record_count(data.unit_count, private=private,
+                              minimum=limits.min_private_records,
+                              what="images" if data.subjects is None else "subjects")
+    return data
+
+
+def _ingest(path: Path, filename: str, *, private: bool, label_domain: list[str] | None,
+            limits: IngestLimits, subject_column: str | None) -> Ingested:
     if filename.lower().endswith(".npz"):
         return _from_npz(path, private=private, label_domain=label_domain, limits=limits,
                          subject_column=subject_column)
@@ -268,6 +287,7 @@ def _from_image_folder(archive: SafeArchive, *, label_domain: list[str] | None,
         raise _invalid(f"{bad} file(s) are not inside exactly one class folder: expected "
                        "<class>/<image> (one sub-folder per class)")
     class_of = {f: p[0] for f, p in zip(files, parts, strict=True)}
+    bounds.check_class_count(len(set(class_of.values())), limits.max_classes)
     class_names = _class_names(set(class_of.values()), label_domain, private=private)
     index = {name: i for i, name in enumerate(class_names)}
     arrays: list[np.ndarray] = []
@@ -279,8 +299,8 @@ def _from_image_folder(archive: SafeArchive, *, label_domain: list[str] | None,
             csv_data = data
         if name not in class_of:
             continue
-        where = describe(name, private=private)
-        arrays.append(decode_image(data, max_pixels=limits.max_image_pixels, where=where))
+        arrays.append(_decode(data, limits, where=describe(name, private=private),
+                              private=private))
         labels.append(index[class_of[name]])
         names.append(name)
     dense, subject_ids = None, None
@@ -289,6 +309,14 @@ def _from_image_folder(archive: SafeArchive, *, label_domain: list[str] | None,
         dense, subject_ids = _folder_subjects(csv_data or b"", names, stripped)
     return Ingested(_stack(arrays, private=private), np.asarray(labels, dtype=np.int64),
                     class_names, archive.kind, subjects=dense, subject_ids=subject_ids)
+
+
+def _decode(data: bytes, limits: IngestLimits, *, where: str, private: bool) -> np.ndarray:
+    """One image, refused at once when too small or too narrow (datasets/limits.py)."""
+    image = decode_image(data, max_pixels=limits.max_image_pixels, where=where)
+    bounds.check_image_size(*image.shape[:2], min_side=limits.min_image_side,
+                            max_aspect=limits.max_aspect_ratio, private=private)
+    return image
 
 
 def _folder_subjects(csv_data: bytes, names: list[str],
@@ -354,6 +382,7 @@ def _check_npz_container(path: Path, limits: IngestLimits) -> None:
     if sum(i.file_size for i in infos) > cap:
         raise DpsynthError(ErrorCode.UNSAFE_ARCHIVE, f"the .npz inflates past the limit of {cap} "
                            "bytes (decompression bomb?)", limit=cap)
+    bounds.check_npy_headers(path, cap)  # a header claiming terabytes: refused unallocated
 
 
 def _load_npz_arrays(path: Path, subject_column: str | None = None) -> dict[str, np.ndarray]:
@@ -436,17 +465,22 @@ def _named_labels(labels: np.ndarray, names: list[str]) -> np.ndarray:
 
 
 def _npz_labels(labels: np.ndarray, n: int, label_domain: list[str] | None, *,
-                private: bool) -> tuple[np.ndarray, list[str]]:
+                private: bool, max_classes: int = bounds.MAX_CLASSES,
+                ) -> tuple[np.ndarray, list[str]]:
     if labels.ndim != 1 or labels.shape[0] != n:
         raise _invalid(f"'labels' must be a 1-d array of length {n} (one per image)")
     if labels.dtype.kind in "US":
         names = labels.astype(str)
+        if label_domain is None:
+            bounds.check_class_count(len(np.unique(names)), max_classes)
         class_names = _class_names(set(names.tolist()), label_domain, private=private)
         index = {c: i for i, c in enumerate(class_names)}
         return np.asarray([index[s] for s in names.tolist()], dtype=np.int64), class_names
     if labels.dtype.kind not in "iu":
         raise _invalid("'labels' must be integers (indices into label_domain) or strings")
     ints = labels.astype(np.int64)
+    if label_domain is None:  # before range(k) builds one name per class
+        bounds.check_int_labels(ints, max_classes)
     k = len(label_domain) if label_domain is not None else int(ints.max()) + 1
     outside = int(np.count_nonzero((ints < 0) | (ints >= k)))
     if outside:
@@ -465,10 +499,13 @@ def _from_npz(path: Path, *, private: bool, label_domain: list[str] | None,
     masks = _npz_masks(arrays["masks"], images, limits) if "masks" in arrays else None
     labels = arrays["labels"]
     if "class_names" in arrays:  # the canonical form: integer labels name these classes
+        bounds.check_class_count(int(arrays["class_names"].shape[0]) if arrays[
+            "class_names"].ndim else 0, limits.max_classes)
         names = _npz_class_names(arrays["class_names"])
         labels = _named_labels(labels, names)
         label_domain = names if label_domain is None else label_domain
-    ints, class_names = _npz_labels(labels, images.shape[0], label_domain, private=private)
+    ints, class_names = _npz_labels(labels, images.shape[0], label_domain, private=private,
+                                    max_classes=limits.max_classes)
     subjects, subject_ids = (parse_subjects(arrays[subject_column], images.shape[0])
                              if subject_column is not None else (None, None))
     return Ingested(images, ints, class_names, "npz", masks, subjects=subjects,
@@ -532,11 +569,11 @@ def _from_parquet(path: Path, *, private: bool, label_domain: list[str] | None,
     n = table.num_rows
     if n == 0:
         raise _invalid("the Parquet file has no rows")
-    images = [decode_image(data, max_pixels=limits.max_image_pixels,
-                           where="a row" if private else f"row {i}")
+    images = [_decode(data, limits, where="a row" if private else f"row {i}", private=private)
               for i, data in enumerate(_parquet_image_bytes(table.column(PARQUET_IMAGE)))]
     labels = _parquet_values(table.column(PARQUET_LABEL), "label")
-    ints, class_names = _npz_labels(labels, n, label_domain, private=private)
+    ints, class_names = _npz_labels(labels, n, label_domain, private=private,
+                                    max_classes=limits.max_classes)
     subjects, subject_ids = None, None
     if subject_column is not None:
         subjects, subject_ids = parse_subjects(

@@ -17,6 +17,7 @@ from dpsynth_api.datasets.schemas import (
     HeldOutRecord,
     HoldoutOut,
     dataset_out,
+    dataset_summary,
 )
 from dpsynth_api.deps import ContextDep, OwnerDep, ReaderDep, SessionDep, SubmitterDep
 from dpsynth_api.pagination import split
@@ -49,11 +50,13 @@ async def upload_dataset(
 def list_datasets(session: SessionDep, principal: ReaderDep,
                   limit: Annotated[int, Query(ge=1, le=200)] = 50,
                   cursor: str | None = None) -> DatasetPage:
-    """The tenant's datasets, newest first."""
+    """The tenant's datasets, newest first, without per-class detail (class names, counts
+    and sizes: ``GET /v1/datasets/{dataset_id}`` has them)."""
     rows, next_cursor = split(service.list_datasets(session, principal=principal, limit=limit,
                                                     cursor=cursor), limit)
     owner = principal.has(Scope.OWNER)
-    return DatasetPage(items=[dataset_out(d, owner=owner) for d in rows], next_cursor=next_cursor)
+    return DatasetPage(items=[dataset_summary(d, owner=owner) for d in rows],
+                       next_cursor=next_cursor)
 
 
 @router.get("/{dataset_id}", response_model=DatasetOut)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.ledger_contract import PrivacyUnit
+from dpsynth_shared.text import MIN_EPSILON, Name
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
@@ -15,11 +16,11 @@ class DatasetMetadata(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200)
     visibility: Literal["public", "private"]
     epsilon_limit: float | None = Field(None, gt=0, le=100)
     delta: float | None = Field(None, gt=0, lt=1)
-    label_domain: list[str] | None = Field(None, min_length=1, max_length=100_000)
+    label_domain: list[Name] | None = Field(None, min_length=1, max_length=10_000)
     declared_size: int | None = Field(
         None, ge=1, le=100_000_000, description="the public size N̂ (at most 10^8): an upper "
         "bound on the number of units (images, or subjects), at least the true count; shown "
@@ -27,7 +28,7 @@ class DatasetMetadata(BaseModel):
         "every job's sample rate. A private add/remove dataset gives this or size_epsilon "
         "(its true count is never published by default)")
     size_epsilon: float | None = Field(
-        None, gt=0, le=100, description="private add/remove datasets, instead of "
+        None, ge=MIN_EPSILON, le=100, description="private add/remove datasets, instead of "
         "declared_size: N̂ is a DP count of the units, ceil(N + N(0, sigma^2) + 6 sigma) "
         "(below N with probability < 1e-9), charged to the budget at this standalone epsilon "
         "as its first event; delta is then the declared one or 1e-6")
@@ -36,7 +37,7 @@ class DatasetMetadata(BaseModel):
         "one class, so per-label jobs compose in parallel; checked at upload, never computed "
         "(default: true for the image unit, false for the subject unit)")
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
-    class_sizes: dict[str, int] | None = Field(
+    class_sizes: dict[Name, int] | None = Field(
         None, description="private datasets, for per-label training: the public size N̂_c of "
         "every class of label_domain, each at least 1, at least the true number of records "
         "of the class and at most the dataset's declared size N̂; they set each class's "
@@ -45,7 +46,7 @@ class DatasetMetadata(BaseModel):
         PrivacyUnit.IMAGE, description="private datasets: what one record is. 'subject': "
         "all images of one subject together (user-level DP; declared_size then counts "
         "subjects); the upload must carry a subject id per image")
-    subject_column: str | None = Field(
+    subject_column: Name | None = Field(
         None, min_length=1, max_length=200, description="privacy_unit 'subject': the name of "
         "the subject-id column (Parquet) or array (npz; default 'subjects'); image folders "
         "carry a subjects.csv (path,subject)")
@@ -138,7 +139,11 @@ class DatasetMetadata(BaseModel):
         return self
 
 
-class DatasetOut(BaseModel):
+class DatasetSummary(BaseModel):
+    """A dataset in ``GET /v1/datasets``: no per-class detail (names, counts, sizes), so a
+    page's size does not grow with the number of classes; ``GET /v1/datasets/{id}``
+    (``DatasetOut``) has it."""
+
     dataset_id: str
     tenant_id: str
     name: str
@@ -152,17 +157,13 @@ class DatasetOut(BaseModel):
         None, description="declared_size_source 'dp_count': the release (release_id, "
         "target_epsilon, epsilon, sigma, margin_z, failure_probability = P[N̂ < N], delta)")
     true_size: int | None = Field(None, description="owner scope only")
-    class_counts: dict[str, int] | None = Field(None, description="owner scope only")
-    class_names: list[str]
+    num_classes: int = Field(description="the number of classes (K)")
     image_shape: list[int]
     has_masks: bool = Field(False, description="one layout mask per image (DP-DocLDM); a "
                             "private dataset's masks are private and share its budget")
     delta: float | None = None
     epsilon_limit: float | None = None
     neighbouring: Neighbouring | None = None
-    class_sizes: dict[str, int] | None = Field(None, description="public per-class sizes "
-                                               "(per-label training): declared at upload or "
-                                               "released by a charged DP histogram")
     class_sizes_source: Literal["declared", "dp_histogram"] | None = None
     declared_public_by: str | None = Field(None, description="audit: the key that declared "
                                            "the data public")
@@ -171,7 +172,8 @@ class DatasetOut(BaseModel):
                                   "linked to)")
     parent_id: str | None = None
     derivation: dict[str, Any] | None = Field(None, description="how the dataset was derived "
-                                              "(subset, split, link); None for an upload")
+                                              "(subset, split, link); None for an upload. "
+                                              "The list omits the classes a subset keeps")
     deleted_at: datetime | None = Field(None, description="the data was deleted; the budget, "
                                         "its ledger and the record hashes remain")
     privacy_unit: PrivacyUnit | None = None
@@ -201,8 +203,19 @@ class DatasetOut(BaseModel):
     created_at: datetime
 
 
+class DatasetOut(DatasetSummary):
+    """One dataset, with its per-class detail."""
+
+    class_names: list[str]
+    class_counts: dict[str, int] | None = Field(None, description="owner scope only")
+    class_sizes: dict[str, int] | None = Field(None, description="public per-class sizes "
+                                               "(per-label training): declared at upload or "
+                                               "released by a charged DP histogram")
+
+
 class DatasetPage(BaseModel):
-    items: list[DatasetOut]
+    items: list[DatasetSummary] = Field(description="no per-class detail: see "
+                                        "GET /v1/datasets/{dataset_id}")
     next_cursor: str | None = None
 
 
@@ -226,24 +239,50 @@ def dataset_out(dataset: object, *, owner: bool) -> DatasetOut:
     """The public view of a dataset row; the true count and class counts only for owners,
     and, for a private dataset, the stored file's hash and size too (the size of an
     uncompressed npz gives the exact count; the hash is a membership oracle)."""
-    from dpsynth_api.datasets.derive import derivation_view
     from dpsynth_api.tables import Dataset
 
     assert isinstance(dataset, Dataset)
+    return DatasetOut(**_summary_fields(dataset, owner=owner),
+                      class_counts=dataset.class_counts if owner else None,
+                      class_names=dataset.class_names, class_sizes=dataset.class_sizes)
+
+
+def dataset_summary(dataset: object, *, owner: bool) -> DatasetSummary:
+    """A dataset as ``GET /v1/datasets`` lists it: :func:`dataset_out` without per-class
+    detail (class names, counts and sizes, the classes a subset keeps), so its size does
+    not grow with the number of classes (issue 14, item 5)."""
+    from dpsynth_api.tables import Dataset
+
+    assert isinstance(dataset, Dataset)
+    fields = _summary_fields(dataset, owner=owner)
+    fields["derivation"] = _without_classes(fields["derivation"])
+    return DatasetSummary(**fields)
+
+
+def _without_classes(view: dict[str, Any] | None) -> dict[str, Any] | None:
+    if view is None:
+        return None
+    view = {k: v for k, v in view.items() if k != "classes"}
+    if isinstance(view.get("selection"), dict):
+        view["selection"] = {k: v for k, v in view["selection"].items() if k != "classes"}
+    return view
+
+
+def _summary_fields(dataset: Any, *, owner: bool) -> dict[str, Any]:
+    from dpsynth_api.datasets.derive import derivation_view
+
     file_visible = owner or dataset.visibility != "private"
-    return DatasetOut(
+    return dict(
         dataset_id=dataset.id, tenant_id=dataset.tenant_id, name=dataset.name,
         visibility=dataset.visibility,
         declared_size=dataset.declared_size,
         declared_size_source=dataset.declared_size_source,
         size_release=dataset.size_release,
         true_size=dataset.true_size if owner else None,
-        class_counts=dataset.class_counts if owner else None,
-        class_names=dataset.class_names, image_shape=dataset.image_shape,
+        num_classes=len(dataset.class_names), image_shape=dataset.image_shape,
         has_masks=bool(dataset.has_masks), delta=dataset.delta,
         epsilon_limit=dataset.epsilon_limit,
         neighbouring=Neighbouring(dataset.neighbouring) if dataset.neighbouring else None,
-        class_sizes=dataset.class_sizes,
         class_sizes_source=dataset.class_sizes_source,
         declared_public_by=dataset.declared_public_by,
         budget_id=dataset.budget_id, parent_id=dataset.parent_id,
@@ -267,8 +306,8 @@ class ClassSizesReleaseIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    target_epsilon: float = Field(gt=0, le=100, description="the release's standalone epsilon "
-                                  "at the dataset's delta")
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the release's "
+                                  "standalone epsilon at the dataset's delta (at least 1e-3)")
     dry_run: bool = Field(False, description="show sigma and the budget impact; charge nothing")
 
 
@@ -306,9 +345,9 @@ class DeriveIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name = Field(min_length=1, max_length=200)
     kind: Literal["subset", "split"]
-    classes: list[str] | None = Field(None, min_length=1, max_length=100_000,
+    classes: list[Name] | None = Field(None, min_length=1, max_length=100_000,
                                       description="subset: the class names kept")
     fraction: float | None = Field(None, gt=0, lt=1, description="split: the train part's "
                                    "expected share of the parent's records")

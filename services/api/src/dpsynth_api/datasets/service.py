@@ -31,6 +31,7 @@ from dpsynth_api.datasets import derive, holdout, overlap, units
 from dpsynth_api.datasets import repository as repo
 from dpsynth_api.datasets.duplicates import resolve_duplicates
 from dpsynth_api.datasets.ingest import Ingested, IngestLimits, ingest_upload, write_canonical
+from dpsynth_api.datasets.limits import MIN_PRIVATE_RECORDS, check_record_count
 from dpsynth_api.datasets.schemas import (
     ClassSizesReleaseIn,
     ClassSizesReleaseOut,
@@ -102,6 +103,9 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
             # every record is hashed, the held-out ones too: they are the budget's records
             data, hashes = resolve_duplicates(data, on_duplicate=meta.on_duplicate,
                                               private=private)
+            # the minimum counts the records kept, after copies were dropped
+            check_record_count(data.unit_count, private=private, minimum=MIN_PRIVATE_RECORDS,
+                               what="images" if data.subjects is None else "subjects")
             subjects = _subject_hashes(settings, principal.tenant_id, data)
             split = holdout.split_for_upload(data, meta, hashes=hashes, subjects=subjects)
             train = split.train if split is not None else data
