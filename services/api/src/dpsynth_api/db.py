@@ -23,11 +23,15 @@ def utcnow() -> datetime:
 
 
 def make_engine(settings: DatabaseSettings) -> Engine:
-    """Create the SQLAlchemy engine (psycopg 3) for the api database."""
+    """Create the SQLAlchemy engine (psycopg 3) for the api database.
+
+    ``hide_parameters``: a failed statement's error, and so any log record of it, never
+    carries the values it was writing (private per-class counts among them).
+    """
     return create_engine(settings.url, pool_size=settings.pool_size,
                          max_overflow=settings.max_overflow,
                          pool_timeout=settings.pool_timeout_s, echo=settings.echo,
-                         pool_pre_ping=True)
+                         pool_pre_ping=True, hide_parameters=True)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

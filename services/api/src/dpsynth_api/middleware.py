@@ -1,5 +1,6 @@
 """Pure-ASGI middleware: request ids + metrics + access log, credential-in-URL refusal,
-and the upload size cap (counted on the wire, before the multipart parser spools it)."""
+the upload size cap (counted on the wire, before the multipart parser spools it), and
+security headers (:mod:`dpsynth_shared.security_headers`, shared with the ledger)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from urllib.parse import parse_qsl
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.logging import request_id_var
+from dpsynth_shared.security_headers import SecurityHeadersMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpsynth_api.errors import problem_response
@@ -19,6 +21,8 @@ from dpsynth_api.tenants.security import looks_like_key_in_query
 from dpsynth_api.uploads import too_large
 
 log = logging.getLogger("dpsynth_api.access")
+
+__all__ = ["GuardMiddleware", "ObservabilityMiddleware", "SecurityHeadersMiddleware"]
 
 
 class ObservabilityMiddleware:

@@ -30,7 +30,7 @@ def wait_for_database(settings: ApiSettings, *, timeout_s: float = 60.0) -> None
     Raises:
         TimeoutError: the database did not answer in time.
     """
-    engine = create_engine(settings.database.url)
+    engine = create_engine(settings.database.url, hide_parameters=True)
     deadline = time.monotonic() + timeout_s
     try:
         while True:

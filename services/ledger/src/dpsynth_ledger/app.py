@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.security_headers import SecurityHeadersMiddleware
+from dpsynth_shared.text import refuse_bad_request_strings
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -45,10 +47,18 @@ def check_anchor_at_startup(sessions: sessionmaker[Session], keeper: ChainKeeper
                                          "anchored_seq": status.anchored_seq})
 
 
+def _refuse_bad_strings(request: Request) -> None:
+    # A NUL byte in a path id or query value would reach PostgreSQL (a 500): refuse it first.
+    refuse_bad_request_strings(request.path_params, request.query_params.multi_items())
+
+
 def create_app(settings: LedgerSettings) -> FastAPI:
     """Build the ledger app: engine, session factory, context, routes, problem handlers."""
+    # hide_parameters: a failed statement's error (and its log record) never carries the
+    # values it was writing (issue 14, item 10).
     engine = create_engine(settings.database.url, pool_size=settings.database.pool_size,
-                           max_overflow=20, echo=settings.database.echo, pool_pre_ping=True)
+                           max_overflow=20, echo=settings.database.echo, pool_pre_ping=True,
+                           hide_parameters=True)
     keeper = ChainKeeper(settings.chain_signing_key.get_secret_value(), build_anchor(settings),
                          settings.chain_retired_public_keys)
     sessions = sessionmaker(engine, expire_on_commit=False)
@@ -70,8 +80,9 @@ def create_app(settings: LedgerSettings) -> FastAPI:
         signing_key=settings.grant_signing_key.get_secret_value(),
         discretization=settings.pld_discretization, metrics=metrics, chain=keeper)
     auth = ServiceTokens([t.get_secret_value() for t in settings.service_tokens])
-    app.include_router(router, dependencies=[Depends(auth)])
+    app.include_router(router, dependencies=[Depends(auth), Depends(_refuse_bad_strings)])
     problems.install(app)
+    app.add_middleware(SecurityHeadersMiddleware)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

@@ -48,7 +48,7 @@ def downgrade(settings: LedgerSettings, revision: str = "base") -> None:
 
 def wait_for_database(url: str, timeout_s: float) -> None:
     """Block until ``SELECT 1`` succeeds (prestart), or raise after ``timeout_s``."""
-    engine = create_engine(url)
+    engine = create_engine(url, hide_parameters=True)
     deadline = time.monotonic() + timeout_s
     try:
         while True:

@@ -7,28 +7,48 @@ object, never a torn one. The sha256 is computed while writing and kept in a sid
 ``root/.meta/`` (keys may not have hidden segments, so sidecars and temp files can never
 collide with an object).
 
-This store cannot presign HTTP URLs: :meth:`LocalDirStore.presign_get` returns a ``file://``
-URL (useful only on the same machine) after the same corpora-only check as the S3 store,
-and the api streams downloads itself instead.
+Presigned URLs: after the same corpora-only check as the S3 store,
+:meth:`LocalDirStore.presign_get` returns the path ``/v1/presigned/<token>`` (the api makes
+it absolute and serves it). The token is opaque: the object key and the expiry, encrypted
+and authenticated (AES-GCM) with a key of this store, so the URL reveals neither the
+server's file path nor the key, and cannot be forged or altered;
+:meth:`LocalDirStore.resolve_presigned` turns a valid, unexpired token back into the key.
+Without a configured ``presign_secret`` the key is random per process: URLs then stay
+valid only as long as the api process that issued them (the embedded mode runs one).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import os
+import secrets
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
-from dpsynth_shared.errors import NotFound
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.object_store import ObjectInfo, check_presign_allowed, check_read_access
 from dpsynth_shared.stores.keys import validate_key
 
 _META_DIR = ".meta"
 _COPY_CHUNK = 1 << 20
+PRESIGNED_PATH = "/v1/presigned/"
+_PRESIGN_AAD = b"dpsynth-local-presign-v1"
+_PRESIGN_MAX_TTL_S = 3600
+
+
+def _invalid_presigned() -> DpsynthError:
+    return DpsynthError(ErrorCode.NOT_FOUND, "this presigned URL is invalid or has expired",
+                        resource="presigned URL")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -72,13 +92,18 @@ class LocalDirStore:
         root: the folder holding the objects (created if missing).
         grant_public_key: the ledger's Ed25519 public key; without it, private objects
             cannot be read at all (every grant is refused).
+        presign_secret: the secret presigned-URL tokens are sealed with (random per
+            instance when not given).
     """
 
     def __init__(self, root: Path, *,
-                 grant_public_key: str | Sequence[str] | None = None) -> None:
+                 grant_public_key: str | Sequence[str] | None = None,
+                 presign_secret: bytes | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self._public_key = grant_public_key
+        secret = presign_secret if presign_secret is not None else secrets.token_bytes(32)
+        self._presign_aead = AESGCM(hashlib.sha256(_PRESIGN_AAD + secret).digest())
 
     # -- paths ---------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
@@ -169,7 +194,8 @@ class LocalDirStore:
         self._meta_path(key).unlink(missing_ok=True)
 
     def presign_get(self, key: str, *, ttl: timedelta) -> str:
-        """A ``file://`` URL of a corpus (the local store cannot sign HTTP URLs).
+        """``/v1/presigned/<opaque token>`` for a corpus, valid ``ttl`` (at most an hour);
+        the api serves it. Neither the file path nor the key can be read from it.
 
         Raises:
             DpsynthError: ``presign_refused`` for any key outside ``corpora/``;
@@ -179,4 +205,30 @@ class LocalDirStore:
         check_presign_allowed(key)
         if not path.is_file():
             raise NotFound("object", key)
-        return path.as_uri()
+        ttl_s = min(max(ttl.total_seconds(), 0.0), _PRESIGN_MAX_TTL_S)
+        claims = json.dumps({"k": key, "e": round(time.time() + ttl_s, 3)}).encode()
+        nonce = os.urandom(12)
+        sealed = nonce + self._presign_aead.encrypt(nonce, claims, _PRESIGN_AAD)
+        return PRESIGNED_PATH + base64.urlsafe_b64encode(sealed).rstrip(b"=").decode()
+
+    def resolve_presigned(self, token: str) -> str:
+        """The key a token of :meth:`presign_get` names.
+
+        Raises:
+            DpsynthError: ``not_found`` when the token is malformed, forged, altered,
+                expired, or names a key that may not be presigned (all answered alike).
+        """
+        try:
+            sealed = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            claims = json.loads(self._presign_aead.decrypt(sealed[:12], sealed[12:],
+                                                           _PRESIGN_AAD))
+            key, expires = str(claims["k"]), float(claims["e"])
+        except (ValueError, binascii.Error, InvalidTag, KeyError, TypeError):
+            raise _invalid_presigned() from None
+        if expires <= time.time():
+            raise _invalid_presigned()
+        try:
+            check_presign_allowed(key)
+        except Exception:  # noqa: BLE001 - a sealed token never names one; answer alike
+            raise _invalid_presigned() from None
+        return key

@@ -137,7 +137,8 @@ class EmbeddedPlatform:
             raise PlatformError(f"the platform in {self.home} is already running "
                                 "(`dpsynth down` first)")
         for sub in ("logs", "objects", "redis", "work"):
-            (self.home / sub).mkdir(parents=True, exist_ok=True)
+            (self.home / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.home / "logs", 0o700)  # a folder an older platform made 0755
         secrets = load_or_create_secrets(self.home)
         previous = self._previous_ports()
         state = PlatformState(home=str(self.home), pgdata=str(self.pgdata))

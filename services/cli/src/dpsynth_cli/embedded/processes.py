@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import psutil
 
@@ -49,11 +49,25 @@ class ProcessRecord:
         return self.process() is not None
 
 
+def open_log(log: Path) -> BinaryIO:
+    """Open ``log`` for appending, owner-only: the file 0600 and its folder 0700, whatever
+    the umask and whatever modes an older platform left (logs may name tenants and ids)."""
+    log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(log.parent, 0o700)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
+
+
 def spawn(name: str, argv: Sequence[str], *, log: Path, env: Mapping[str, str],
           cwd: Path | None = None) -> ProcessRecord:
-    """Start ``argv`` in a new session with stdout/stderr appended to ``log``."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
+    """Start ``argv`` in a new session with stdout/stderr appended to ``log`` (0600, in a
+    0700 folder: see :func:`open_log`)."""
+    with open_log(log) as out:
         proc = subprocess.Popen(
             list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=dict(env), cwd=cwd, start_new_session=True,
