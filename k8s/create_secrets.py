@@ -6,7 +6,8 @@
 Prints one JSON ``v1/List`` of Secrets (``stringData``, namespace ``dpsynth``) on stdout and
 nothing else, so the values go straight to the API server and never into a file of this
 repository. REDIS_PASSWORD is the password of the Redis the cluster uses (the Bitnami chart
-generates one; docker-compose's Redis has none, so .env does not carry it).
+generates one); it is taken from the environment, never from the env file, whose
+REDIS_PASSWORD is docker-compose's Redis password.
 
 The Secret names and keys here are the ones k8s/base references (k8s/README.md, "Secrets");
 tests/deploy/test_k8s.py loads each service's settings from the rendered manifests plus this

@@ -4,7 +4,7 @@
     python scripts/gen_secrets.py --force    # replace an existing .env (new secrets!)
 
 Fills each secret that ``.env.example`` leaves empty: bearer tokens and keys (random, 256
-bits), database, MinIO and Grafana passwords, the ledger's two Ed25519 signing keys
+bits), database, Redis, MinIO and Grafana passwords, the ledger's two Ed25519 signing keys
 (``dpsynth_shared.grants.generate_signing_key``) and the grant public key the api and the
 workers verify with (derived from the grant signing key). Then it replaces every ``${NAME}``
 in a value with NAME's value, so a database URL carries the password its role was created
@@ -35,6 +35,7 @@ SECRETS: dict[str, str] = {
     "POSTGRES_PASSWORD": "password",
     "POSTGRES_API_PASSWORD": "password",
     "POSTGRES_LEDGER_PASSWORD": "password",
+    "REDIS_PASSWORD": "password",
     "MINIO_ROOT_PASSWORD": "password",
     "MINIO_APP_SECRET_KEY": "password",
     "MINIO_ANCHOR_SECRET_KEY": "password",

@@ -393,6 +393,32 @@ def test_infrastructure_gets_the_generated_passwords(
         service_environment(services["postgres"], {})
 
 
+def test_redis_requires_the_generated_password_and_the_brokers_use_it(
+        services: dict[str, Any], example: dict[str, str],
+        generated: tuple[Path, dict[str, str], str]) -> None:
+    """Issue 14 item 17: compose's Redis runs with requirepass from .env, not a literal."""
+    from tests.support.compose import gen_secrets_module, interpolate
+
+    _, values, _ = generated
+    assert gen_secrets_module().SECRETS["REDIS_PASSWORD"] == "password"
+    assert example["REDIS_PASSWORD"] == "" and values["REDIS_PASSWORD"]
+    redis = services["redis"]
+    command = [str(arg) for arg in redis["command"]]
+    assert "--requirepass" in command
+    reference = command[command.index("--requirepass") + 1]
+    assert REFERENCE_ONLY.match(reference) and "REDIS_PASSWORD:?" in reference, reference
+    assert interpolate(reference, values) == values["REDIS_PASSWORD"]
+    with pytest.raises(KeyError, match="gen_secrets"):
+        interpolate(reference, {})
+    # The health check authenticates (REDISCLI_AUTH), else it would see only NOAUTH.
+    env = service_environment(redis, values)
+    assert env["REDISCLI_AUTH"] == values["REDIS_PASSWORD"]
+    assert "PONG" in json.dumps(redis["healthcheck"]["test"])
+    for name in ("DPSYNTH_API_BROKER_URL", "DPSYNTH_WORKER_BROKER_URL"):
+        assert example[name] == "redis://:${REDIS_PASSWORD}@redis:6379/0", name
+        assert values[name] == f"redis://:{values['REDIS_PASSWORD']}@redis:6379/0", name
+
+
 def test_init_scripts_parse_and_make_what_the_services_expect(
         services: dict[str, Any], example: dict[str, str],
         generated: tuple[Path, dict[str, str], str]) -> None:

