@@ -91,7 +91,9 @@ panel("bargauge", "Datasets by fraction of the limit spent",
                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}})
 panel("timeseries", "Epsilon spent vs limit per dataset",
       "Filter epsilon spent (solid) against the limit (dashed), for the datasets with "
-      "per-dataset series (the DPSYNTH_LEDGER_METRICS_MAX_DATASETS nearest their limits).",
+      "per-dataset series (the DPSYNTH_LEDGER_METRICS_MAX_DATASETS nearest their limits). "
+      "Empty unless the ledger runs with DPSYNTH_LEDGER_METRICS_PER_DATASET=true: by "
+      "default /metrics names no dataset, only the aggregates.",
       refs([(f"dpsynth_ledger_dataset_epsilon_spent{SEL}", "{{dataset_id}} spent"),
             (f"dpsynth_ledger_dataset_epsilon_limit{SEL}", "{{dataset_id}} limit")]),
       0, 16, 9, options=TS,

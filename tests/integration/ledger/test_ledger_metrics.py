@@ -87,7 +87,8 @@ def db(database_url: str) -> Iterator[Any]:
 
 def test_metrics_show_admissions_leases_lapses_and_the_budgets(database_url: str,
                                                                db: Any) -> None:
-    settings = make_settings(database_url, metrics_max_datasets=2, lease_ttl_s=3600)
+    settings = make_settings(database_url, metrics_max_datasets=2, lease_ttl_s=3600,
+                             metrics_per_dataset=True)
     upgrade(settings)
     with TestClient(create_app(settings), headers=AUTH) as client:
         empty = scrape(client)
@@ -176,7 +177,7 @@ def test_metrics_show_admissions_leases_lapses_and_the_budgets(database_url: str
 
     # a restarted ledger (a fresh app on the same database, default cap) reports every
     # dataset's figures from the database, equal to its budget view; counters start again
-    restarted = make_settings(database_url)
+    restarted = make_settings(database_url, metrics_per_dataset=True)
     with TestClient(create_app(restarted), headers=AUTH) as client:
         again = scrape(client)
     assert value(again, "dpsynth_ledger_datasets_omitted") == 0
@@ -345,3 +346,50 @@ def test_used_up_leases_of_a_worker_that_went_on_are_not_lapses(database_url: st
     assert value(before, "dpsynth_ledger_leases_active") == 1  # the second lease only
     assert value(after, "dpsynth_ledger_leases_expired_total") == 1
     assert value(after, "dpsynth_ledger_leases_active") == 0
+
+
+METRICS_TOKEN = "ledger-metrics-token-0123456789abcdef"
+
+
+def test_metrics_need_the_metrics_token_when_one_is_set(database_url: str) -> None:
+    """With DPSYNTH_LEDGER_METRICS_TOKEN set, a scrape without it (or with a service token,
+    which Prometheus must not hold) is a 401 problem+json; with it, the figures."""
+    settings = make_settings(database_url, metrics_token=METRICS_TOKEN)
+    upgrade(settings)
+    with TestClient(create_app(settings)) as client:
+        for headers in ({}, AUTH, {"Authorization": "Bearer not-the-metrics-token"},
+                        {"Authorization": f"Basic {METRICS_TOKEN}"}):
+            r = client.get("/metrics", headers=headers)
+            assert r.status_code == 401, (headers, r.text)
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert r.json()["code"] == "unauthenticated"
+            assert "dpsynth_ledger" not in r.text
+        ok = client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        assert ok.status_code == 200, ok.text
+        assert "dpsynth_ledger_datasets" in ok.text
+
+
+def test_a_weak_metrics_token_is_refused_at_start(database_url: str) -> None:
+    with pytest.raises(ValueError, match="DPSYNTH_LEDGER_METRICS_TOKEN"):
+        make_settings(database_url, metrics_token="short")
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_dataset_ids_are_in_the_metrics_only_when_an_operator_enables_them(
+        database_url: str, enabled: bool) -> None:
+    """By default the scrape names no dataset (every tenant's ids would be on it): only the
+    aggregates; DPSYNTH_LEDGER_METRICS_PER_DATASET=true adds the per-dataset gauges."""
+    settings = make_settings(database_url, metrics_per_dataset=enabled)
+    upgrade(settings)
+    with TestClient(create_app(settings), headers=AUTH) as client:
+        new_budget(client, "ds_tenant_a_private", epsilon_limit=8.0)
+        r = client.get("/metrics")
+        assert r.status_code == 200, r.text
+        samples = scrape(client)
+    assert value(samples, "dpsynth_ledger_datasets", state="ok") == 1
+    assert ("dataset_id" in r.text) is enabled
+    assert ("ds_tenant_a_private" in r.text) is enabled
+    limits = per_dataset(samples, "dpsynth_ledger_dataset_epsilon_limit")
+    assert limits == ({"ds_tenant_a_private": 8.0} if enabled else {})
+    assert value(samples, "dpsynth_ledger_datasets_omitted") == (0 if enabled else 1)
+

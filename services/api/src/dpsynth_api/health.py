@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
-from fastapi import APIRouter, Response
+from dpsynth_shared.metrics_auth import check_metrics_token
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
@@ -57,7 +58,11 @@ def readyz(ctx: ContextDep) -> JSONResponse | dict[str, object]:
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(ctx: ContextDep, session: SessionDep) -> Response:
-    """Prometheus text format: requests, latency, jobs by state, uploads."""
+def metrics(ctx: ContextDep, session: SessionDep, request: Request) -> Response:
+    """Prometheus text format: requests, latency, jobs by state, uploads (with the metrics
+    token when ``DPSYNTH_API_METRICS_TOKEN`` is set)."""
+    token = ctx.settings.metrics_token
+    check_metrics_token(request.headers.get("authorization", ""),
+                        token.get_secret_value() if token is not None else None)
     ctx.metrics.set_job_counts(jobs_repo.count_by_state(session))
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -43,6 +43,8 @@ class ApiSettings(BaseSettings):
         description="HMAC-SHA256 key of the keyed subject hashes (datasets/overlap.py): "
         "required, so low-entropy subject ids (patient numbers) cannot be brute-forced from "
         "a database dump; rotating it breaks overlap detection across uploads")
+    metrics_token: SecretStr | None = Field(None, description="bearer token a scrape of "
+                                            "/metrics must present (unset: /metrics is open)")
     lease_ttl_s: int = Field(60, ge=1)
     heartbeat_s: int = Field(10, ge=1)
     max_attempts: int = Field(3, ge=1, description="attempts a job may lose (worker lost, "
@@ -73,6 +75,11 @@ class ApiSettings(BaseSettings):
     @classmethod
     def _strong_worker_token(cls, v: SecretStr) -> SecretStr:
         return require_strong_secret(v, "DPSYNTH_API_WORKER_TOKEN")
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _strong_metrics_token(cls, v: SecretStr | None) -> SecretStr | None:
+        return None if v is None else require_strong_secret(v, "DPSYNTH_API_METRICS_TOKEN")
 
     @field_validator("worker_retired_tokens")
     @classmethod

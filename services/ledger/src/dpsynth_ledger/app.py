@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.metrics_auth import check_metrics_token
 from dpsynth_shared.security_headers import SecurityHeadersMiddleware
 from dpsynth_shared.text import refuse_bad_request_strings
 from fastapi import Depends, FastAPI, Request
@@ -110,12 +111,19 @@ def create_app(settings: LedgerSettings) -> FastAPI:
                 **status.model_dump(mode="json")), "/readyz")
         return JSONResponse({"status": "ready"})
 
-    metrics.track_budgets(app.state.sessions, settings.metrics_max_datasets,
+    per_dataset = settings.metrics_max_datasets if settings.metrics_per_dataset else 0
+    metrics.track_budgets(app.state.sessions, per_dataset,
                           anchor=lambda session: anchor_status(session, keeper))
 
+    scrape_token = (settings.metrics_token.get_secret_value()
+                    if settings.metrics_token is not None else None)
+
     @app.get("/metrics", include_in_schema=False)
-    def prometheus() -> Response:
-        """Counters of this process and budget figures read from the database now."""
+    def prometheus(request: Request) -> Response:
+        """Counters of this process and budget figures read from the database now (with the
+        metrics token when one is set; per-dataset gauges only when an operator enables
+        them)."""
+        check_metrics_token(request.headers.get("authorization", ""), scrape_token)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -18,7 +18,9 @@ Two kinds of series:
 Only figures the ledger publishes anyway are exported (limits, the filter's ε spent /
 reserved / remaining, the warning fraction, counts): nothing computed from private records.
 The one per-object label is ``dataset_id`` (an opaque id, never a name or free text), capped
-by ``DPSYNTH_LEDGER_METRICS_MAX_DATASETS``. See docs/architecture.md ("Metrics").
+by ``DPSYNTH_LEDGER_METRICS_MAX_DATASETS``, and off unless an operator sets
+``DPSYNTH_LEDGER_METRICS_PER_DATASET=true`` (the app then passes the cap, else 0): it names
+every tenant's datasets. See docs/architecture.md ("Metrics").
 """
 
 from __future__ import annotations

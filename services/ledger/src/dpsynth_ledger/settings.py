@@ -55,11 +55,23 @@ class LedgerSettings(BaseSettings):
     db_wait_s: float = Field(30.0, ge=0)
     metrics_max_datasets: int = Field(100, ge=0, description="datasets with per-dataset "
                                       "budget gauges (highest spent fraction first)")
+    metrics_per_dataset: bool = Field(False, description="export the per-dataset budget "
+                                      "gauges (labelled with every tenant's dataset ids); off: "
+                                      "only the aggregates")
+    metrics_token: SecretStr | None = Field(None, description="bearer token a scrape of "
+                                            "/metrics must present (unset: /metrics is open)")
 
     @field_validator("service_tokens")
     @classmethod
     def _strong_tokens(cls, tokens: list[SecretStr]) -> list[SecretStr]:
         return [require_strong_secret(t, "DPSYNTH_LEDGER_SERVICE_TOKENS") for t in tokens]
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _strong_metrics_token(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is None:
+            return None
+        return require_strong_secret(token, "DPSYNTH_LEDGER_METRICS_TOKEN")
 
     @field_validator("grant_signing_key", "chain_signing_key")
     @classmethod
