@@ -10,21 +10,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dpsynth_shared.text import MAX_INT32, MIN_EPSILON, refuse_nul
+from dpsynth_shared.text import MAX_INT32, MIN_EPSILON, ContractBody
 
 SPEC_VERSION = 1
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class _Spec(ContractBody):
     spec_version: Literal[1] = 1
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        # PostgreSQL takes no NUL byte in text or jsonb: refuse it anywhere (issue 14).
-        return refuse_nul(data)
 
 
 UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]

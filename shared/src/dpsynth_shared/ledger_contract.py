@@ -15,11 +15,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
 from dpsynth_shared.release_contract import SizeRelease
-from dpsynth_shared.text import MAX_DECLARED_SIZE, MAX_INT32, MIN_EPSILON, Name, refuse_nul
+from dpsynth_shared.text import MAX_DECLARED_SIZE, MAX_INT32, MIN_EPSILON, ContractBody, Name
 
 TIGHT_LABEL = (
     "tight PLD epsilon of the realised sequence, as if it had been fixed in advance; "
@@ -49,14 +49,8 @@ class PrivacyUnit(StrEnum):
     SUBJECT = "subject"
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        # PostgreSQL takes no NUL byte in text or jsonb: refuse it in any field (issue 14).
-        return refuse_nul(data)
+class _Body(ContractBody):
+    """A body of this contract (dpsynth_shared.text.ContractBody)."""
 
 
 class CreateBudget(_Body):

@@ -11,22 +11,16 @@ one Gaussian mechanism the ledger calibrates and charges before the caller draws
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field
 
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
-from dpsynth_shared.text import MIN_EPSILON, refuse_nul
+from dpsynth_shared.text import MIN_EPSILON, ContractBody
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        # PostgreSQL takes no NUL byte in text or jsonb: refuse it in any field (issue 14).
-        return refuse_nul(data)
+class _Body(ContractBody):
+    """A body of this contract (dpsynth_shared.text.ContractBody)."""
 
 
 class SizeRelease(_Body):

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 
@@ -80,3 +80,16 @@ def refuse_bad_request_strings(path_params: Mapping[str, Any],
         if "\x00" in name or "\x00" in value:
             raise DpsynthError(ErrorCode.INVALID_REQUEST,
                                "a query parameter contains a NUL byte (\\x00)")
+
+
+class ContractBody(BaseModel):
+    """Base of every request body of the contracts (ledger, releases, job specs): unknown
+    fields are refused, and so is a NUL byte anywhere in the body, which PostgreSQL takes in
+    neither text nor jsonb (issue 14, item 4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return refuse_nul(data)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dpsynth_api.datasets.service import default_delta
+from dpsynth_api.datasets.units import default_delta
 
 from tests.integration.api.conftest import Api, auth
 from tests.unit.api import builders as b

@@ -59,11 +59,6 @@ def parse_metadata(raw: str) -> DatasetMetadata:
                            errors=errors) from exc
 
 
-def default_delta(declared_size: int) -> float:
-    """delta defaults to min(1e-6, 1/(10·N̂)) for a declared N̂ (docs/privacy.md)."""
-    return min(1e-6, 1.0 / (10.0 * declared_size))
-
-
 def _limits(settings: ApiSettings) -> IngestLimits:
     return IngestLimits(ArchiveLimits(settings.max_uncompressed_bytes,
                                       settings.max_archive_members), settings.max_image_pixels)
