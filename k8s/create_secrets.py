@@ -75,6 +75,11 @@ def secret_data(env: dict[str, str], redis_password: str) -> dict[str, dict[str,
             "grant-signing-key": need("DPSYNTH_LEDGER_GRANT_SIGNING_KEY"),
             "chain-signing-key": need("DPSYNTH_LEDGER_CHAIN_SIGNING_KEY"),
         },
+        # Only the metrics tokens: the one Secret the ServiceMonitors (Prometheus) read.
+        "dpsynth-metrics": {
+            "api-token": need("DPSYNTH_API_METRICS_TOKEN"),
+            "ledger-token": need("DPSYNTH_LEDGER_METRICS_TOKEN"),
+        },
         "dpsynth-worker-secrets": {
             "api-token": need("DPSYNTH_WORKER_API__TOKEN"),
             "ledger-token": need("DPSYNTH_WORKER_LEDGER__TOKEN"),

@@ -236,6 +236,23 @@ def test_prometheus_scrapes_api_ledger_and_workers_where_compose_serves_them(
     assert "backend" in services["prometheus"]["networks"]
 
 
+def test_prometheus_presents_the_generated_metrics_tokens(
+        compose: dict[str, Any], services: dict[str, Any], example: dict[str, str]) -> None:
+    """Issue 14, item 11: the api's and the ledger's /metrics need their metrics token; the
+    scrape jobs read it from a compose secret made from the same .env variable."""
+    from tests.support.compose import gen_secrets_module
+
+    config = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    for job, variable in (("dpsynth-api", "DPSYNTH_API_METRICS_TOKEN"),
+                          ("dpsynth-ledger", "DPSYNTH_LEDGER_METRICS_TOKEN")):
+        auth = jobs[job]["authorization"]
+        name = auth["credentials_file"].removeprefix("/run/secrets/")
+        assert auth["type"] == "Bearer" and name in services["prometheus"]["secrets"]
+        assert compose["secrets"][name] == {"environment": variable}
+        assert variable in example and variable in gen_secrets_module().SECRETS
+
+
 def test_grafana_is_provisioned_from_deploy_grafana(services: dict[str, Any]) -> None:
     mounts = {v.split(":")[1]: v.split(":")[0] for v in services["grafana"]["volumes"]}
     assert mounts["/etc/grafana/provisioning/datasources"] == \

@@ -546,3 +546,28 @@ def test_settings_load_from_the_config_map_and_secrets(name: str, generated_env:
         if service == "dpsynth-ledger":
             assert settings.anchor.kind == "s3"
 
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_metrics_need_a_token_that_the_service_monitors_present(
+        name: str, generated_env: dict[str, str]) -> None:
+    """Issue 14, item 11: the api's and the ledger's /metrics require a bearer token, and
+    the ServiceMonitor of each presents the same Secret key the container reads."""
+    secrets = _create_secrets().secret_data(generated_env, "redis-password-for-tests")
+    objs = render(name)
+    monitors = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceMonitor"}
+    read: dict[str, str] = {}
+    for _, template, c in _containers(name):
+        service = template["metadata"]["labels"][NAME_LABEL]
+        env = container_env(objs, template, c, secrets)
+        for prefix in ("DPSYNTH_API_", "DPSYNTH_LEDGER_"):
+            if f"{prefix}METRICS_TOKEN" in env:
+                read[service] = env[f"{prefix}METRICS_TOKEN"]
+    assert set(read) >= {"dpsynth-api", "dpsynth-ledger"}
+    for monitor, service in (("api", "dpsynth-api"), ("ledger", "dpsynth-ledger")):
+        auth = monitors[monitor]["spec"]["endpoints"][0]["authorization"]
+        ref = auth["credentials"]
+        assert auth["type"] == "Bearer"
+        assert secrets[ref["name"]][ref["key"]] == read[service]
+    # The Secret Prometheus reads holds the two metrics tokens and nothing else.
+    assert set(secrets["dpsynth-metrics"]) == {"api-token", "ledger-token"}

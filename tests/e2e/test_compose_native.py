@@ -350,9 +350,23 @@ def test_prometheus_targets_answer(journey: dict[str, Any], stack: NativeCompose
     native = {f"{name}:{port}": f"127.0.0.1:{stack.ports[name]}"
               for name, port in CONTAINER_PORTS.items()}
     assert set(targets) == set(native)
-    for target in targets:
-        response = httpx.get(f"http://{native[target]}/metrics", timeout=10)
-        assert response.status_code == 200, target
+    # Each job's credentials_file is a compose secret (/run/secrets/NAME) made from .env.
+    compose_secrets = stack.compose.get("secrets") or {}
+    for job in config["scrape_configs"]:
+        auth = job.get("authorization")
+        job_targets = [t for s in job.get("static_configs", []) for t in s["targets"]]
+        headers = {}
+        if auth is not None:
+            name = auth["credentials_file"].removeprefix("/run/secrets/")
+            token = stack.dotenv[compose_secrets[name]["environment"]]
+            headers = {"Authorization": f"Bearer {token}"}
+            for target in job_targets:  # without the token the scrape is refused
+                refused = httpx.get(f"http://{native[target]}/metrics", timeout=10)
+                assert refused.status_code == 401, target
+        for target in job_targets:
+            response = httpx.get(f"http://{native[target]}/metrics", headers=headers,
+                                 timeout=10)
+            assert response.status_code == 200, target
     worker_metrics = httpx.get(f"http://{native['worker:9100']}/metrics", timeout=10).text
     assert re.search(r'jobs_finished_total\{[^}]*outcome="succeeded"', worker_metrics)
 
