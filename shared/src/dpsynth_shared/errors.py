@@ -58,6 +58,13 @@ class ErrorCode(StrEnum):
     LEDGER_UNAVAILABLE = "ledger_unavailable"
     SERVICE_UNAVAILABLE = "service_unavailable"
     INTERNAL = "internal_error"
+    PLAN_TOO_LARGE = "plan_too_large"
+    LEDGER_BUSY = "ledger_busy"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    IDEMPOTENCY_IN_PROGRESS = "idempotency_in_progress"
+    INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
+    RATE_LIMITED = "rate_limited"
+    PLATFORM_SCOPE_REFUSED = "platform_scope_refused"
 
 
 HTTP_STATUS: dict[ErrorCode, int] = {
@@ -101,6 +108,13 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.LEDGER_UNAVAILABLE: 503,
     ErrorCode.SERVICE_UNAVAILABLE: 503,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.PLAN_TOO_LARGE: 422,
+    ErrorCode.LEDGER_BUSY: 503,
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: 422,
+    ErrorCode.IDEMPOTENCY_IN_PROGRESS: 409,
+    ErrorCode.INVALID_IDEMPOTENCY_KEY: 422,
+    ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.PLATFORM_SCOPE_REFUSED: 403,
 }
 
 TITLES: dict[ErrorCode, str] = {

@@ -79,11 +79,12 @@ def get_principal(request: Request, session: SessionDep) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def require(scope: Scope) -> Callable[[Principal], Principal]:
-    """A dependency that lets only keys granting ``scope`` through (403 otherwise)."""
+def require(scope: Scope, *alternatives: Scope) -> Callable[[Principal], Principal]:
+    """A dependency that lets only keys granting ``scope`` (or one of ``alternatives``)
+    through (403 otherwise, naming ``scope``)."""
 
     def _check(principal: PrincipalDep) -> Principal:
-        if not principal.has(scope):
+        if not any(principal.has(s) for s in (scope, *alternatives)):
             raise DpsynthError(ErrorCode.FORBIDDEN, f"this API key lacks the '{scope}' scope",
                                required_scope=str(scope))
         return principal
@@ -94,7 +95,12 @@ def require(scope: Scope) -> Callable[[Principal], Principal]:
 ReaderDep = Annotated[Principal, Depends(require(Scope.READ))]
 SubmitterDep = Annotated[Principal, Depends(require(Scope.SUBMIT))]
 OwnerDep = Annotated[Principal, Depends(require(Scope.OWNER))]
+# The admin scope is a platform scope: authentication grants it to keys of the platform's
+# admin tenant only, so this lets the platform admin alone through (issue 14, item 6).
 AdminDep = Annotated[Principal, Depends(require(Scope.ADMIN))]
+# A tenant's keys: its owner keys, or the platform admin (the use case confines an owner to
+# its own tenant).
+KeyAdminDep = Annotated[Principal, Depends(require(Scope.OWNER, Scope.ADMIN))]
 
 
 def require_worker(request: Request, settings: SettingsDep) -> None:

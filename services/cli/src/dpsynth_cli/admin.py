@@ -1,4 +1,8 @@
-"""``dpsynth admin ...``: tenants and keys (needs an admin-scoped key)."""
+"""``dpsynth admin ...``: tenants and keys.
+
+Tenants and policies need the platform admin key (the bootstrap admin tenant's); a tenant's
+owner key manages its own tenant's keys (issue 14, item 6).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ import typer
 
 from dpsynth_cli.common import cli_errors, print_json, state_of
 
-app = typer.Typer(help="Tenants and API keys (admin scope).", no_args_is_help=True)
+app = typer.Typer(help="Tenants (platform admin key) and API keys (platform admin, or a "
+                  "tenant's owner key for its own tenant).", no_args_is_help=True)
 tenant = typer.Typer(help="Tenants.", no_args_is_help=True)
 key = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(tenant, name="tenant")
@@ -23,7 +28,7 @@ def parse_scopes(csv: str) -> list[str]:
 @tenant.command("create")
 @cli_errors
 def create_tenant(ctx: typer.Context, name: str) -> None:
-    """Create tenant NAME and its first key (printed once: keep it)."""
+    """Create tenant NAME and its first key (printed once: keep it; platform admin)."""
     print_json(state_of(ctx).client().create_tenant(name))
 
 
@@ -32,14 +37,15 @@ def create_tenant(ctx: typer.Context, name: str) -> None:
 def create_key(ctx: typer.Context, tenant: Annotated[str, typer.Option(help="tenant id")],
                scopes: Annotated[str, typer.Option(help="comma separated")] = "read,submit,owner"
                ) -> None:
-    """Create a key for a tenant (printed once: keep it)."""
+    """Create a key for a tenant (printed once: keep it). An owner key creates keys for
+    its own tenant only; the admin scope is granted only to the platform's admin tenant."""
     print_json(state_of(ctx).client().create_key(tenant, parse_scopes(scopes)))
 
 
 @key.command("revoke")
 @cli_errors
 def revoke_key(ctx: typer.Context, key_id: str) -> None:
-    """Revoke a key."""
+    """Revoke a key (an owner key: its own tenant's keys only)."""
     print_json(state_of(ctx).client().revoke_key(key_id))
 
 

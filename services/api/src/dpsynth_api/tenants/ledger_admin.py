@@ -1,6 +1,6 @@
 """Admin endpoint: reconcile the ledger with its anchor and the api's jobs after a restore.
 
-``POST /v1/admin/ledger/reconcile`` (admin scope) collects every DP job the api knows (jobs
+``POST /v1/admin/ledger/reconcile`` (platform admin) collects every DP job the api knows (jobs
 with a ledger reservation; their stored privacy block has the plan: σ, q, steps) and sends
 them to the ledger's ``POST /v1/admin/reconcile``, which re-charges what its restored
 database lost (see ``dpsynth_ledger.service.reconcile``). ``dpsynth ledger
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.deps import AdminDep, LedgerDep, SessionDep
 from dpsynth_api.tables import Dataset, Job
+from dpsynth_api.tenants.audit import ALL_TENANTS, audited
 
 router = APIRouter(prefix="/v1/admin/ledger", tags=["admin"])
 
@@ -67,12 +68,16 @@ def api_job_records(session: Session) -> list[ApiJobRecord]:
 
 
 @router.post("/reconcile", response_model=ReconcileReport)
-def reconcile(session: SessionDep, ledger: LedgerDep, _: AdminDep) -> ReconcileReport:
+def reconcile(session: SessionDep, ledger: LedgerDep, actor: AdminDep) -> ReconcileReport:
     """After a ledger restore: send the api's DP jobs to the ledger's reconciliation and
-    return its report (spent epsilon per dataset before and after, jobs re-charged)."""
-    request = ReconcileRequest(api_jobs=api_job_records(session))
-    session.rollback()  # a read only; release the connection before the ledger works
-    return ledger.reconcile(request)
+    return its report (spent epsilon per dataset before and after, jobs re-charged).
+    Platform admin only; it touches every tenant's budgets, so it is audited."""
+    with audited(actor, "ledger.reconcile", target_tenant_id=ALL_TENANTS) as entry:
+        request = ReconcileRequest(api_jobs=api_job_records(session))
+        session.rollback()  # a read only; release the connection before the ledger works
+        report = ledger.reconcile(request)
+        entry.details["api_jobs"] = str(len(request.api_jobs))
+    return report
 
 
 @router.get("/anchor", response_model=AnchorStatus)

@@ -26,6 +26,12 @@ class Scope(StrEnum):
 
 
 ALL_SCOPES: frozenset[Scope] = frozenset(Scope)
+# Platform scopes act across tenants (create tenants, mint or revoke any tenant's keys, set
+# tenant policies, reconcile the ledger). Only keys of the platform's admin tenant
+# (``tenants.is_admin``, created by ``bootstrap_admin``) may carry them: granting one to any
+# other tenant is refused, and one found on such a key (an old row) is ignored at
+# authentication (issue 14, item 6). Tenant scopes act within the key's own tenant.
+PLATFORM_SCOPES: frozenset[Scope] = frozenset({Scope.ADMIN})
 # owner ⊇ submit ⊇ read: an owner key can do what a submit key can, and more.
 _IMPLIES: dict[Scope, frozenset[Scope]] = {
     Scope.READ: frozenset({Scope.READ, Scope.SUBMIT, Scope.OWNER}),
@@ -46,6 +52,13 @@ class Principal:
     def has(self, scope: Scope) -> bool:
         """True when one of the key's scopes grants ``scope``."""
         return bool(self.scopes & _IMPLIES[scope])
+
+    @property
+    def is_platform_admin(self) -> bool:
+        """True for a key of the platform's admin tenant that carries a platform scope
+        (``scopes`` holds the effective scopes: authentication drops platform scopes from
+        keys of other tenants)."""
+        return bool(self.scopes & PLATFORM_SCOPES)
 
 
 @dataclass(frozen=True)
