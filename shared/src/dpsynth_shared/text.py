@@ -4,8 +4,9 @@ PostgreSQL refuses a NUL byte in ``text``/``jsonb`` and the accountant cannot ca
 an epsilon near zero; such values are refused at the edge (schemas) with a 422
 ``invalid_request``/``invalid_spec`` instead of failing deep in a service with a 500/503.
 
-* :func:`refuse_nul` walks any JSON-like value and refuses a NUL byte in any string or key;
-  the bases of the ledger's contract and the job specs run it on every body.
+* :func:`refuse_nul` walks any JSON-like value and refuses a NUL byte or a lone UTF-16
+  surrogate (JSON's ``"\ud800"``, which no UTF-8 text column can store) in any string or
+  key; the bases of the ledger's contract and the job specs run it on every body.
 * :data:`Name`: a display name or class name, no control character at all (C0, DEL, C1).
 * :data:`MIN_EPSILON`: the smallest standalone epsilon any release or job may target.
 """
@@ -29,14 +30,17 @@ MAX_DECLARED_SIZE = 10**9
 MAX_INT32 = 2**31 - 1
 """Counts stored in a 32-bit ``Integer`` column are capped below this."""
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 
 
 def refuse_nul(value: Any) -> Any:
-    """Return ``value`` unchanged, or raise ValueError if any string in it has a NUL byte."""
+    """Return ``value`` unchanged, or raise ValueError if any string in it has a NUL byte or
+    a lone surrogate (neither can be stored as UTF-8 text: PostgreSQL would fail with a 500)."""
     if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError("a string contains a NUL byte (\\x00), which is not accepted")
+        if _UNSTORABLE.search(value):
+            raise ValueError("a string contains a NUL byte (\\x00) or a lone surrogate "
+                             "(\\ud800-\\udfff), which is not accepted")
     elif isinstance(value, dict):
         for k, v in value.items():
             refuse_nul(k)
@@ -54,7 +58,7 @@ def _no_control(value: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(_no_control)]
-"""A name (dataset, tenant, class, column): no control characters."""
+"""A name (dataset, tenant, class, column): no control characters, no lone surrogate."""
 
 NulFree = Annotated[str, AfterValidator(refuse_nul)]
 """Any string that may reach SQL: no NUL byte."""
@@ -77,9 +81,10 @@ def refuse_bad_request_strings(path_params: Mapping[str, Any],
         if isinstance(value, str) and has_control(value):
             raise DpsynthError(ErrorCode.NOT_FOUND, f"no such {name}", resource=name)
     for name, value in query:
-        if "\x00" in name or "\x00" in value:
+        if _UNSTORABLE.search(name) or _UNSTORABLE.search(value):
             raise DpsynthError(ErrorCode.INVALID_REQUEST,
-                               "a query parameter contains a NUL byte (\\x00)")
+                               "a query parameter contains a NUL byte (\\x00) or a lone "
+                               "surrogate")
 
 
 class ContractBody(BaseModel):

@@ -18,6 +18,8 @@ BUDGET = {"dataset_id": "ds_" + "1" * 32, "tenant_id": "ten_x", "epsilon_limit":
     {**BUDGET, "partitions": ["a", "b\x00"]},
     {**BUDGET, "partitions": ["a", "b\t"]},
     {**BUDGET, "tenant_id": "ten_\x00"},
+    {**BUDGET, "tenant_id": "ten_\ud800"},
+    {**BUDGET, "partitions": ["a", "b\udfff"]},
     {**BUDGET, "declared_size": 10**9 + 1},
 ])
 def test_create_budget_refuses(body: dict) -> None:
@@ -40,6 +42,16 @@ def test_a_nul_anywhere_in_a_job_spec_is_refused() -> None:
             "training": {"class_map": {"x\x00": "y"}}}
     with pytest.raises(ValidationError, match="NUL"):
         FinetuneSpec.model_validate(spec)
+
+
+def test_a_lone_surrogate_anywhere_in_a_job_spec_is_refused() -> None:
+    """JSON's "\\ud800" decodes to a str that no UTF-8 column can store (a 500 before)."""
+    spec = {"type": "finetune", "dataset_id": "ds_\ud800", "base_model_id": "mdl_b",
+            "privacy": {"target_epsilon": 1.0}}
+    with pytest.raises(ValidationError, match="surrogate"):
+        FinetuneSpec.model_validate(spec)
+    with pytest.raises(DpsynthError):
+        refuse_bad_request_strings({}, [("cursor", "a\udc80")])
 
 
 def test_request_strings() -> None:
