@@ -30,6 +30,9 @@ def make_settings(database_url: str, **overrides: object) -> LedgerSettings:
         "chain_signing_key": SecretStr(generate_signing_key()),
         "anchor": AnchorSettings(path=str(anchor)),
         "lease_ttl_s": 60,
+        # views compute a missing tight figure themselves, so tests read it at once (the
+        # background worker is tested with it off: test_ledger_heavy.py)
+        "tight_inline": True,
     }
     values.update(overrides)
     return LedgerSettings(**values)  # type: ignore[arg-type]

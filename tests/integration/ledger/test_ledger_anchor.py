@@ -219,6 +219,7 @@ def test_restored_backup_is_refused_until_reconciled(settings: LedgerSettings) -
         new_budget(c, "ds_anchor_late", epsilon_limit=4.0)
         _run_job(c, "job_r2", leases=1, dataset_id="ds_anchor_late")
         before = {d: _spent(c, d) for d in (DATASET, "ds_anchor_late")}
+        tight_before = c.get(f"/v1/budgets/{DATASET}").json()["dataset_tight_epsilon"]
     restored = settings.model_copy(update={"database": settings.database.model_copy(
         update={"url": backup_url})})
     with _ledger(restored) as c:  # the ledger restarted on the restored database
@@ -251,6 +252,10 @@ def test_restored_backup_is_refused_until_reconciled(settings: LedgerSettings) -
             assert rep["spent_after"][d] >= spent, (d, rep)
             assert _spent(c, d) >= spent
         assert any(rid in n for n in rep["notes"])  # the rewound reservation was closed
+        # the restored charges are part of the realised sequence's tight figure too
+        view = c.get(f"/v1/budgets/{DATASET}").json()
+        assert view["dataset_tight_epsilon_pending"] is False, view
+        assert view["dataset_tight_epsilon"] >= tight_before * (1 - 1e-9), (view, tight_before)
         assert c.get("/readyz").status_code == 200
         assert c.get("/v1/anchor").json()["behind"] is False
         verify = c.get("/v1/chain/verify").json()

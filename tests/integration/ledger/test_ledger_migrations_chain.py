@@ -29,7 +29,7 @@ def test_migrations_up_down_up_and_autogenerate_is_empty(database_url: str) -> N
     settings = make_settings(database_url)
     upgrade(settings)
     expected = {"budgets", "accumulators", "reservations", "reservation_parts", "leases",
-                "entries", "chain_head", "evaluations",
+                "entries", "chain_head", "evaluations", "calibrations", "tight_figures",
                 "alembic_version"}
     assert _tables(database_url) == expected
     downgrade(settings, "base")

@@ -132,8 +132,11 @@ def test_leases_extension_and_fencing(client: TestClient, settings: LedgerSettin
                       json={"attempt": 1, "additional_steps": 100})
     assert ext.status_code == 200 and ext.json()["steps_reserved"] == 300
     assert _lease(client, rid, 1, 150, 100)["status"] == 201
+    too_large = client.post(f"/v1/reservations/{rid}/extend",  # beyond max_steps: unaccounted
+                            json={"attempt": 1, "additional_steps": 10_000_000})
+    assert too_large.status_code == 422 and too_large.json()["code"] == "plan_too_large"
     huge = client.post(f"/v1/reservations/{rid}/extend",
-                       json={"attempt": 1, "additional_steps": 10_000_000})
+                       json={"attempt": 1, "additional_steps": 90_000})
     assert huge.status_code == 409 and huge.json()["code"] == "privacy_budget_exhausted"
     assert huge.json()["max_additional_steps"] >= 0
     # a newer attempt's read grant fences the old attempt

@@ -43,10 +43,13 @@ def problem_response(error: DpsynthError, request: Request | None = None, *,
 
 async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DpsynthError)
-    headers = {"WWW-Authenticate": "Bearer"} if exc.code == ErrorCode.UNAUTHENTICATED else None
+    headers = {"WWW-Authenticate": "Bearer"} if exc.code == ErrorCode.UNAUTHENTICATED else {}
+    retry = exc.extensions.get("retry_after_s")  # e.g. the ledger's ledger_busy, passed on
+    if isinstance(retry, int | float) and not isinstance(retry, bool) and retry >= 0:
+        headers["Retry-After"] = str(max(1, round(retry)))
     if exc.status >= 500:
         log.warning("request failed", extra={"code": str(exc.code)})
-    return problem_response(exc, request, headers=headers)
+    return problem_response(exc, request, headers=headers or None)
 
 
 def _clean_errors(errors: Any) -> list[dict[str, Any]]:

@@ -6,7 +6,9 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.instance_proof import proof_headers
 from dpsynth_shared.metrics_auth import check_metrics_token
 from dpsynth_shared.security_headers import SecurityHeadersMiddleware
 from dpsynth_shared.text import refuse_bad_request_strings
@@ -21,9 +23,11 @@ from dpsynth_ledger.anchor import RECONCILE_HINT, ChainKeeper, build_anchor
 from dpsynth_ledger.auth import ServiceTokens
 from dpsynth_ledger.chain import adopt_existing_chain, anchor_status, install_anchor_hooks
 from dpsynth_ledger.context import LedgerContext
+from dpsynth_ledger.heavy import HeavyWork
 from dpsynth_ledger.metrics import LedgerMetrics
 from dpsynth_ledger.router import router
 from dpsynth_ledger.settings import LedgerSettings
+from dpsynth_ledger.tight import TightWorker
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +69,16 @@ def create_app(settings: LedgerSettings) -> FastAPI:
     sessions = sessionmaker(engine, expire_on_commit=False)
     install_anchor_hooks(sessions, keeper)
 
+    tight = TightWorker(sessions, settings.pld_discretization, settings.tight_poll_s)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         check_anchor_at_startup(sessions, keeper)
+        # synchronous routes run in this pool; heavy work may hold only part of it (heavy.py)
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
+        tight.start()  # the tight figures, off the request path (tight.py)
         yield
+        tight.stop()
         engine.dispose()
 
     app = FastAPI(title="dpsynth ledger", version="0.1.0", lifespan=lifespan,
@@ -79,8 +89,18 @@ def create_app(settings: LedgerSettings) -> FastAPI:
     app.state.ctx = LedgerContext(
         lease_ttl_s=settings.lease_ttl_s,
         signing_key=settings.grant_signing_key.get_secret_value(),
-        discretization=settings.pld_discretization, metrics=metrics, chain=keeper)
-    auth = ServiceTokens([t.get_secret_value() for t in settings.service_tokens])
+        discretization=settings.pld_discretization, metrics=metrics, chain=keeper,
+        heavy=HeavyWork(sessions, limits=settings.plan_limits,
+                        concurrency=settings.heavy_concurrency, wait_s=settings.heavy_wait_s,
+                        discretization=settings.pld_discretization,
+                        max_composition=settings.max_tight_composition,
+                        max_waiting=settings.heavy_queue),
+        tight_inline=settings.tight_inline)
+    auth = ServiceTokens([t.get_secret_value() for t in settings.service_tokens],
+                         admin=[t.get_secret_value() for t in settings.admin_tokens])
+    if not settings.admin_tokens:
+        log.warning("DPSYNTH_LEDGER_ADMIN_TOKENS is unset: every service token (a worker's "
+                    "too) may call /v1/admin/*; set it to the api's ledger token")
     app.include_router(router, dependencies=[Depends(auth), Depends(_refuse_bad_strings)])
     problems.install(app)
     app.add_middleware(SecurityHeadersMiddleware)
@@ -89,8 +109,20 @@ def create_app(settings: LedgerSettings) -> FastAPI:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    instance_secret = (settings.instance_secret.get_secret_value()
+                       if settings.instance_secret is not None else None)
+
     @app.get("/readyz", include_in_schema=False)
-    def readyz(request: Request) -> JSONResponse:
+    def readyz(request: Request, challenge: str | None = None) -> JSONResponse:
+        """Readiness; with ``?challenge=HEX`` every answer also carries the instance proof
+        (dpsynth_shared.instance_proof: how ``dpsynth up`` tells its own ledger from a
+        foreign server on the port)."""
+        proof = proof_headers(instance_secret, challenge)  # malformed: 400 before any work
+        answer = _readiness(request)
+        answer.headers.update(proof)
+        return answer
+
+    def _readiness(request: Request) -> JSONResponse:
         try:
             with request.app.state.engine.connect() as conn:
                 conn.execute(text("SELECT 1 FROM ledger.chain_head"))

@@ -23,10 +23,19 @@ audit_log = logging.getLogger("dpsynth_ledger.audit")
 
 
 class ServiceTokens:
-    """The accepted bearer tokens (the api's and the workers')."""
+    """The accepted bearer tokens (the api's and the workers').
 
-    def __init__(self, tokens: list[str]) -> None:
+    ``admin``: the tokens that may call ``/v1/admin/*`` (the api's); a worker's token there
+    is refused with 403 ``forbidden``, so a stolen worker token cannot reconcile every
+    tenant's budgets. Empty: every accepted token may (a deployment from before the
+    setting; the app warns at start).
+    """
+
+    def __init__(self, tokens: list[str], admin: list[str] | None = None) -> None:
         self._tokens = [t.encode() for t in tokens]
+        admin_set = {a.encode() for a in admin or []}
+        self._admin = [any(hmac.compare_digest(t, a) for a in admin_set) for t in self._tokens]
+        self._restricted = bool(admin_set)
 
     def _token_index(self, request: Request) -> int:
         """The position of the presented token among the accepted ones (401 otherwise)."""
@@ -54,6 +63,9 @@ class ServiceTokens:
         outcome = "error"
         try:
             index = self._token_index(request)
+            if self._restricted and not self._admin[index]:
+                raise DpsynthError(ErrorCode.FORBIDDEN, "this service token may not call the "
+                                   "ledger's admin operations (DPSYNTH_LEDGER_ADMIN_TOKENS)")
             yield
             outcome = "ok"
         except DpsynthError as exc:

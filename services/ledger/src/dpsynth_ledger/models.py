@@ -186,3 +186,38 @@ class EvaluationRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     touched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     grants: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class CalibrationRow(Base):
+    """A calibrated σ of one job shape, shared by every ledger process (a cache: derived,
+    never part of the chain). ``shape`` is the canonical key of all the other key columns."""
+
+    __tablename__ = "calibrations"
+
+    shape: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    target_epsilon: Mapped[float] = mapped_column(Double)
+    sample_rate: Mapped[float] = mapped_column(Double)
+    steps: Mapped[int] = mapped_column(BigInteger)
+    delta: Mapped[float] = mapped_column(Double)
+    relation: Mapped[str] = mapped_column(String(16))
+    discretization: Mapped[float] = mapped_column(Double)
+    accountant: Mapped[str] = mapped_column(Text)
+    sigma: Mapped[float] = mapped_column(Double)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TightFigure(Base):
+    """The tight PLD figure of a dataset's realised sequence through chain entry ``seq``
+    (``events`` charging events), computed in the background (a cache: derived, never part
+    of the chain; the filter alone admits)."""
+
+    __tablename__ = "tight_figures"
+
+    dataset_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    discretization: Mapped[float] = mapped_column(Double, primary_key=True)
+    accountant: Mapped[str] = mapped_column(Text)
+    events: Mapped[int] = mapped_column(Integer)
+    epsilon: Mapped[float] = mapped_column(Double)
+    computed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

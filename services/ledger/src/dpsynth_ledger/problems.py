@@ -20,7 +20,10 @@ def problem_response(err: DpsynthError, instance: str | None = None) -> JSONResp
     status = LEDGER_STATUS.get(err.code, 500) if isinstance(err.code, ErrorCode) else 500
     body = err.to_problem(instance).model_dump(exclude_none=True)
     body["status"] = status
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_CONTENT_TYPE)
+    retry = err.extensions.get("retry_after_s")  # ledger_busy: when to come back
+    headers = {"Retry-After": str(int(retry))} if isinstance(retry, int | float) else None
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_CONTENT_TYPE,
+                        headers=headers)
 
 
 def install(app: FastAPI) -> None:

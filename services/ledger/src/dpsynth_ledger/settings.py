@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Literal
 
 from dpsynth_shared.grants import check_public_keys, public_key_of
+from dpsynth_shared.ledger_contract import PlanLimits
 from dpsynth_shared.settings import DatabaseSettings, require_strong_secret
-from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,6 +40,10 @@ class LedgerSettings(BaseSettings):
 
     database: DatabaseSettings
     service_tokens: list[SecretStr] = Field(min_length=1)
+    admin_tokens: list[SecretStr] = Field(
+        default_factory=list, description="the service tokens that may call /v1/admin/* "
+        "(reconciliation across every tenant's budgets): the api's; each must also be in "
+        "service_tokens. Empty: every service token may (a warning at start), as before")
     grant_signing_key: SecretStr
     chain_signing_key: SecretStr = Field(description="Ed25519 key that signs every chain "
                                          "entry (separate from the grant key)")
@@ -51,7 +56,29 @@ class LedgerSettings(BaseSettings):
     port: int = 8100
     log_level: str = "INFO"
     migrations_dir: Path | None = None
-    pld_discretization: float = Field(1e-3, gt=0, le=0.1)
+    pld_discretization: float = Field(1e-3, ge=1e-4, le=0.1, description="PLD value "
+                                      "interval: the grid of every PLD is ~range/interval "
+                                      "points, so it is bounded below")
+    plan_limits: PlanLimits = Field(default_factory=PlanLimits, description="bounds on the "
+                                    "accounting one plan may cause (422 plan_too_large)")
+    heavy_concurrency: int = Field(2, ge=1, description="heavy computations (calibrations "
+                                   "of new shapes, dry-run tight figures, recompute reports) "
+                                   "run at once; beyond: 503 ledger_busy with Retry-After")
+    heavy_wait_s: float = Field(60.0, ge=0, description="how long a heavy request waits "
+                                "for a free slot before it is answered 503 ledger_busy")
+    heavy_queue: int = Field(32, ge=0, description="heavy requests that may wait for a slot "
+                             "at once (beyond: 503 ledger_busy at once)")
+    threads: int = Field(100, ge=8, description="the server's worker threads (every route "
+                         "is synchronous); heavy work holds at most heavy_concurrency + "
+                         "heavy_queue of them")
+    max_tight_composition: int = Field(256, ge=1, description="distinct runs a dry run's "
+                                       "tight figure may compose on the request path (beyond: "
+                                       "the plan's dataset_tight_epsilon_after is None)")
+    tight_poll_s: float = Field(1.0, gt=0, description="how often the background worker "
+                                "looks for charging events without a tight figure")
+    tight_inline: bool = Field(False, description="compute a missing tight figure in the "
+                               "request that reads it (tests only: it puts the PLD back on "
+                               "the request path)")
     db_wait_s: float = Field(30.0, ge=0)
     metrics_max_datasets: int = Field(100, ge=0, description="datasets with per-dataset "
                                       "budget gauges (highest spent fraction first)")
@@ -60,11 +87,23 @@ class LedgerSettings(BaseSettings):
                                       "only the aggregates")
     metrics_token: SecretStr | None = Field(None, description="bearer token a scrape of "
                                             "/metrics must present (unset: /metrics is open)")
+    instance_secret: SecretStr | None = Field(
+        None, description="per-start secret: /readyz?challenge=HEX answers with its HMAC "
+        "(header Dpsynth-Instance-Proof) so a launcher can tell this process from a foreign "
+        "server on the port; `dpsynth up` sets a fresh one each start")
 
     @field_validator("service_tokens")
     @classmethod
     def _strong_tokens(cls, tokens: list[SecretStr]) -> list[SecretStr]:
         return [require_strong_secret(t, "DPSYNTH_LEDGER_SERVICE_TOKENS") for t in tokens]
+
+    @model_validator(mode="after")
+    def _admin_tokens_are_service_tokens(self) -> LedgerSettings:
+        accepted = {t.get_secret_value() for t in self.service_tokens}
+        if any(t.get_secret_value() not in accepted for t in self.admin_tokens):
+            raise ValueError("every DPSYNTH_LEDGER_ADMIN_TOKENS entry must also be one of "
+                             "DPSYNTH_LEDGER_SERVICE_TOKENS")
+        return self
 
     @field_validator("metrics_token")
     @classmethod

@@ -18,9 +18,10 @@ from dpsynth_shared.ledger_contract import (
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
-from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon, pld_epsilon
-from dpsynth_ledger.book import Run, disjoint_of, figures, flt, runs
+from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon
+from dpsynth_ledger.book import Run, figures, flt, runs
 from dpsynth_ledger.models import Budget, Entry, ReservationRow
+from dpsynth_ledger.tight import TightState, compute_missing, released_kind, tight_state
 
 
 def event_of(run: Run, steps: int) -> DpSgdEvent:
@@ -72,11 +73,6 @@ def reservation_view(res: ReservationRow, budget: Budget, discretization: float)
     )
 
 
-def granted_events(reservations: list[ReservationRow]) -> list[DpSgdEvent | ParallelEvent]:
-    """The DP events actually granted (what ran or may have run)."""
-    return [job_event(r, lambda u: u.steps_granted) for r in reservations if r.steps_granted]
-
-
 def released_events(session: Session, dataset_id: str) -> list[GaussianEvent]:
     """The dataset's charged one-shot releases (class-size histograms), from the chain."""
     return [GaussianEvent.model_validate(e.payload["event"])
@@ -92,66 +88,45 @@ def holdout_events(entries: list[Entry]) -> list[GaussianEvent]:
             if e.kind == "dp_evaluation_released"]
 
 
-def _granted_event(key: tuple[str | None, float, float],
-                   steps: int) -> DpSgdEvent | ParallelEvent:
-    label, sigma, q = key
-    event = DpSgdEvent(noise_multiplier=sigma, sample_rate=q, steps=steps)
-    return event if label is None else ParallelEvent(partitions={label: event})
-
-
-def _history(entries: list[Entry], delta: float, discretization: float,
-             relation: str | None = None, disjoint: bool = True) -> list[Charge]:
-    """Charges with the filter figure and the tight figure after each entry."""
-    granted: dict[tuple[str | None, float, float], int] = {}
-    tight = 0.0
-    released: list[GaussianEvent] = []
-    held_out: list[GaussianEvent] = []
+def _history(entries: list[Entry], tight: TightState) -> list[Charge]:
+    """Charges with the filter figure and the tight figure after each entry (the background
+    worker's figure of the newest charging entry at or before it; None: not computed yet)."""
+    after: float | None = 0.0
     out: list[Charge] = []
     for e in entries:
         p: dict[str, Any] = e.payload
-        if e.kind == "histogram_released":  # one Gaussian on the whole dataset
-            released.append(GaussianEvent.model_validate(p["event"]))
-        elif e.kind == "dp_evaluation_released":  # the held-out partition only
-            held_out.append(GaussianEvent.model_validate(p["event"]))
-        elif e.kind == "lease_granted":
-            ev = p["event"]
-            # a per-label lease names its class: it composes only with that class's record
-            key = (p.get("label"), float(ev["noise_multiplier"]), float(ev["sample_rate"]))
-            granted[key] = granted.get(key, 0) + int(ev["steps"])
-        if e.kind in ("lease_granted", "histogram_released", "dp_evaluation_released"):
-            tight = max(pld_epsilon([*(_granted_event(k, n) for k, n in granted.items()),
-                                     *released], delta, discretization, dataset=relation,
-                                    disjoint=disjoint),
-                        pld_epsilon(held_out, delta, discretization, dataset=relation))
+        if released_kind(e) is not None:
+            after = tight.after_seq.get(e.seq)
         rdp_delta = max((float(v) for v in p.get("rdp_delta", {}).values()), default=0.0)
         out.append(Charge(
             seq=e.seq, at=e.at, kind=e.kind, job_id=p.get("job_id"),
             reservation_id=p.get("reservation_id"), steps=p.get("steps"), rdp_delta=rdp_delta,
             dataset_epsilon_spent_after=p.get("figures", {}).get("dataset_epsilon_spent"),
-            dataset_tight_epsilon_after=tight,
+            dataset_tight_epsilon_after=after,
         ))
     return out
 
 
 def budget_view(session: Session, budget: Budget, discretization: float,
-                with_history: bool = True) -> BudgetView:
-    """The dataset's budget with its filter and tight figures (and charge history)."""
+                with_history: bool = True, *, inline: bool = False) -> BudgetView:
+    """The dataset's budget with its filter figures, the tight figure as far as the
+    background worker has computed it (tight.py), and the charge history.
+
+    ``inline`` (tests only) first computes the missing tight figures in this request, in a
+    session of its own (the caller's transaction may hold the budget's lock).
+    """
+    if inline:
+        with Session(bind=session.get_bind()) as own:
+            while compute_missing(own, discretization, dataset_id=budget.dataset_id):
+                pass
     accs = repo.accumulators(session, budget.dataset_id)
     fig = figures(budget, accs)
     f = flt(budget)
-    reservations = repo.reservations_of(session, budget.dataset_id)
     entries = repo.entries(session, dataset_id=budget.dataset_id)
-    tight = max(pld_epsilon([*granted_events(reservations),
-                             *released_events(session, budget.dataset_id)], budget.delta,
-                            discretization, dataset=budget.neighbouring,
-                            disjoint=disjoint_of(budget)),
-                pld_epsilon(holdout_events(entries), budget.delta, discretization,
-                            dataset=budget.neighbouring))
+    tight = tight_state(session, entries, budget.dataset_id, discretization)
     warning_fraction = (budget.warning_fraction if budget.warning_fraction is not None
                         else DEFAULT_WARNING_FRACTION)
-    history = (_history(entries, budget.delta,
-                        discretization, budget.neighbouring, disjoint_of(budget))
-               if with_history else [])
+    history = _history(entries, tight) if with_history else []
     return BudgetView(
         dataset_id=budget.dataset_id, tenant_id=budget.tenant_id,
         epsilon_limit=budget.epsilon_limit, delta=budget.delta,
@@ -162,7 +137,8 @@ def budget_view(session: Session, budget: Budget, discretization: float,
         dataset_epsilon_spent=fig["dataset_epsilon_spent"],
         dataset_epsilon_reserved=fig["dataset_epsilon_reserved"],
         dataset_epsilon_remaining=fig["dataset_epsilon_remaining"],
-        dataset_tight_epsilon=tight,
+        dataset_tight_epsilon=tight.epsilon, dataset_tight_epsilon_as_of=tight.as_of,
+        dataset_tight_epsilon_pending=tight.pending,
         partitions={p: a.committed for p, a in sorted(accs.items())},
         class_sizes=dict(budget.class_sizes) if budget.class_sizes is not None else None,
         privacy_unit=PrivacyUnit(budget.privacy_unit or PrivacyUnit.IMAGE),

@@ -19,7 +19,13 @@ from dpsynth_shared.job_specs import (
     steps_for,
 )
 from dpsynth_shared.job_states import Actor, JobState
-from dpsynth_shared.ledger_contract import LabelShape, Reservation, ReserveRequest
+from dpsynth_shared.ledger_contract import (
+    LabelShape,
+    PlanLimits,
+    Reservation,
+    ReserveRequest,
+    check_plan_size,
+)
 from dpsynth_shared.release_contract import EvaluationRequest
 from sqlalchemy.orm import Session
 
@@ -119,6 +125,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
         shapes = per_label_shapes(dataset, spec)
         reserve = ReserveRequest(job_id=job_id, dataset_id=budget_id,
                                  target_epsilon=spec.privacy.target_epsilon, per_label=shapes)
+        check_plan_size(reserve, PlanLimits())  # the ledger's default bounds, refused early
         return _Resolved(dataset=dataset, model_id=base.id, reserve=reserve,
                          steps=sum(shape.steps for shape in shapes.values()))
     if batch > dataset.declared_size:
@@ -131,6 +138,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
     reserve = ReserveRequest(job_id=job_id, dataset_id=budget_id,
                              target_epsilon=spec.privacy.target_epsilon,
                              expected_batch_size=batch, steps=steps, population_size=population)
+    check_plan_size(reserve, PlanLimits())  # the ledger's default bounds, refused early
     return _Resolved(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve)
 
 

@@ -47,6 +47,10 @@ DEFAULT_DISCRETIZATION = 1e-3
 MAX_NOISE_MULTIPLIER = 1e4
 CALIBRATION_RTOL = 1e-3
 ACCOUNTANT_NAME = "rdp-filter(dp_accounting 0.6.0) + pld(dp_accounting 0.6.0)"
+MAX_CALIBRATED_STEPS = 10**7
+"""No calibration beyond this many steps, whoever asks: the ledger's plan limits
+(``PlanLimits``, settings) sit far below it, and a calibration of 2·10^13 steps once kept a
+ledger busy for minutes (issue 14, item 1)."""
 
 _Key = tuple[tuple[str, float, float, int], ...]
 
@@ -217,8 +221,11 @@ def calibrate_noise_multiplier(target_epsilon: float, sample_rate: float, steps:
     (RDP ε ≥ PLD ε); false position keeps it to ~7 PLD evaluations (cached per shape).
 
     Raises:
-        ValueError: when even σ = 1e4 does not reach the target.
+        ValueError: when even σ = 1e4 does not reach the target, or beyond
+            :data:`MAX_CALIBRATED_STEPS`.
     """
+    if steps > MAX_CALIBRATED_STEPS:
+        raise ValueError(f"{steps} steps: no calibration beyond {MAX_CALIBRATED_STEPS}")
     key = (target_epsilon, sample_rate, steps, delta, discretization,
            _replace_one(dataset))
     with _SHAPE_GUARD:  # concurrent requests of one shape compute it once, then hit the cache

@@ -14,6 +14,7 @@ from dpsynth_shared.ledger_contract import (
     LabelPlan,
     Plan,
     PlanRequest,
+    check_plan_size,
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -28,7 +29,6 @@ from dpsynth_ledger.accounting import (
     WHOLE_DATASET,
     add_up,
     admission_order,
-    calibrate_noise_multiplier,
     charge_step,
     check_neighbouring,
     dp_sgd_epsilon,
@@ -101,7 +101,7 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
     if request.size_release is not None:  # the budget's first DP event, same transaction
         sizes.record_size_release(session, budget, request, ctx)
     session.commit()
-    return budget_view(session, budget, ctx.discretization)
+    return budget_view(session, budget, ctx.discretization, inline=ctx.tight_inline)
 
 
 def check_class_sizes(request: CreateBudget) -> None:
@@ -139,7 +139,8 @@ def get_budget(session: Session, *, dataset_id: str, ctx: LedgerContext,
     budget = repo.get_budget(session, dataset_id)
     if budget is None:
         raise NotFound("budget", dataset_id)
-    return budget_view(session, budget, ctx.discretization, with_history)
+    return budget_view(session, budget, ctx.discretization, with_history,
+                       inline=ctx.tight_inline)
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,7 @@ def _run(budget: Budget, *, partition: str, target: float, batch: int, steps: in
     # charged through group privacy at distance 2 (charge_step: 3·RDP_add/remove(2α*))
     relation = budget.neighbouring
     try:
-        sigma = calibrate_noise_multiplier(target, q, steps, budget.delta, ctx.discretization,
-                                           relation)
+        sigma = ctx.heavy.noise_multiplier(target, q, steps, budget.delta, relation)
     except ValueError as exc:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
     per_step = charge_step(sigma, q, budget.admission_order, relation)
@@ -190,10 +190,12 @@ def plan_runs(budget: Budget, request: PlanRequest, ctx: LedgerContext) -> list[
     """The candidate's runs: one on ``"*"``, or one per class for a per-label job.
 
     Raises:
-        DpsynthError: ``invalid_spec`` for a per-label job on a dataset without declared
-            class sizes; ``invalid_request`` for a class outside the declared labels;
+        DpsynthError: ``plan_too_large`` beyond the ledger's plan limits; ``invalid_spec``
+            for a per-label job on a dataset without declared class sizes;
+            ``invalid_request`` for a class outside the declared labels;
             ``unsupported_neighbouring`` for a replace-one job on an add/remove dataset.
     """
+    check_plan_size(request, ctx.heavy.limits)  # before any calibration (plan_too_large)
     check_neighbouring(DpSgdEvent(noise_multiplier=1.0, sample_rate=1.0, steps=0,
                                   neighbouring=request.neighbouring), budget.neighbouring)
     population = request.population_size
@@ -267,12 +269,13 @@ def make_plan(session: Session, *, request: PlanRequest, ctx: LedgerContext) -> 
 
 
 def plan_with_runs(session: Session, *, request: PlanRequest, ctx: LedgerContext,
-                   with_max_target: bool = True) -> tuple[Plan, list[RunPlan]]:
+                   with_report: bool = True) -> tuple[Plan, list[RunPlan]]:
     """:func:`make_plan` and the calibrated runs behind it (for the reservation rows).
 
-    ``with_max_target=False`` skips the largest admissible target (a bisection over PLD
-    evaluations, ~80% of an admission's time in benchmarks/service_load.py): a reservation
-    that is admitted does not need it, and a refusal computes it under the lock.
+    ``with_report=False`` (an admission) skips the largest admissible target and the tight
+    figure after the job (PLD evaluations that were most of an admission's time): a
+    reservation that is admitted does not need them, and a refusal computes the first.
+    With them (plans, dry runs) they are computed in a heavy slot (heavy.py).
     """
     budget = repo.get_budget(session, request.dataset_id)
     if budget is None:
@@ -283,17 +286,19 @@ def plan_with_runs(session: Session, *, request: PlanRequest, ctx: LedgerContext
     plan = plan_from(budget, accs=accs, reservations=reservations, runs=runs,
                      per_label=request.per_label is not None, ctx=ctx,
                      released=released_events(session, budget.dataset_id),
-                     with_max_target=with_max_target)
+                     with_report=with_report)
     return plan, runs
 
 
 def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],  # type: ignore[type-arg]
               runs: list[RunPlan], per_label: bool, ctx: LedgerContext,
               released: list[GaussianEvent] | None = None,
-              with_max_target: bool = True) -> Plan:
+              with_report: bool = True) -> Plan:
     """The plan of a calibrated job against a snapshot of the dataset's accounts
     (``released``: the dataset's charged one-shot releases, for the tight figure;
-    ``with_max_target=False``: the largest admissible target is left out, None)."""
+    ``with_report=False``: the largest admissible target and the tight figure after the
+    job are left out, None; the tight figure is also None when the composition is longer
+    than ``max_tight_composition``)."""
     f = flt(budget)
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
@@ -320,6 +325,14 @@ def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],
             event=r.event, expected_batch_size=r.batch, class_size=r.size,
             job_epsilon=r.job_epsilon, rdp_per_step=r.rdp_per_step, rdp_total=r.rdp_total)
             for r in runs}
+    best: float | None = None
+    tight_after: float | None = None
+    if with_report:
+        with ctx.heavy.slot("a plan's report figures"):
+            best = max_target(budget, runs, committed=committed, reserved=reserved, ctx=ctx)
+            if len(fixed) + len(runs) <= ctx.heavy.max_composition:
+                tight_after = pld_epsilon([*fixed, event], budget.delta, ctx.discretization,
+                                          dataset=budget.neighbouring, disjoint=disjoint)
     return Plan(
         dataset_id=budget.dataset_id, event=event,
         expected_batch_size=None if per_label else runs[0].batch,
@@ -329,14 +342,9 @@ def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],
         rdp_total=rdp_total,
         dataset_epsilon_spent_before=figures(budget, accs)["dataset_epsilon_spent"],
         dataset_epsilon_spent_after=f.epsilon(after),
-        dataset_tight_epsilon_after=pld_epsilon([*fixed, event], budget.delta,
-                                                ctx.discretization,
-                                                dataset=budget.neighbouring,
-                                                disjoint=disjoint),
+        dataset_tight_epsilon_after=tight_after,
         admissible=f.admits(committed=committed, reserved=reserved, new=new),
-        max_admissible_target_epsilon=max_target(budget, runs, committed=committed,
-                                                  reserved=reserved, ctx=ctx)
-        if with_max_target else None,
+        max_admissible_target_epsilon=best,
         accountant=ACCOUNTANT_NAME, per_label=labels, composition=composition, notes=notes,
     )
 

@@ -42,7 +42,6 @@ from dpsynth_ledger.accounting import (
     ACCOUNTANT_NAME,
     HOLDOUT,
     add_up,
-    calibrate_gaussian_sigma,
     gaussian_discretization,
     gaussian_epsilon,
     rdp_at_order,
@@ -71,8 +70,7 @@ def event_of(budget: Budget, request: DpEvaluationRequest,
     and its standalone PLD epsilon."""
     s = sensitivity(len(request.metrics))
     try:
-        multiplier = calibrate_gaussian_sigma(request.target_epsilon, budget.delta,
-                                              ctx.discretization)
+        multiplier = ctx.heavy.gaussian_sigma(request.target_epsilon, budget.delta)
     except ValueError as exc:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
     event = GaussianEvent(sigma=multiplier * s, sensitivity=s,

@@ -38,7 +38,6 @@ from dpsynth_ledger.accounting import (
     ACCOUNTANT_NAME,
     WHOLE_DATASET,
     add_up,
-    calibrate_gaussian_sigma,
     gaussian_discretization,
     gaussian_epsilon,
     rdp_at_order,
@@ -87,7 +86,7 @@ def _event(budget: Budget, target: float, ctx: LedgerContext) -> tuple[GaussianE
     """The calibrated release and its standalone PLD epsilon."""
     s = sensitivity(budget.neighbouring)
     try:
-        multiplier = calibrate_gaussian_sigma(target, budget.delta, ctx.discretization)
+        multiplier = ctx.heavy.gaussian_sigma(target, budget.delta)
     except ValueError as exc:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
     event = GaussianEvent(sigma=multiplier * s, sensitivity=s,
@@ -233,4 +232,4 @@ def set_class_sizes(session: Session, *, dataset_id: str, request: SetClassSizes
         "class_sizes": sizes, "source": request.source, "release_id": request.release_id,
         "release_seq": release.seq})
     session.commit()
-    return budget_view(session, budget, ctx.discretization)
+    return budget_view(session, budget, ctx.discretization, inline=ctx.tight_inline)

@@ -186,12 +186,20 @@ def job_epsilon(session: Session, *, request: JobEpsilonRequest,
     events = [job_event(r, steps_of) for r in rows if r.steps_granted]
     labels = sorted({p.partition for r in rows if r.per_label for p in r.parts})
     relation, disjoint = budget.neighbouring, disjoint_of(budget)
-    per_label = {c: pld_epsilon(_restricted(events, c), budget.delta, ctx.discretization,
-                                dataset=relation) for c in labels} or None
+    if len(rows) > ctx.heavy.max_composition:
+        raise DpsynthError(ErrorCode.PLAN_TOO_LARGE,
+                           f"the model composes {len(rows)} reservations; the ledger composes "
+                           f"at most {ctx.heavy.max_composition} (max_tight_composition)",
+                           bound="max_tight_composition", limit=ctx.heavy.max_composition,
+                           value=len(rows))
+    with ctx.heavy.slot("a model's epsilon"):  # a PLD composition per class, and overall
+        per_label = {c: pld_epsilon(_restricted(events, c), budget.delta, ctx.discretization,
+                                    dataset=relation) for c in labels} or None
+        epsilon = pld_epsilon(events, budget.delta, ctx.discretization, dataset=relation,
+                              disjoint=disjoint)
     return JobEpsilon(
         dataset_id=budget.dataset_id, reservation_ids=request.reservation_ids,
-        job_epsilon=pld_epsilon(events, budget.delta, ctx.discretization, dataset=relation,
-                                disjoint=disjoint),
+        job_epsilon=epsilon,
         delta=budget.delta, steps_granted=sum(r.steps_granted for r in rows),
         steps_used=sum(counted), accountant=ACCOUNTANT_NAME, per_label=per_label)
 

@@ -117,7 +117,7 @@ def update_limit(session: Session, *, dataset_id: str, request: LimitUpdate,
             "warning_fraction_before": fraction_before,
             "warning_fraction": request.warning_fraction})
     session.commit()
-    return budget_view(session, budget, ctx.discretization)
+    return budget_view(session, budget, ctx.discretization, inline=ctx.tight_inline)
 
 
 def chain_key(session: Session) -> ChainKey:
@@ -212,7 +212,8 @@ def verify_dataset(session: Session, *, dataset_id: str, ctx: LedgerContext) -> 
         replay.apply(entry, problems)
         recorded: Any = entry.payload.get("figures") or {}
         checked += 1 if recorded.get("dataset_epsilon_spent") is not None else 0
-    view = budget_view(session, budget, ctx.discretization, with_history=False)
+    view = budget_view(session, budget, ctx.discretization, with_history=False,
+                       inline=ctx.tight_inline)
     details: dict[str, Any] = {"chain_entries": chain.entries, "dataset_entries": len(entries),
                                "figures_checked": checked,
                                "problems_elsewhere": len(chain.problems) - len(
@@ -309,10 +310,11 @@ def recompute(session: Session, *, dataset_id: str, ctx: LedgerContext) -> Recom
     if spent_now != fig["dataset_epsilon_spent"]:
         differences.append(f"dataset_epsilon_spent: stored {fig['dataset_epsilon_spent']}, "
                            f"recomputed {spent_now}")
-    tight = max(pld_epsilon(_tight_events(entries), delta, ctx.discretization,
-                            dataset=budget.neighbouring, disjoint=disjoint_of(budget)),
-                pld_epsilon(holdout_events(entries), delta, ctx.discretization,
-                            dataset=budget.neighbouring))
+    with ctx.heavy.slot("a recompute report"):  # O(history): an audit, rationed
+        tight = max(pld_epsilon(_tight_events(entries), delta, ctx.discretization,
+                                dataset=budget.neighbouring, disjoint=disjoint_of(budget)),
+                    pld_epsilon(holdout_events(entries), delta, ctx.discretization,
+                                dataset=budget.neighbouring))
     return RecomputeReport(
         dataset_id=dataset_id, accountant=ACCOUNTANT_NAME,
         conversion_recorded=created.get("conversion"), conversion=CONVERSION_NAME,

@@ -220,6 +220,7 @@ def _reapply(session: Session, record: dict[str, Any], budgets: dict[str, Budget
             "source": "anchor", "restored_from": origin,
             "restored_kind": payload.get("restored_kind", kind),
             "job_id": payload.get("job_id"), "reservation_id": payload.get("reservation_id"),
+            "label": payload.get("label"),
             "release_id": payload.get("release_id"), "event": payload.get("event"),
             "steps": payload.get("steps"), "rdp_delta": delta,
             "accumulators_after": snapshot(accs), "figures": figures(budget, accs)})

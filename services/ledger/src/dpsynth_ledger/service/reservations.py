@@ -127,7 +127,7 @@ def reserve(session: Session, *, request: ReserveRequest,
         dataset_id=request.dataset_id, target_epsilon=request.target_epsilon,
         expected_batch_size=request.expected_batch_size, steps=request.steps,
         per_label=request.per_label, population_size=request.population_size), ctx=ctx,
-        with_max_target=request.dry_run)
+        with_report=request.dry_run)
     if request.dry_run:
         return plan
     session.commit()  # end the read transaction: the decision is taken under the lock only
@@ -163,8 +163,8 @@ def reserve(session: Session, *, request: ReserveRequest,
             f"order {budget.admission_order} would exceed the budget"
             + (" of a class it trains" if request.per_label is not None else ""),
             **{k: v for k, v in numbers.items() if k != "accumulators"},
-            max_admissible_target_epsilon=max_target(budget, runs_, committed=committed,
-                                                     reserved=reserved, ctx=ctx))
+            max_admissible_target_epsilon=_max_target_if_free(
+                budget, runs_, committed=committed, reserved=reserved, ctx=ctx))
     repo.add(session, res)
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id),
                      disjoint_of(budget))
@@ -173,6 +173,20 @@ def reserve(session: Session, *, request: ReserveRequest,
     ctx.metrics.accepted("reservation")
     view = reservation_view(res, budget, ctx.discretization)
     return view.model_copy(update={"plan": plan})
+
+
+def _max_target_if_free(budget: Budget, runs_: list[RunPlan], *,
+                        committed: dict[str, float], reserved: dict[str, float],
+                        ctx: LedgerContext) -> float | None:
+    """A refusal's largest admissible target, in a heavy slot; None when every slot is
+    taken (the refusal itself must not turn into ``ledger_busy``)."""
+    try:
+        with ctx.heavy.slot("a refusal's largest admissible target"):
+            return max_target(budget, runs_, committed=committed, reserved=reserved, ctx=ctx)
+    except DpsynthError as exc:
+        if exc.code == ErrorCode.LEDGER_BUSY:
+            return None
+        raise
 
 
 def check_live(res: ReservationRow, attempt: int) -> None:
@@ -193,10 +207,12 @@ def extend(session: Session, *, reservation_id: str, request: ExtendRequest,
 
     Raises:
         BudgetExhausted: 409 when the filter refuses (recorded in the chain first).
+        DpsynthError: 422 ``plan_too_large`` when the run would exceed ``max_steps``.
     """
     budget, res = locked(session, reservation_id)
     check_live(res, request.attempt)
     run = run_of(res, request.partition)
+    ctx.heavy.check_steps(run.steps_reserved + request.additional_steps)
     accs = repo.accumulators(session, budget.dataset_id)
     added = mul_up(request.additional_steps, run.rdp_per_step)
     new = {p: added for p in touched(run.partition, accs, disjoint_of(budget))}

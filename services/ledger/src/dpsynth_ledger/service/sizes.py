@@ -32,7 +32,6 @@ from dpsynth_ledger.accounting import (
     WHOLE_DATASET,
     RdpFilter,
     admission_order,
-    calibrate_gaussian_sigma,
     epsilon_to_rdp_budget,
     gaussian_discretization,
     gaussian_epsilon,
@@ -64,7 +63,7 @@ def _calibrated(target: float, delta: float, neighbouring: Neighbouring,
                            "add/remove datasets: under replace-one the size is public (a "
                            "replacement never changes it); declare it instead")
     try:
-        multiplier = calibrate_gaussian_sigma(target, delta, ctx.discretization)
+        multiplier = ctx.heavy.gaussian_sigma(target, delta)
     except ValueError as exc:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
     event = GaussianEvent(sigma=multiplier, sensitivity=1.0, neighbouring=neighbouring)

@@ -1,0 +1,34 @@
+"""A problem that says when to come back carries ``Retry-After`` (issue 14, item 1: the
+ledger's 503 ``ledger_busy`` passed on by the api must keep its hint)."""
+
+from __future__ import annotations
+
+from dpsynth_api.errors import install_error_handlers
+from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+
+def _app() -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/busy")
+    def busy() -> None:  # as the ledger adapter raises it from the ledger's problem body
+        raise error_from_problem({"type": "about:blank", "title": "busy", "status": 503,
+                                  "detail": "no slot", "code": "ledger_busy",
+                                  "retry_after_s": 2.4})
+
+    @app.get("/plain")
+    def plain() -> None:
+        raise DpsynthError(ErrorCode.LEDGER_UNAVAILABLE, "down")
+
+    return app
+
+
+def test_retry_after_follows_the_problem() -> None:
+    client = TestClient(_app())
+    r = client.get("/busy")
+    assert r.status_code == 503 and r.json()["code"] == "ledger_busy"
+    assert r.headers["retry-after"] == "2"
+    assert "retry-after" not in client.get("/plain").headers
