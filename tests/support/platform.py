@@ -81,6 +81,7 @@ class ServicePlatform:
             "DPSYNTH_LEDGER_DATABASE__URL": self.database_url,
             "DPSYNTH_LEDGER_SERVICE_TOKENS": json.dumps(
                 [self.api_ledger_token, self.worker_ledger_token]),
+            "DPSYNTH_LEDGER_ADMIN_TOKENS": json.dumps([self.api_ledger_token]),
             "DPSYNTH_LEDGER_GRANT_SIGNING_KEY": self.signing_key,
             "DPSYNTH_LEDGER_CHAIN_SIGNING_KEY": self.chain_signing_key,
             "DPSYNTH_LEDGER_ANCHOR__PATH": str(self.anchor_path),

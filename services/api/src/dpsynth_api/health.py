@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.instance_proof import proof_headers
 from dpsynth_shared.metrics_auth import check_metrics_token
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -37,24 +38,34 @@ def _checks(ctx: AppContext) -> dict[str, bool]:
 
 
 @router.get("/readyz", response_model=None)
-def readyz(ctx: ContextDep) -> JSONResponse | dict[str, object]:
+def readyz(ctx: ContextDep, response: Response,
+           challenge: str | None = None) -> JSONResponse | dict[str, object]:
     """Ready when the database, the ledger and the broker answer (503 otherwise).
 
     A ledger behind its anchor (its database restored from a backup) still counts as
     answering: it serves reads and refuses every write until an operator runs
     ``dpsynth ledger reconcile-after-restore`` through THIS api, so taking the api out of
     service then would block the fix. The body says so in ``warnings``.
+
+    With ``?challenge=HEX`` and an instance secret configured, the answer (200 or 503)
+    carries ``Dpsynth-Instance-Proof``: how ``dpsynth up`` knows that this is the process it
+    started and not a foreign server on the port (dpsynth_shared.instance_proof).
     """
+    secret = ctx.settings.instance_secret
+    proof = proof_headers(secret.get_secret_value() if secret is not None else None, challenge)
     checks = _checks(ctx)
     if all(checks.values()):
         body: dict[str, object] = {"status": "ready", "checks": checks}
         if ctx.ledger.behind_anchor():
             body["warnings"] = ["ledger_behind_anchor: the ledger refuses admissions until "
                                 "`dpsynth ledger reconcile-after-restore` is run"]
+        response.headers.update(proof)
         return body
     failing = sorted(k for k, ok in checks.items() if not ok)
-    return problem_response(DpsynthError(ErrorCode.SERVICE_UNAVAILABLE,
-                                         f"not ready: {', '.join(failing)}", checks=checks))
+    problem = problem_response(DpsynthError(ErrorCode.SERVICE_UNAVAILABLE,
+                                            f"not ready: {', '.join(failing)}", checks=checks))
+    problem.headers.update(proof)
+    return problem
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -1,6 +1,7 @@
 """The embedded platform (``dpsynth up``): every service as a local process."""
 
-from dpsynth_cli.embedded.platform import EmbeddedPlatform, PlatformError, PlatformState
+from dpsynth_cli.embedded.platform import EmbeddedPlatform, PlatformState
+from dpsynth_cli.embedded.processes import PlatformError
 from dpsynth_cli.embedded.secrets import PlatformSecrets, load_or_create_secrets
 
 __all__ = ["EmbeddedPlatform", "PlatformError", "PlatformSecrets", "PlatformState",

@@ -9,9 +9,16 @@ object-store folder, then ``python -m dpsynth_ledger``, ``python -m dpsynth_api`
 Layout of ``home``: ``pg/`` (pgdata), ``redis/`` (AOF, ``redis.conf`` with the password,
 0600), ``objects/``, ``work/``, ``logs/<name>.log``, ``secrets.json`` and
 ``credentials.json`` (0600), ``platform.json`` (0600: pids, ports, urls of the running
-platform, the Redis URL with its password), ``ledger-anchor.jsonl`` (the ledger's
-append-only anchor of signed entries: outside ``pg/``, so a restored database cannot
-rewind it).
+platform, the Redis URL with its password, this start's instance secrets),
+``ledger-anchor.jsonl`` (the ledger's append-only anchor of signed entries: outside ``pg/``,
+so a restored database cannot rewind it).
+
+Trust (issue 14, item 3): the ledger, then the api, then the workers start one after the
+other, and each of the first two must prove with its per-start instance secret that it is
+what answers on its port (readiness.py) before anything is pointed at that port: the api at
+the ledger, the workers at both, ``credentials.json`` (what the CLI reads) at the api. The
+api writes a new admin key to ``credentials.staged.json``; it becomes ``credentials.json``
+only once the api is verified.
 """
 
 from __future__ import annotations
@@ -21,15 +28,16 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
+from dpsynth_shared.instance_proof import new_instance_secret
 
 from dpsynth_cli.embedded import postgres
 from dpsynth_cli.embedded.processes import (
+    PlatformError,
     ProcessRecord,
     choose_port,
     free_port,
@@ -38,16 +46,14 @@ from dpsynth_cli.embedded.processes import (
     terminate,
     wait_for_port,
 )
+from dpsynth_cli.embedded.readiness import Service, ensure_alive, probe, wait_ready
 from dpsynth_cli.embedded.secrets import PlatformSecrets, load_or_create_secrets
 
 DEFAULT_API_PORT = 8000
 DEFAULT_LEDGER_PORT = 8001
 STATE_FILE = "platform.json"
 CREDENTIALS_FILE = "credentials.json"
-
-
-class PlatformError(RuntimeError):
-    """The embedded platform could not start (the message carries the log tail)."""
+STAGED_CREDENTIALS_FILE = "credentials.staged.json"
 
 
 @dataclass
@@ -61,11 +67,14 @@ class PlatformState:
     database_url: str = ""
     pgdata: str = ""
     processes: list[ProcessRecord] = field(default_factory=list)
+    instance_secrets: dict[str, str] = field(default_factory=dict)
+    """This start's instance secret of each service, so ``status`` trusts only their answers."""
 
     def to_json(self) -> dict[str, Any]:
         return {"home": self.home, "api_url": self.api_url, "ledger_url": self.ledger_url,
                 "redis_url": self.redis_url, "database_url": self.database_url,
-                "pgdata": self.pgdata, "processes": [p.to_json() for p in self.processes]}
+                "pgdata": self.pgdata, "processes": [p.to_json() for p in self.processes],
+                "instance_secrets": self.instance_secrets}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PlatformState:
@@ -153,7 +162,6 @@ class EmbeddedPlatform:
             self._start_stores(state, secrets)
             if self.services:
                 self._start_services(state, secrets, previous)
-                self._refresh_credentials_url(state.api_url)
         except BaseException:
             self._write_state(state)
             self.stop()
@@ -202,34 +210,62 @@ class EmbeddedPlatform:
 
     def _start_services(self, state: PlatformState, secrets: PlatformSecrets,
                         previous: tuple[int | None, int | None] = (None, None)) -> None:
+        """Ledger, api, then workers, each pointed only at services already verified.
+
+        A URL enters ``state`` (and so ``platform.json``), the next service's environment or
+        ``credentials.json`` only after its service proved its instance secret on that port.
+        """
         ledger_port = choose_port(self.ledger_port, previous[0] or DEFAULT_LEDGER_PORT)
         api_port = choose_port(self.api_port, previous[1] or DEFAULT_API_PORT,
                                avoid={ledger_port})
-        state.ledger_url = f"http://127.0.0.1:{ledger_port}"
-        state.api_url = f"http://127.0.0.1:{api_port}"
-        envs = service_env(home=self.home, state=state, secrets=secrets,
+        state.instance_secrets = {"ledger": new_instance_secret(), "api": new_instance_secret()}
+        planned = replace(state, ledger_url=f"http://127.0.0.1:{ledger_port}",
+                          api_url=f"http://127.0.0.1:{api_port}")
+        envs = service_env(home=self.home, state=planned, secrets=secrets,
                            ledger_port=ledger_port, api_port=api_port)
-        logs = self.home / "logs"
-        state.processes.append(self._spawn_service("ledger", "dpsynth_ledger", envs["ledger"]))
-        state.processes.append(self._spawn_service("api", "dpsynth_api", envs["api"]))
+        ledger = self._spawn_recorded(state, "ledger", "dpsynth_ledger", ledger_port,
+                                      {**envs["ledger"], "DPSYNTH_LEDGER_INSTANCE_SECRET":
+                                       state.instance_secrets["ledger"]})
+        behind = wait_ready(ledger, watch=[ledger], timeout=self.ready_timeout)
+        state.ledger_url = planned.ledger_url
+        api = self._spawn_recorded(state, "api", "dpsynth_api", api_port,
+                                   {**envs["api"], "DPSYNTH_API_INSTANCE_SECRET":
+                                    state.instance_secrets["api"]})
+        wait_ready(api, watch=[ledger, api], timeout=self.ready_timeout, ledger_behind=behind)
+        state.api_url = planned.api_url
+        self._publish_credentials(state.api_url)
+        ensure_alive([ledger, api])  # the last check before the workers get their URLs
         for i in range(self.workers):
             env = {**envs["worker"],
                    "DPSYNTH_WORKER_WORK_DIR": str(self.home / "work" / f"worker-{i}")}
             state.processes.append(self._spawn_service(f"worker-{i}", "dpsynth_worker", env))
         self._write_state(state)
-        behind = self._wait_ready(state, "ledger", state.ledger_url)
-        self._wait_ready(state, "api", state.api_url, ledger_behind=behind)
+
+    def _spawn_recorded(self, state: PlatformState, name: str, module: str, port: int,
+                        env: Mapping[str, str]) -> Service:
+        """Spawn the ledger or the api with its instance secret in ``env``; record it."""
+        record = self._spawn_service(name, module, env)
+        state.processes.append(record)
+        self._write_state(state)  # so that `down` (or the clean-up of a failure) finds it
+        return Service(record=record, port=port, secret=state.instance_secrets[name])
+
+    def _publish_credentials(self, api_url: str) -> None:
+        """Write ``credentials.json`` (0600) for the verified ``api_url``.
+
+        The api writes a new admin key to ``credentials.staged.json`` before it binds its
+        port: the key becomes what the CLI reads only here, once the api has proved that it
+        is what answers on ``api_url``. Homes bootstrapped earlier have ``credentials.json``.
+        """
+        staged = self.home / STAGED_CREDENTIALS_FILE
         deadline = time.monotonic() + 30
-        while not self.credentials_file.exists():
+        while not staged.exists() and not self.credentials_file.exists():
             if time.monotonic() > deadline:
                 raise PlatformError(f"the api wrote no {self.credentials_file}:\n"
-                                    f"{log_tail(logs / 'api.log')}")
+                                    f"{log_tail(self.home / 'logs' / 'api.log')}")
             time.sleep(0.2)
-
-    def _refresh_credentials_url(self, api_url: str) -> None:
-        """Point the credentials file at this run's api when its port changed (mode 0600)."""
-        creds = json.loads(self.credentials_file.read_text())
-        if creds.get("api_url") == api_url:
+        source = staged if staged.exists() else self.credentials_file
+        creds = json.loads(source.read_text())
+        if source == self.credentials_file and creds.get("api_url") == api_url:
             return
         creds["api_url"] = api_url
         tmp = self.credentials_file.with_suffix(".tmp")
@@ -237,42 +273,11 @@ class EmbeddedPlatform:
         with os.fdopen(fd, "w") as fh:
             json.dump(creds, fh, indent=2)
         os.replace(tmp, self.credentials_file)
+        staged.unlink(missing_ok=True)
 
     def _spawn_service(self, name: str, module: str, env: Mapping[str, str]) -> ProcessRecord:
         return spawn(name, [sys.executable, "-m", module], log=self.home / "logs" / f"{name}.log",
                      env={**os.environ, **env, **self.extra_env}, cwd=self.home)
-
-    def _wait_ready(self, state: PlatformState, name: str, url: str, *,
-                    ledger_behind: bool = False) -> bool:
-        """Wait for ``/readyz``; True when the ledger answers 503 ``ledger_behind_anchor``.
-
-        A ledger whose database is behind its anchor (a restored backup) serves reads and
-        refuses admissions until ``dpsynth ledger reconcile-after-restore``: it counts as
-        started, and so does an api whose only failing check is that ledger.
-        """
-        record = next(p for p in state.processes if p.name == name)
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if not record.is_running():
-                raise PlatformError(f"{name} exited during start; the end of "
-                                    f"{record.log}:\n{log_tail(record.log)}")
-            try:
-                response = httpx.get(f"{url}/readyz", timeout=2)
-            except httpx.TransportError:
-                response = None
-            if response is not None and response.status_code == 200:
-                return False
-            if response is not None and response.status_code == 503:
-                body = _json_or_empty(response)
-                if name == "ledger" and body.get("code") == "ledger_behind_anchor":
-                    return True
-                checks = body.get("checks")
-                if ledger_behind and isinstance(checks, dict) and checks and all(
-                        ok for check, ok in checks.items() if check != "ledger"):
-                    return False
-            time.sleep(0.3)
-        raise PlatformError(f"{name} not ready after {self.ready_timeout}s; the end of "
-                            f"{record.log}:\n{log_tail(record.log)}")
 
     # -- stop ----------------------------------------------------------------------------
     def stop(self, *, timeout: float = 15.0) -> list[str]:
@@ -297,7 +302,8 @@ class EmbeddedPlatform:
         return stopped
 
     def status(self) -> dict[str, Any]:
-        """Each recorded process's liveness and the services' readiness."""
+        """Each recorded process's liveness and the services' readiness (ready counts only
+        when the answer proves this start's instance secret: a foreign server is not ours)."""
         state = self.read_state()
         if state is None:
             return {"home": str(self.home), "running": False, "processes": {}}
@@ -306,37 +312,31 @@ class EmbeddedPlatform:
         ready: dict[str, bool] = {}
         for name, url in (("ledger", state.ledger_url), ("api", state.api_url)):
             if url:
-                try:
-                    ready[name] = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-                except httpx.TransportError:
-                    ready[name] = False
+                secret = state.instance_secrets.get(name)
+                response, proven = probe(url, secret) if secret else (None, False)
+                ready[name] = proven and response is not None and response.status_code == 200
         return {"home": str(self.home), "running": any(p["running"] for p in procs.values()),
                 "postgres": postgres.postgres_running(self.pgdata), "processes": procs,
                 "ready": ready, "api_url": state.api_url, "ledger_url": state.ledger_url,
                 "credentials_file": str(self.credentials_file)}
 
 
-def _json_or_empty(response: httpx.Response) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 def service_env(*, home: Path, state: PlatformState, secrets: PlatformSecrets,
                 ledger_port: int, api_port: int) -> dict[str, dict[str, str]]:
-    """The documented env of each service (docs/architecture.md, "Settings")."""
+    """The documented env of each service (docs/architecture.md, "Settings"); the per-start
+    instance secrets are added by ``EmbeddedPlatform._start_services``."""
     objects = str(home / "objects")
     ledger = {
         "DPSYNTH_LEDGER_DATABASE__URL": state.database_url,
         "DPSYNTH_LEDGER_SERVICE_TOKENS": json.dumps([secrets.ledger_token_api,
                                                      secrets.ledger_token_worker]),
+        "DPSYNTH_LEDGER_ADMIN_TOKENS": json.dumps([secrets.ledger_token_api]),
         "DPSYNTH_LEDGER_GRANT_SIGNING_KEY": secrets.grant_signing_key,
         "DPSYNTH_LEDGER_CHAIN_SIGNING_KEY": secrets.chain_signing_key,
         "DPSYNTH_LEDGER_ANCHOR__PATH": str(home / "ledger-anchor.jsonl"),
         "DPSYNTH_LEDGER_HOST": "127.0.0.1",
         "DPSYNTH_LEDGER_PORT": str(ledger_port),
+        "DPSYNTH_LEDGER_METRICS_TOKEN": secrets.metrics_token,
     }
     api = {
         "DPSYNTH_API_DATABASE__URL": state.database_url,
@@ -347,11 +347,14 @@ def service_env(*, home: Path, state: PlatformState, secrets: PlatformSecrets,
         "DPSYNTH_API_LEDGER__TOKEN": secrets.ledger_token_api,
         "DPSYNTH_API_WORKER_TOKEN": secrets.api_worker_token,
         "DPSYNTH_API_RECORD_HASH_KEY": secrets.record_hash_key,
-        "DPSYNTH_API_BOOTSTRAP_CREDENTIALS_FILE": str(home / CREDENTIALS_FILE),
+        # staged: published as credentials.json once the api is verified (_publish_credentials)
+        "DPSYNTH_API_BOOTSTRAP_CREDENTIALS_FILE": str(home / STAGED_CREDENTIALS_FILE),
         "DPSYNTH_API_PUBLIC_URL": state.api_url,
         "DPSYNTH_API_GRANT_PUBLIC_KEY": secrets.grant_public_key,
         "DPSYNTH_API_HOST": "127.0.0.1",
         "DPSYNTH_API_PORT": str(api_port),
+        "DPSYNTH_API_SPOOL_DIR": str(home / "spool"),  # uploads staged and swept here
+        "DPSYNTH_API_METRICS_TOKEN": secrets.metrics_token,
     }
     worker = {
         "DPSYNTH_WORKER_BROKER_URL": state.redis_url,

@@ -21,6 +21,10 @@ from typing import Any, BinaryIO
 import psutil
 
 
+class PlatformError(RuntimeError):
+    """The embedded platform could not start (the message carries the log tail)."""
+
+
 @dataclass(frozen=True)
 class ProcessRecord:
     """What ``platform.json`` remembers of one process."""
@@ -127,11 +131,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def choose_port(preferred: int | None, default: int, *, avoid: set[int] | None = None) -> int:
-    """``preferred`` if given (must be free), else ``default`` if free, else any free port."""
+    """``preferred`` if given (must be free), else ``default`` if free, else any free port.
+
+    Only a hint: another program can take the port before the service binds it, which is
+    why ``up`` trusts no answer on it without the instance proof (readiness.py).
+
+    Raises:
+        PlatformError: ``preferred`` is taken.
+    """
     avoid = avoid or set()
     if preferred is not None:
         if not port_is_free(preferred):
-            raise OSError(f"port {preferred} is already in use")
+            raise PlatformError(f"port {preferred} is already in use: stop the program "
+                                "holding it or choose another port")
         return preferred
     if default not in avoid and port_is_free(default):
         return default

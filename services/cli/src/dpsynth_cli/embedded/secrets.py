@@ -5,7 +5,9 @@ recorded, the chain signing key signs every ledger entry and anchor record (veri
 checks old entries with it), the record hash key keys the api's stored subject hashes (a new
 key would stop later uploads from matching the subjects already stored), and the service
 tokens are what the processes present to one another. The Redis password is Redis's
-``requirepass``: every broker URL carries it.
+``requirepass``: every broker URL carries it. The metrics token is what a scrape of the api's
+and the ledger's ``/metrics`` must present (issue 14, item 11), kept apart from every API key
+and service token so that what a Prometheus holds can call no API.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class PlatformSecrets:
     chain_signing_key: str
     record_hash_key: str
     redis_password: str
+    metrics_token: str
 
     @classmethod
     def generate(cls) -> PlatformSecrets:
@@ -49,6 +52,7 @@ class PlatformSecrets:
             chain_signing_key=generate_signing_key(),
             record_hash_key=_new_token(),
             redis_password=_new_token(),
+            metrics_token=_new_token(),
         )
 
 
@@ -60,6 +64,7 @@ _ADDED_LATER: dict[str, Callable[[], str]] = {
     "chain_signing_key": generate_signing_key,
     "record_hash_key": _new_token,
     "redis_password": _new_token,
+    "metrics_token": _new_token,
 }
 """Secrets newer than the first secrets files, and how to make each."""
 
@@ -68,9 +73,9 @@ def load_or_create_secrets(home: Path) -> PlatformSecrets:
     """Read ``<home>/secrets.json``, creating it (mode 0600, exclusively) on first use.
 
     An existing file keeps its secrets; its mode is tightened to 0600 if it drifted. A file
-    written before the chain key, the record hash key or the Redis password existed gets the
-    missing ones added,
-    once (under an exclusive lock, by an atomic replace that keeps every other secret).
+    written before the chain key, the record hash key, the Redis password or the metrics
+    token existed gets the missing ones added, once (under an exclusive lock, by an atomic
+    replace that keeps every other secret).
     """
     path = Path(home) / SECRETS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,8 +98,8 @@ def load_or_create_secrets(home: Path) -> PlatformSecrets:
 
 
 def _add_missing_secrets(path: Path) -> dict[str, str]:
-    """Add the secrets an older file lacks (chain signing key, record hash key, Redis password),
-    atomically and only once."""
+    """Add the secrets an older file lacks (those of :data:`_ADDED_LATER`), atomically and
+    only once."""
     with open(path, "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent `up` waits, then sees the keys
         values: dict[str, str] = json.loads(path.read_text())
