@@ -19,6 +19,12 @@ class ApiMetrics:
         self.jobs = Gauge("dpsynth_api_jobs", "jobs by state", ["state"], registry=self.registry)
         self.uploads = Counter("dpsynth_api_uploads_total", "dataset and model uploads",
                                ["kind", "outcome"], registry=self.registry)
+        # what the upload sweeper removed (sweeper.py): kind = spool | object
+        self.swept = Counter("dpsynth_api_swept_total", "orphaned staged uploads and "
+                             "objects removed", ["kind"], registry=self.registry)
+        self.swept_bytes = Counter("dpsynth_api_swept_bytes_total", "bytes of orphaned "
+                                   "staged uploads and objects removed", ["kind"],
+                                   registry=self.registry)
         for state in JobState:
             self.jobs.labels(state=str(state)).set(0)
 

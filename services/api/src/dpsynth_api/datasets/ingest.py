@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 
-from dpsynth_api.archives import ArchiveLimits, SafeArchive, describe
+from dpsynth_api.archives import ArchiveLimits, SafeArchive, describe, zip_entry_count
 from dpsynth_api.datasets import limits as bounds
 from dpsynth_api.datasets.images import decode_image
+from dpsynth_api.inflation import Inflation, bomb
 
 _IGNORED_PARTS = ("__MACOSX",)
 NPZ_ARRAYS = ("images", "labels", "class_names", "masks")
@@ -294,13 +295,14 @@ def _from_image_folder(archive: SafeArchive, *, label_domain: list[str] | None,
     labels: list[int] = []
     names: list[str] = []
     csv_data: bytes | None = None
+    decoded = _Decoded(limits)
     for name, data in archive.iter_files():
         if name == csv_name:
             csv_data = data
         if name not in class_of:
             continue
-        arrays.append(_decode(data, limits, where=describe(name, private=private),
-                              private=private))
+        arrays.append(decoded.add(_decode(data, limits, where=describe(name, private=private),
+                                          private=private)))
         labels.append(index[class_of[name]])
         names.append(name)
     dense, subject_ids = None, None
@@ -309,6 +311,21 @@ def _from_image_folder(archive: SafeArchive, *, label_domain: list[str] | None,
         dense, subject_ids = _folder_subjects(csv_data or b"", names, stripped)
     return Ingested(_stack(arrays, private=private), np.asarray(labels, dtype=np.int64),
                     class_names, archive.kind, subjects=dense, subject_ids=subject_ids)
+
+
+class _Decoded:
+    """The running size of the decoded images of one upload: at most
+    ``max_uncompressed_bytes`` (small PNGs of one colour decode to megabytes each)."""
+
+    def __init__(self, limits: IngestLimits) -> None:
+        self.cap, self.total = limits.archive.max_uncompressed_bytes, 0
+
+    def add(self, image: np.ndarray) -> np.ndarray:
+        self.total += image.nbytes
+        if self.total > self.cap:
+            raise DpsynthError(ErrorCode.UNSAFE_ARCHIVE, f"the images decode to more than "
+                               f"{self.cap} bytes (decompression bomb?)", limit=self.cap)
+        return image
 
 
 def _decode(data: bytes, limits: IngestLimits, *, where: str, private: bool) -> np.ndarray:
@@ -373,16 +390,22 @@ def _stack(arrays: list[np.ndarray], *, private: bool) -> np.ndarray:
 
 
 def _check_npz_container(path: Path, limits: IngestLimits) -> None:
+    """The npz's entry count, declared sizes (against the upload's allowance: an absolute
+    cap and a compression ratio, dpsynth_api/inflation.py) and array headers, before any
+    array is read; ``np.load`` then reads each array into one buffer of its checked size."""
+    if (zip_entry_count(path) or 0) > limits.archive.max_members:
+        raise DpsynthError(ErrorCode.UNSAFE_ARCHIVE, f"the .npz has more than "
+                           f"{limits.archive.max_members} entries",
+                           limit=limits.archive.max_members)
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
     except (zipfile.BadZipFile, OSError) as exc:
         raise DpsynthError(ErrorCode.INVALID_ARCHIVE, "the .npz file is corrupt") from exc
-    cap = limits.archive.max_uncompressed_bytes
-    if sum(i.file_size for i in infos) > cap:
-        raise DpsynthError(ErrorCode.UNSAFE_ARCHIVE, f"the .npz inflates past the limit of {cap} "
-                           "bytes (decompression bomb?)", limit=cap)
-    bounds.check_npy_headers(path, cap)  # a header claiming terabytes: refused unallocated
+    meter = Inflation(limits.archive, path.stat().st_size)
+    if sum(i.file_size for i in infos) > meter.cap:
+        raise bomb(limits.archive, meter.compressed_bytes, what="the .npz")
+    bounds.check_npy_headers(path, meter.cap)  # a header claiming terabytes: refused unallocated
 
 
 def _load_npz_arrays(path: Path, subject_column: str | None = None) -> dict[str, np.ndarray]:
@@ -528,9 +551,9 @@ def _from_parquet(path: Path, *, private: bool, label_domain: list[str] | None,
     """A Parquet table of encoded images, labels and (subject unit) subject ids.
 
     The footer is checked before any data page is read: at most ``max_members`` rows and
-    at most ``max_uncompressed_bytes`` of uncompressed column data (a decompression bomb is
-    refused unread). Images are decoded like an image folder's; errors name a row only for
-    public uploads.
+    at most the upload's allowance (inflation.py) of uncompressed column data (a
+    decompression bomb is refused unread). Images are decoded like an image folder's;
+    errors name a row only for public uploads.
 
     Raises:
         DpsynthError: 422 ``invalid_archive`` (not Parquet), ``unsafe_archive`` (caps),
@@ -548,10 +571,9 @@ def _from_parquet(path: Path, *, private: bool, label_domain: list[str] | None,
     if footer.num_rows > limits.archive.max_members:
         raise DpsynthError(ErrorCode.UNSAFE_ARCHIVE, f"the Parquet file has more than "
                            f"{limits.archive.max_members} rows", limit=limits.archive.max_members)
-    cap = limits.archive.max_uncompressed_bytes
-    if sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups)) > cap:
-        raise DpsynthError(ErrorCode.UNSAFE_ARCHIVE, f"the Parquet file inflates past the "
-                           f"limit of {cap} bytes (decompression bomb?)", limit=cap)
+    meter = Inflation(limits.archive, path.stat().st_size)
+    if sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups)) > meter.cap:
+        raise bomb(limits.archive, meter.compressed_bytes, what="the Parquet file")
     missing = sorted({PARQUET_IMAGE, PARQUET_LABEL} - set(names))
     if missing:
         raise _invalid(f"the Parquet file lacks the column(s) {missing}")
@@ -569,7 +591,9 @@ def _from_parquet(path: Path, *, private: bool, label_domain: list[str] | None,
     n = table.num_rows
     if n == 0:
         raise _invalid("the Parquet file has no rows")
-    images = [_decode(data, limits, where="a row" if private else f"row {i}", private=private)
+    decoded = _Decoded(limits)
+    images = [decoded.add(_decode(data, limits, where="a row" if private else f"row {i}",
+                                  private=private))
               for i, data in enumerate(_parquet_image_bytes(table.column(PARQUET_IMAGE)))]
     labels = _parquet_values(table.column(PARQUET_LABEL), "label")
     ints, class_names = _npz_labels(labels, n, label_domain, private=private,

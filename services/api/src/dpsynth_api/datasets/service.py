@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -26,7 +25,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dpsynth_api import policies
-from dpsynth_api.archives import ArchiveLimits
 from dpsynth_api.datasets import derive, holdout, overlap, units
 from dpsynth_api.datasets import repository as repo
 from dpsynth_api.datasets.duplicates import resolve_duplicates
@@ -42,7 +40,7 @@ from dpsynth_api.ports import LedgerPort, ObjectStore
 from dpsynth_api.settings import ApiSettings
 from dpsynth_api.tables import Dataset, Job
 from dpsynth_api.tenants.security import Principal, Scope
-from dpsynth_api.uploads import safe_filename, spool
+from dpsynth_api.uploads import safe_filename, spool, staging
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +58,7 @@ def parse_metadata(raw: str) -> DatasetMetadata:
 
 
 def _limits(settings: ApiSettings) -> IngestLimits:
-    return IngestLimits(ArchiveLimits(settings.max_uncompressed_bytes,
-                                      settings.max_archive_members), settings.max_image_pixels)
+    return IngestLimits(settings.archive_limits, settings.max_image_pixels)
 
 
 def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore,
@@ -88,7 +85,9 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
     dataset_id = new_dataset_id()
     stored: list[str] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="dpsynth-upload-") as tmp:
+        # staged under the spool dir, held until the commit (uploads.py, issue 14, item 9)
+        with staging(settings.spool_dir, "dataset") as tmp:
+            store = tmp.journal(store)  # each object's key recorded before it is written
             raw = Path(tmp) / "upload"
             spool(upload, raw, max_bytes=settings.max_upload_bytes)
             column = units.subject_column_for(meta)
@@ -112,15 +111,15 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
             info = store.put_file(dataset.object_key, canonical)
             if split is not None:
                 _store_holdout(dataset, split, store, Path(tmp), meta, stored)
-        dataset.sha256, dataset.size_bytes = info.sha256, info.size
-        repo.add(session, dataset)
-        overlap.add_hashes(session, tenant_id=dataset.tenant_id, dataset_id=dataset.id,
-                           budget_id=dataset.budget_id, visibility=dataset.visibility,
-                           hashes=hashes + (subjects or []),
-                           rows=holdout.record_rows(data, split))
-        if private and link is None:
-            ledger.create_budget(_budget_request(dataset, meta))
-        session.commit()
+            dataset.sha256, dataset.size_bytes = info.sha256, info.size
+            repo.add(session, dataset)
+            overlap.add_hashes(session, tenant_id=dataset.tenant_id, dataset_id=dataset.id,
+                               budget_id=dataset.budget_id, visibility=dataset.visibility,
+                               hashes=hashes + (subjects or []),
+                               rows=holdout.record_rows(data, split))
+            if private and link is None:
+                ledger.create_budget(_budget_request(dataset, meta))
+            session.commit()
     except BaseException:
         session.rollback()
         for key in stored:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -13,7 +12,7 @@ from dpsynth_shared.object_store import PRIVATE_PREFIX
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from dpsynth_api.archives import ArchiveLimits, SafeArchive
+from dpsynth_api.archives import SafeArchive
 from dpsynth_api.models import repository as repo
 from dpsynth_api.models.conditioning import layout_channels, model_target
 from dpsynth_api.models.download import tar_to_zip
@@ -23,7 +22,7 @@ from dpsynth_api.ports import ObjectStore
 from dpsynth_api.settings import ApiSettings
 from dpsynth_api.tables import Dataset, Model
 from dpsynth_api.tenants.security import Principal
-from dpsynth_api.uploads import spool
+from dpsynth_api.uploads import spool, staging
 
 
 def model_object_key(model_id: str) -> str:
@@ -46,29 +45,30 @@ def upload_model(session: Session, *, principal: Principal, store: ObjectStore,
                  settings: ApiSettings, metadata: str | None, upload: BinaryIO) -> Model:
     """Validate a model archive, store it as ``models/{id}/model.tar`` and record it."""
     meta = _metadata(metadata)
-    limits = ArchiveLimits(settings.max_uncompressed_bytes, settings.max_archive_members)
     model_id = new_model_id()
     key = model_object_key(model_id)
-    with tempfile.TemporaryDirectory(prefix="dpsynth-model-") as tmp:
+    # staged under the spool dir and held until the commit (uploads.py, issue 14, item 9)
+    with staging(settings.spool_dir, "model") as tmp:
         raw = Path(tmp) / "upload"
         spool(upload, raw, max_bytes=settings.max_upload_bytes)
-        archive = SafeArchive(raw, limits, private=False)
+        archive = SafeArchive(raw, settings.archive_limits, private=False)
         root = check_model_archive(archive)
         info = repack(archive, root, Path(tmp) / "model.tar").info
-        stored = store.put_file(key, Path(tmp) / "model.tar", content_type="application/x-tar")
-    rng = info.get("rng")
-    model = Model(id=model_id, tenant_id=principal.tenant_id,
-                  name=meta.name if meta else f"model {model_id}", object_key=key,
-                  source="upload", dataset_id=None, job_ids=[], dp=False,
-                  rng=str(rng) if rng is not None else None, info=_public_info(info),
-                  sha256=stored.sha256, size_bytes=stored.size)
-    try:
-        repo.add(session, model)
-        session.commit()
-    except BaseException:
-        session.rollback()
-        store.delete(key)
-        raise
+        stored = tmp.journal(store).put_file(key, Path(tmp) / "model.tar",
+                                             content_type="application/x-tar")
+        rng = info.get("rng")
+        model = Model(id=model_id, tenant_id=principal.tenant_id,
+                      name=meta.name if meta else f"model {model_id}", object_key=key,
+                      source="upload", dataset_id=None, job_ids=[], dp=False,
+                      rng=str(rng) if rng is not None else None, info=_public_info(info),
+                      sha256=stored.sha256, size_bytes=stored.size)
+        try:
+            repo.add(session, model)
+            session.commit()
+        except BaseException:
+            session.rollback()
+            store.delete(key)
+            raise
     return model
 
 

@@ -26,7 +26,6 @@ Checks, each refusal a 422 ``invalid_model`` problem naming the file:
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -48,7 +47,7 @@ from dpsynth_shared.model_configs import (
 )
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from dpsynth_api.archives import SafeArchive
+from dpsynth_api.archives import MemberStream, SafeArchive, read_exactly, read_whole
 
 FORBIDDEN_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".dll", ".dylib", ".sh", ".ipynb")
@@ -204,7 +203,27 @@ def _check_complete(entries: dict[str, Entry | None]) -> None:
 # --- safetensors headers ---------------------------------------------------------------
 
 def check_safetensors(data: bytes, *, name: str, max_elements: int) -> int:
-    """Check a safetensors file without loading it; returns its number of elements.
+    """Check a safetensors file without loading it; returns its number of elements
+    (:func:`check_safetensors_head` on a file held whole)."""
+    return check_safetensors_head(data, len(data), name=name, max_elements=max_elements)
+
+
+def read_safetensors_head(stream: MemberStream, size: int, *, name: str) -> bytes:
+    """The first bytes of a safetensors member up to the end of its header (at most
+    ``8 + _MAX_HEADER_BYTES``): all :func:`check_safetensors_head` needs, so the weights
+    themselves are streamed, never held whole (issue 14, item 7)."""
+    prefix = read_exactly(stream, min(8, size))
+    if len(prefix) < 8:
+        return prefix
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
+        return prefix  # refused by check_safetensors_head with its message
+    return prefix + read_exactly(stream, header_len)
+
+
+def check_safetensors_head(data: bytes, size: int, *, name: str, max_elements: int) -> int:
+    """Check a safetensors file of ``size`` bytes from its first bytes (``data``: at least
+    the length prefix and the header); returns its number of elements.
 
     The format is an 8-byte little-endian header length N, N bytes of JSON mapping tensor
     names to ``{dtype, shape, data_offsets: [begin, end]}`` (offsets relative to the byte
@@ -224,7 +243,7 @@ def check_safetensors(data: bytes, *, name: str, max_elements: int) -> int:
     if header_len > _MAX_HEADER_BYTES:
         raise bad(f"its header declares {header_len} bytes, over the limit of "
                   f"{_MAX_HEADER_BYTES}")
-    if 8 + header_len > len(data):
+    if 8 + header_len > size:
         raise bad("its header runs past the end of the file")
     raw = data[8:8 + header_len]
     if not raw.lstrip().startswith(b"{"):
@@ -241,7 +260,7 @@ def check_safetensors(data: bytes, *, name: str, max_elements: int) -> int:
         raise bad("__metadata__ must map strings to strings")
     if len(header) > _MAX_TENSORS:
         raise bad(f"it has more than {_MAX_TENSORS} tensors")
-    buffer = len(data) - 8 - header_len
+    buffer = size - 8 - header_len
     spans: list[tuple[int, int, str]] = []
     elements = 0
     for tensor, desc in header.items():
@@ -357,8 +376,11 @@ class CheckedModel:
 
 
 def check_member(rel: str, data: bytes, checked: CheckedModel,
-                 limits: ConfigLimits = DEFAULT_LIMITS) -> bool:
+                 limits: ConfigLimits = DEFAULT_LIMITS, *, size: int | None = None) -> bool:
     """Check one member's contents; returns whether it is kept in the stored model.
+
+    ``data`` is the whole member, or for weights of ``size`` bytes only their head
+    (:func:`read_safetensors_head`).
 
     Raises:
         DpsynthError: 422 ``invalid_model``.
@@ -383,9 +405,23 @@ def check_member(rel: str, data: bytes, checked: CheckedModel,
         checked.configs[rel] = (entry, config)
         return True
     max_elements = (weights_limit(entry.component, limits) - _MAX_HEADER_BYTES - 8) // 8
-    checked.values[(entry.prefix, entry.component)] = check_safetensors(
-        data, name=rel, max_elements=max_elements)
+    checked.values[(entry.prefix, entry.component)] = check_safetensors_head(
+        data, len(data) if size is None else size, name=rel, max_elements=max_elements)
     return True
+
+
+class _Prefixed:
+    """A member's already-read head, then the rest of its stream (for ``tarfile``)."""
+
+    def __init__(self, head: bytes, rest: MemberStream) -> None:
+        self._head, self._rest = head, rest
+
+    def read(self, size: int = -1, /) -> bytes:
+        """``size`` bytes, fewer only at the end (``tarfile`` refuses a short read)."""
+        if size < 0:
+            raise ValueError("a member is copied in bounded reads only")
+        taken, self._head = self._head[:size], self._head[size:]
+        return taken + read_exactly(self._rest, size - len(taken))
 
 
 def repack(archive: SafeArchive, root: str, dest: Path,
@@ -401,15 +437,23 @@ def repack(archive: SafeArchive, root: str, dest: Path,
     """
     checked = CheckedModel(info={})
     with tarfile.open(dest, mode="w", format=tarfile.PAX_FORMAT) as out:
-        for name, data in archive.iter_files():
+        # Weights are streamed into the tar after their header is checked: memory per
+        # upload stays at one header or one small file, whatever the weights weigh.
+        for name, size, stream in archive.iter_members():
             if not name.startswith(root):
                 continue
             rel = name[len(root):]
-            if not check_member(rel, data, checked, limits):
+            entry = classify(rel)
+            data = (read_safetensors_head(stream, size, name=rel)
+                    if entry is not None and entry.kind == "weights"
+                    else read_whole(stream, size, archive.limits, where=f"member {name!r}"))
+            if not check_member(rel, data, checked, limits, size=size):
                 continue
             member = tarfile.TarInfo(rel)
-            member.size, member.mode = len(data), 0o644
-            out.addfile(member, io.BytesIO(data))
+            member.size, member.mode = size, 0o644
+            out.addfile(member, _Prefixed(data, stream))
+            if stream.read(1):  # at the end: a zip member's CRC is checked here
+                raise _invalid(f"{rel} is longer than its archive header says", file=rel)
     if not checked.info:
         raise _invalid(f"the model has no {INFO_FILE} at its root")
     check_consistency(checked)
