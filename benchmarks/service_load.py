@@ -435,6 +435,20 @@ def ledger_contention(p: Platform, dataset_id: str, settings: dict[str, Any],
 # --------------------------------------------------------------------------- entry points
 
 
+def rate_limits_in_force() -> dict[str, Any]:
+    """The api's per-key rate limits during the run (issue 14, item 12): its defaults, or the
+    ``DPSYNTH_API_RATE_LIMIT_*`` of this environment, which the embedded api inherits. Every
+    request here uses one key, so a 429 in ``error_codes`` would mean the limits, not the
+    services, set the rates."""
+    from dpsynth_api.settings import ApiSettings
+
+    limits: dict[str, Any] = {}
+    for name, field in ApiSettings.model_fields.items():
+        if name.startswith("rate_limit_") and name != "rate_limit_redis_url":
+            limits[name] = os.environ.get(f"DPSYNTH_API_{name.upper()}", field.default)
+    return limits
+
+
 def run(scale: str) -> dict[str, Any]:
     """Start the platform, run (a) and (b) at ``scale``, stop it; the results document."""
     settings = SETTINGS[scale]
@@ -457,7 +471,7 @@ def run(scale: str) -> dict[str, Any]:
     return {
         "settings": settings, "platform_start_s": round(started, 1),
         "workers": 0, "load_generator": "locust (FastHttpUser, closed loop, no think time)",
-        "submissions": rows, "ledger": ledger,
+        "submissions": rows, "ledger": ledger, "rate_limits": rate_limits_in_force(),
     }
 
 

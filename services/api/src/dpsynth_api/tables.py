@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     false,
@@ -212,3 +213,26 @@ class Artifact(Base):
     model_id: Mapped[str | None] = mapped_column(String(40))
     info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+
+
+class IdempotencyKey(Base):
+    """The first request made with a client's ``Idempotency-Key`` and, once done, its response.
+
+    Keyed by (tenant, key): two tenants choosing the same key string never meet. ``state`` is
+    ``in_progress`` while the first request runs (a duplicate then gets a 409) and ``done``
+    once its response is stored (a replay gets that response). See dpsynth_api/idempotency.py.
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    tenant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    method: Mapped[str] = mapped_column(String(10))
+    path: Mapped[str] = mapped_column(String(500))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(12))
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    response_headers: Mapped[list[list[str]] | None] = mapped_column(JSON, nullable=True)
+    response_body: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(_TS, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(_TS, index=True)

@@ -12,6 +12,7 @@ import os
 import tarfile
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from dpsynth_client.errors import raise_for_problem, unreachable
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 ProgressCallback = Callable[[dict[str, Any]], None]
+RETRY_AFTER_CAP_S = 10.0  # a 429 is retried once, after Retry-After but never longer
 
 
 class Client:
@@ -55,14 +57,26 @@ class Client:
 
     # -- plumbing ------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise unreachable(self.base_url, exc) from exc
+        if method == "POST":
+            # one key per call, kept by the retry below: the api runs the POST at most once
+            kwargs["headers"] = {"Idempotency-Key": uuid.uuid4().hex,
+                                 **(kwargs.get("headers") or {})}
+        response = self._send(method, path, **kwargs)
+        if response.status_code == 429:
+            time.sleep(_retry_after(response))
+            for file in (kwargs.get("files") or {}).values():
+                file[1].seek(0)  # an upload's stream is sent again from its start
+            response = self._send(method, path, **kwargs)
         raise_for_problem(response)
         if response.status_code == 204 or not response.content:
             return None
         return response.json()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise unreachable(self.base_url, exc) from exc
 
     # -- health --------------------------------------------------------------------------
     def healthz(self) -> dict[str, Any]:
@@ -401,6 +415,13 @@ class Client:
         """``GET /v1/admin/ledger/anchor`` (admin): the ledger's head against its anchor."""
         return self._request(  # type: ignore[no-any-return]
             "GET", "/v1/admin/ledger/anchor")
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """Seconds a 429 asks to wait (``Retry-After`` in seconds), capped; 1 when absent."""
+    value = response.headers.get("retry-after", "1")
+    seconds = float(value) if value.replace(".", "", 1).isdigit() else 1.0
+    return min(seconds, RETRY_AFTER_CAP_S)
 
 
 def _items(body: Any) -> list[dict[str, Any]]:
