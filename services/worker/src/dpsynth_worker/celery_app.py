@@ -3,6 +3,11 @@
 No behaviour relies on broker redelivery: messages are acknowledged late but a lost worker's
 message is not re-queued by Celery (``task_reject_on_worker_lost=False``); the api's reaper
 requeues lost jobs as attempt + 1, and a redelivered message is refused at claim.
+
+One message is never acknowledged without a claim: when the api could not be reached to
+claim the job (it is still ``queued``), the message is rejected with requeue, so it waits in
+the broker for the api instead of being lost (issue 14, item 2). A claim the api refused
+(cancelled, claimed already, another attempt) is acknowledged and dropped.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import logging
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import Reject
 from celery.signals import worker_shutting_down
 
+from dpsynth_worker.clients import ClaimUnavailable
 from dpsynth_worker.runners import run_job
 from dpsynth_worker.runtime import current_runtime
 from dpsynth_worker.settings import WorkerSettings
@@ -30,6 +37,10 @@ def run_job_task(job_id: str, attempt: int) -> str:
         outcome = run_job(str(job_id), int(attempt), api=rt.api, ledger=rt.ledger,
                           store=rt.store, work_dir=rt.work_dir, worker_id=rt.worker_id,
                           shutdown=rt.shutdown, ml=rt.ml)
+    except ClaimUnavailable as exc:
+        log.warning("the api could not take the claim; the message goes back to the queue",
+                    extra={"job_id": job_id, "attempt": attempt, "why": exc.detail})
+        raise Reject(exc.detail, requeue=True) from exc
     except Exception:
         # Crash: leave the job to the api's reaper (the reservation stays open to resume).
         log.exception("job attempt crashed", extra={"job_id": job_id, "attempt": attempt})

@@ -3,11 +3,17 @@
 Transient network errors are retried a few times with exponential backoff: any transport
 error for reads, only connection failures (the request never left) for writes, so a lease
 is never requested twice by a retry. Problem+json answers become :class:`DpsynthError`.
+
+A claim is the exception: it waits much longer for an unreachable api (a worker often
+starts before the api listens, issue 14, item 2), then raises :class:`ClaimUnavailable`
+so the task's message goes back to the queue instead of being dropped. Retrying a claim
+is safe: the api accepts exactly one claim per attempt.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, TypeVar
 
@@ -46,6 +52,14 @@ log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 _RETRY_STATUS = frozenset({502, 503, 504})
 _CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: Codes of a claim the api (or the ledger behind it) could not take now: retried.
+_UNREACHABLE = frozenset({ErrorCode.SERVICE_UNAVAILABLE, ErrorCode.LEDGER_UNAVAILABLE})
+_CLAIM_BACKOFF_S = (0.5, 10.0)  # first wait, cap
+
+
+class ClaimUnavailable(DpsynthError):
+    """The api could not take a claim within the worker's patience (or the worker is
+    stopping): the job is still queued, so its message must be requeued, not acked."""
 
 
 class _Http:
@@ -111,20 +125,47 @@ def _parse(model: type[M], data: Any) -> M:
 
 
 class ApiClient:
-    """The api's internal worker endpoints (``/internal/v1``, the WORKER_TOKEN)."""
+    """The api's internal worker endpoints (``/internal/v1``, the WORKER_TOKEN).
 
-    def __init__(self, base_url: str, token: str, **kwargs: Any) -> None:
+    Args:
+        claim_patience_s: how long :meth:`claim` waits for an unreachable api.
+        stop: set when the worker shuts down; a waiting claim then gives up at once.
+    """
+
+    def __init__(self, base_url: str, token: str, *, claim_patience_s: float = 60.0,
+                 stop: threading.Event | None = None, **kwargs: Any) -> None:
         self._http = _Http(base_url, token, unavailable=ErrorCode.SERVICE_UNAVAILABLE, **kwargs)
+        self._claim_patience_s = claim_patience_s
+        self._stop = stop or threading.Event()
 
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
 
     def claim(self, job_id: str, *, attempt: int, worker_id: str) -> Claim:
-        """Claim ``attempt`` of a job; raises ``claim_refused`` for a stale message."""
+        """Claim ``attempt`` of a job; raises ``claim_refused`` for a stale message and
+        :class:`ClaimUnavailable` when the api stayed unreachable for the patience."""
         body = ClaimRequest(attempt=attempt, worker_id=worker_id)
-        return _parse(Claim, self._http.request("POST", f"/internal/v1/jobs/{job_id}/claim",
-                                                body))
+        deadline = time.monotonic() + self._claim_patience_s
+        delay, cap = _CLAIM_BACKOFF_S
+        while True:
+            try:
+                return _parse(Claim, self._http.request(
+                    "POST", f"/internal/v1/jobs/{job_id}/claim", body))
+            except DpsynthError as exc:
+                if exc.code not in _UNREACHABLE:
+                    raise
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    raise ClaimUnavailable(exc.code, f"the api could not take the claim: "
+                                           f"{exc.detail}") from exc
+                wait = min(delay, left)
+                log.warning("the api cannot take the claim yet; waiting", extra={
+                    "attempt": attempt, "code": str(exc.code), "retry_in_s": wait})
+            if self._stop.wait(wait):
+                raise ClaimUnavailable(ErrorCode.SERVICE_UNAVAILABLE,
+                                       "the worker is stopping; the claim was not made")
+            delay = min(2 * delay, cap)
 
     def heartbeat(self, job_id: str, beat: Heartbeat) -> HeartbeatReply:
         """Post data-independent progress; the reply says whether cancel was requested."""

@@ -29,15 +29,18 @@ class WorkerRuntime:
 
 
 def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
-    """Build the HTTP clients and the object store from the settings."""
-    api = ApiClient(settings.api.url, settings.api.token.get_secret_value())
+    """Build the HTTP clients and the object store from the settings (a claim waiting for
+    the api gives up when the worker shuts down, so its message is requeued at once)."""
+    shutdown = threading.Event()
+    api = ApiClient(settings.api.url, settings.api.token.get_secret_value(),
+                    claim_patience_s=settings.claim_patience_s, stop=shutdown)
     ledger = LedgerClient(settings.ledger.url, settings.ledger.token.get_secret_value())
     store = from_settings(settings.object_store,
                           grant_public_key=settings.grant_public_keys or None)
     work_dir = Path(settings.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     return WorkerRuntime(api=api, ledger=ledger, store=store, work_dir=work_dir,
-                         worker_id=settings.worker_id,
+                         worker_id=settings.worker_id, shutdown=shutdown,
                          ml=MlCore(inception_weights=settings.inception_weights,
                                    devices=settings.devices))
 

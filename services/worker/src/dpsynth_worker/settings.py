@@ -41,6 +41,11 @@ class WorkerSettings(BaseSettings):
     queue: str = "dpsynth"
     lease_ttl_s: int = Field(60, ge=1, description="the ledger's lease TTL; the broker's "
                              "visibility timeout is twice this")
+    claim_patience_s: float = Field(
+        60.0, gt=0, description="how long a claim waits for an unreachable api (connection "
+        "refused, 502/503/504) before the task's message goes back to the queue, unacked "
+        "(issue 14, item 2); keep it below the broker's visibility timeout (2 x lease_ttl_s) "
+        "so the message is not redelivered meanwhile (harmless: claims are fenced)")
     torch_threads: int | None = Field(None, ge=1)
     devices: str = Field(
         "auto", description="where DP finetunes train: auto (every visible GPU, else the "

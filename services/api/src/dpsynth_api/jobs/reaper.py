@@ -8,6 +8,11 @@
    the worker ended itself on SIGTERM (error code ``worker_shutdown``: it stopped at a step
    boundary and checkpointed); every other interruption is a lost attempt. Rolling deploys
    and scale-downs drain workers, and must not fail a healthy job.
+3. ``queued`` jobs whose task was sent more than ``queued_resend_s`` ago and that no worker
+   claimed get their task sent again (same attempt), at most once per ``queued_resend_s``:
+   the message may be gone (a broker that lost its data, an api that died between commit
+   and send). A duplicate of a message still waiting in a busy queue is harmless: the
+   claim is fenced, exactly one claim of an attempt wins and the other is refused.
 
 Each job is handled in its own transaction, picked with ``FOR UPDATE SKIP LOCKED``, through
 the one transition function with actor REAPER, so several api replicas can reap at once.
@@ -39,6 +44,7 @@ class ReapReport:
     cancelled: list[str] = field(default_factory=list)
     requeued: list[tuple[str, int]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    resent: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -52,6 +58,7 @@ class Reaper:
     max_attempts: int
     interval_s: float
     max_drained_attempts: int = 50
+    queued_resend_s: int = 1800
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -77,10 +84,11 @@ class Reaper:
                 log.exception("reaper pass failed")
 
     def reap_once(self) -> ReapReport:
-        """One pass over lapsed and interrupted jobs."""
+        """One pass over lapsed, interrupted and long-unclaimed queued jobs."""
         report = ReapReport()
         self._expire_lapsed(report)
         self._requeue_interrupted(report)
+        self._resend_unclaimed(report)
         return report
 
     def _close(self, reservation_id: str | None,
@@ -172,3 +180,35 @@ class Reaper:
         job.error_message = None
         session.commit()
         return job.id, job.attempt
+
+    def _resend_unclaimed(self, report: ReapReport) -> None:
+        """Send again the task of each queued job left unclaimed for ``queued_resend_s``.
+
+        The send happens under the row lock, before the commit that records it in
+        ``updated_at``: a failed send leaves the row as it was (retried next pass), and a
+        worker's claim of the new message waits for the commit. The pass stops at the first
+        failed send (the broker is down; every other send would fail too).
+        """
+        tried: set[str] = set()
+        now = utcnow()
+        cutoff = now - timedelta(seconds=self.queued_resend_s)
+        while True:
+            with self.sessions() as session:
+                job_id = repo.next_unclaimed(session, older_than=cutoff, exclude=tried)
+                if job_id is None:
+                    return
+                tried.add(job_id)
+                job = repo.lock(session, job_id)
+                assert job is not None
+                waited_s, attempt = (now - job.updated_at).total_seconds(), job.attempt
+                job.updated_at = now
+                try:
+                    self.sender.send_run_job(job_id, attempt)
+                except Exception:
+                    session.rollback()
+                    log.exception("could not re-send a queued job", extra={"job_id": job_id})
+                    return
+                session.commit()
+            report.resent.append((job_id, attempt))
+            log.warning("re-sent the task of a queued job no worker claimed", extra={
+                "job_id": job_id, "attempt": attempt, "unclaimed_s": round(waited_s, 1)})

@@ -52,6 +52,18 @@ def next_lapsed(session: Session, *, states: Collection[str], older_than: dateti
     return session.scalars(stmt).first()
 
 
+def next_unclaimed(session: Session, *, older_than: datetime,
+                   exclude: Collection[str]) -> str | None:
+    """One ``queued`` job whose task was last sent before ``older_than`` (entering
+    ``queued`` and a re-send both set ``updated_at``), locked, skipping rows another replica
+    or a claim holds."""
+    stmt = (select(Job.id)
+            .where(Job.state == "queued", Job.updated_at < older_than,
+                   Job.id.not_in(list(exclude) or [""]))
+            .order_by(Job.updated_at).limit(1).with_for_update(skip_locked=True))
+    return session.scalars(stmt).first()
+
+
 def next_in_state(session: Session, *, state: str, exclude: Collection[str]) -> str | None:
     """One job in ``state``, locked, skipping rows another replica holds."""
     stmt = (select(Job.id).where(Job.state == state, Job.id.not_in(list(exclude) or [""]))
