@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,6 +20,7 @@ from dpsynth_api.dashboard.router import router as dashboard_router
 from dpsynth_api.datasets.router import router as datasets_router
 from dpsynth_api.db import make_engine, make_session_factory
 from dpsynth_api.errors import install_error_handlers
+from dpsynth_api.idempotency import IdempotencyMiddleware, IdempotencyStore
 from dpsynth_api.internal.router import router as internal_router
 from dpsynth_api.jobs.reaper import Reaper
 from dpsynth_api.jobs.router import router as jobs_router
@@ -30,12 +32,16 @@ from dpsynth_api.middleware import (
     SecurityHeadersMiddleware,
 )
 from dpsynth_api.models.router import router as models_router
+from dpsynth_api.openapi import install_openapi
 from dpsynth_api.ports import LedgerPort, ObjectStore, TaskSender
+from dpsynth_api.ratelimit import RateLimiter, RateLimitMiddleware
 from dpsynth_api.settings import ApiSettings
+from dpsynth_api.sweeper import Sweeper
 from dpsynth_api.tenants.ledger_admin import router as ledger_admin_router
 from dpsynth_api.tenants.router import router as tenants_router
 
 MULTIPART_OVERHEAD_BYTES = 1 << 20
+log = logging.getLogger(__name__)
 
 
 def _default_store(settings: ApiSettings) -> ObjectStore:
@@ -49,6 +55,15 @@ def _default_store(settings: ApiSettings) -> ObjectStore:
 def _refuse_bad_strings(request: Request) -> None:
     # A NUL byte in a path id or query value would reach PostgreSQL (a 500): refuse it first.
     refuse_bad_request_strings(request.path_params, request.query_params.multi_items())
+
+
+def _sweep_at_start(sweeper: Sweeper) -> None:
+    # A store or database not reachable yet must not keep the api down: the periodic
+    # sweep retries.
+    try:
+        sweeper.sweep()
+    except Exception:
+        log.exception("the upload sweep at start failed")
 
 
 def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
@@ -76,16 +91,27 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
     reaper = Reaper(ctx.sessions, ctx.ledger, ctx.sender, lease_ttl_s=settings.lease_ttl_s,
                     max_attempts=settings.max_attempts,
                     max_drained_attempts=settings.max_drained_attempts,
+                    queued_resend_s=settings.queued_resend_s,
                     interval_s=settings.heartbeat_s)
+    limiter = RateLimiter(settings) if settings.rate_limit_enabled else None
+    sweeper = Sweeper(settings.spool_dir, ctx.sessions, ctx.store,
+                      grace_s=settings.sweep_grace_s, interval_s=settings.sweep_interval_s,
+                      metrics=ctx.metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.reaper_enabled:
             reaper.start()
+        if settings.sweep_enabled:  # what a crash left behind (issue 14, item 9)
+            _sweep_at_start(sweeper)
+            sweeper.start()
         try:
             yield
         finally:
+            sweeper.stop()
             reaper.stop()
+            if limiter is not None:
+                await limiter.close()
             engine.dispose()
 
     app = FastAPI(title="dpsynth api", version="0.1.0", lifespan=lifespan,
@@ -94,6 +120,7 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
                   "synthetic corpora, and an exact account of each dataset's privacy budget.")
     app.state.ctx = ctx
     app.state.reaper = reaper
+    app.state.sweeper = sweeper
     install_error_handlers(app)
     for router in (health.router, tenants_router, datasets_router, budgets_router,
                    models_router, jobs_router, artifacts_router, internal_router):
@@ -101,8 +128,15 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
     app.include_router(dashboard_router)
     app.include_router(ledger_views_router)
     app.include_router(ledger_admin_router)
+    install_openapi(app)
+    # Inside the guard: an oversized body is refused before a key is claimed for it.
+    app.add_middleware(IdempotencyMiddleware, store=IdempotencyStore(
+        ctx.sessions, ttl_s=settings.idempotency_ttl_s,
+        lock_timeout_s=settings.idempotency_lock_timeout_s))
     app.add_middleware(GuardMiddleware,
                        max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES)
+    if limiter is not None:  # before the guard and the key lookup: the cheapest refusal
+        app.add_middleware(RateLimitMiddleware, limiter=limiter)
     app.add_middleware(ObservabilityMiddleware, metrics=ctx.metrics)
     # Outermost: every answer (problem+json from the guard included) gets the headers.
     app.add_middleware(SecurityHeadersMiddleware)

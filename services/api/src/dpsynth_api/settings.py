@@ -6,6 +6,7 @@ Weak or default secrets fail fast at start (full-stack-fastapi-template's habit)
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from dpsynth_shared.grants import check_public_keys, public_keys_of
@@ -17,6 +18,13 @@ from dpsynth_shared.settings import (
 )
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dpsynth_api.inflation import (
+    DEFAULT_MAX_MEMBER_BYTES,
+    DEFAULT_MAX_RATIO,
+    DEFAULT_RATIO_FLOOR_BYTES,
+    ArchiveLimits,
+)
 
 _REPO_MIGRATIONS = Path(__file__).resolve().parents[4] / "migrations" / "api"
 
@@ -45,6 +53,10 @@ class ApiSettings(BaseSettings):
         "a database dump; rotating it breaks overlap detection across uploads")
     metrics_token: SecretStr | None = Field(None, description="bearer token a scrape of "
                                             "/metrics must present (unset: /metrics is open)")
+    instance_secret: SecretStr | None = Field(
+        None, description="per-start secret: /readyz?challenge=HEX answers with its HMAC "
+        "(header Dpsynth-Instance-Proof) so a launcher can tell this process from a foreign "
+        "server on the port; `dpsynth up` sets a fresh one each start")
     lease_ttl_s: int = Field(60, ge=1)
     heartbeat_s: int = Field(10, ge=1)
     max_attempts: int = Field(3, ge=1, description="attempts a job may lose (worker lost, "
@@ -54,10 +66,35 @@ class ApiSettings(BaseSettings):
         50, ge=1, description="graceful worker drains (SIGTERM: rolling deploys, "
         "scale-downs) a job may take before it fails too_many_attempts; a separate, larger "
         "cap than max_attempts so a job cannot be requeued forever")
+    queued_resend_s: int = Field(
+        1800, ge=1, description="the reaper re-sends the task of a job left queued and "
+        "unclaimed this long (its message was lost: a broker restart, a send that never "
+        "happened), at most once per this period; well above the usual queue wait, since "
+        "a duplicate message only costs a refused claim (docs/hardening-jobs.md)")
     max_upload_bytes: int = Field(512 * 1024 * 1024, ge=1)
     max_uncompressed_bytes: int = Field(2 * 1024 * 1024 * 1024, ge=1,
                                         description="cap on the inflated size of an archive")
     max_archive_members: int = Field(200_000, ge=1)
+    max_member_bytes: int = Field(
+        DEFAULT_MAX_MEMBER_BYTES, ge=1, description="the most bytes one archive member read "
+        "into memory may have (an image, a config; model weights are streamed), and the "
+        "largest single read from a decompressed stream")
+    max_decompression_ratio: float = Field(
+        DEFAULT_MAX_RATIO, gt=1, description="the most an upload may inflate relative to its "
+        "compressed size (counted while inflating; decompression bombs)")
+    ratio_floor_bytes: int = Field(
+        DEFAULT_RATIO_FLOOR_BYTES, ge=0, description="inflating up to this many bytes is "
+        "allowed whatever the ratio (small, very compressible uploads)")
+    spool_dir: Path = Field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / "dpsynth-api-spool",
+        description="where uploads are staged while checked (one folder per upload); "
+        "the embedded platform puts it under its data folder. Swept of what a crash left")
+    sweep_grace_s: float = Field(3600.0, ge=0, description="a staged upload (and the "
+                                 "objects it wrote) untouched this long, and not held by a "
+                                 "live api, is an orphan the sweeper removes")
+    sweep_interval_s: float = Field(600.0, gt=0, description="how often the api sweeps "
+                                    "orphans, besides at start")
+    sweep_enabled: bool = True
     max_image_pixels: int = Field(16 * 1024 * 1024, ge=1, description="per image")
     bootstrap_credentials_file: Path | None = None
     public_url: str | None = Field(None, description="api_url written to the credentials file")
@@ -70,6 +107,26 @@ class ApiSettings(BaseSettings):
         "during a grant-key rollover (the previous key)")
     reaper_enabled: bool = True
     migrations_dir: Path = _REPO_MIGRATIONS
+    # Idempotency-Key (issue 14, item 8; docs/hardening-requests.md)
+    idempotency_ttl_s: int = Field(24 * 3600, ge=1, description="how long a stored "
+                                   "Idempotency-Key and its response are kept (then purged)")
+    idempotency_lock_timeout_s: int = Field(
+        900, ge=1, description="a first request still marked in progress after this long "
+        "is taken as lost (its api process died) and a retry with its key may run again")
+    # Rate limits per API key, shared by the api replicas through Redis (issue 14, item 12)
+    rate_limit_enabled: bool = True
+    rate_limit_redis_url: str | None = Field(None, description="Redis of the shared token "
+                                             "buckets (default: broker_url)")
+    rate_limit_requests_per_s: float = Field(300.0, gt=0, description="sustained non-upload "
+                                             "requests per second per key")
+    rate_limit_requests_burst: int = Field(600, ge=1)
+    rate_limit_uploads_per_s: float = Field(2.0, gt=0, description="sustained uploads "
+                                            "(multipart POSTs) per second per key")
+    rate_limit_uploads_burst: int = Field(120, ge=1)
+    rate_limit_upload_bytes_per_s: float = Field(64 * 1024 * 1024, gt=0,
+                                                 description="sustained upload bytes per "
+                                                 "second per key (by Content-Length)")
+    rate_limit_upload_bytes_burst: int = Field(2 * 1024 * 1024 * 1024, ge=1)
 
     @field_validator("worker_token")
     @classmethod
@@ -111,6 +168,14 @@ class ApiSettings(BaseSettings):
     def grant_public_keys(self) -> list[str]:
         """Every public key a read grant may be signed with (current first)."""
         return public_keys_of([self.grant_public_key or "", *self.grant_retired_public_keys])
+
+    @property
+    def archive_limits(self) -> ArchiveLimits:
+        """The caps every upload is inflated under (dpsynth_api/inflation.py)."""
+        return ArchiveLimits(self.max_uncompressed_bytes, self.max_archive_members,
+                             max_member_bytes=self.max_member_bytes,
+                             max_ratio=self.max_decompression_ratio,
+                             ratio_floor_bytes=self.ratio_floor_bytes)
 
     @property
     def api_url(self) -> str:

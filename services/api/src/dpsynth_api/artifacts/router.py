@@ -15,6 +15,7 @@ from dpsynth_api.artifacts.schemas import (
     filename_of,
 )
 from dpsynth_api.deps import ReaderDep, SessionDep, SettingsDep, StoreDep
+from dpsynth_api.openapi import BINARY
 
 router = APIRouter(prefix="/v1", tags=["artifacts"])
 
@@ -27,7 +28,8 @@ def get_artifact(artifact_id: str, session: SessionDep, principal: ReaderDep) ->
 
 
 @router.get("/artifacts/{artifact_id}/download", response_model=None,
-            responses={200: {"content": {"application/octet-stream": {}},
+            responses={200: {"model": Presigned,
+                             "content": {"application/octet-stream": {"schema": BINARY}},
                              "description": "the bytes, or with presign=true a JSON URL"}})
 def download(artifact_id: str, request: Request, session: SessionDep, principal: ReaderDep,
              store: StoreDep, settings: SettingsDep,
@@ -65,7 +67,7 @@ def job_artifacts(job_id: str, session: SessionDep, principal: ReaderDep) -> Art
 
 
 @router.get("/presigned/{token}", response_model=None,
-            responses={200: {"content": {"application/octet-stream": {}},
+            responses={200: {"content": {"application/octet-stream": {"schema": BINARY}},
                              "description": "the presigned corpus"}})
 def presigned_download(token: str, store: StoreDep) -> StreamingResponse:
     """A presigned URL of the local object store (no key: the token is the credential).

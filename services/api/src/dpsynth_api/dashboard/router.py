@@ -17,7 +17,7 @@ from importlib.resources import files
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from fastapi import APIRouter, Response
 
-router = APIRouter(tags=["dashboard"], include_in_schema=False)
+router = APIRouter(tags=["dashboard"])
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -48,13 +48,17 @@ def _response(name: str, media_type: str) -> Response:
     return Response(_read(name), media_type=media_type, headers=SECURITY_HEADERS)
 
 
-@router.get("/dashboard")
+@router.get("/dashboard", response_class=Response, responses={
+    200: {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}}})
 def dashboard_page() -> Response:
     """The dashboard's page: a key-entry form, the overview and the per-dataset detail."""
     return _response("index.html", "text/html; charset=utf-8")
 
 
-@router.get("/dashboard/static/{name}")
+@router.get("/dashboard/static/{name}", response_class=Response, responses={
+    200: {"description": "the script or the style sheet",
+          "content": {media_type.split(";")[0]: {"schema": {"type": "string"}}
+                      for media_type in STATIC_FILES.values()}}})
 def dashboard_static(name: str) -> Response:
     """The dashboard's script and style sheet (404 for any other name)."""
     media_type = STATIC_FILES.get(name)

@@ -19,7 +19,9 @@ from dpsynth_api.tenants.security import Scope
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=201, response_model=JobOut | DryRun)
+@router.post("", status_code=201, response_model=None, responses={
+    201: {"model": JobOut, "description": "the job, queued"},
+    200: {"model": DryRun, "description": "dry_run=true: the plan and its budget impact"}})
 def submit_job(spec: Annotated[JobSpec, Body()], response: Response, session: SessionDep,
                principal: SubmitterDep, ledger: LedgerDep, sender: SenderDep,
                dry_run: bool = False) -> JobOut | DryRun:
@@ -69,7 +71,7 @@ _PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}}
 
 @router.get("/{job_id}/report", response_model=EvaluationReport, responses={
     200: {"description": "the report.json document, or with format=html the page",
-          "content": {"text/html": {}}},
+          "content": {"text/html": {"schema": {"type": "string"}}}},
     403: {"description": "owner-only report (private reference) without the 'owner' "
           "scope", **_PROBLEM},
     404: {"description": "unknown job, another tenant's job, or not an evaluate job",

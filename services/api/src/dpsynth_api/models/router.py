@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from dpsynth_api.deps import ContextDep, ReaderDep, SessionDep, StoreDep, SubmitterDep
 from dpsynth_api.models import service
 from dpsynth_api.models.schemas import ModelOut, ModelPage, model_out
+from dpsynth_api.openapi import BINARY
 from dpsynth_api.pagination import split
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -51,7 +52,7 @@ def get_model(model_id: str, session: SessionDep, principal: ReaderDep) -> Model
 
 
 @router.get("/{model_id}/download", response_model=None,
-            responses={200: {"content": {"application/zip": {}},
+            responses={200: {"content": {"application/zip": {"schema": BINARY}},
                              "description": "the zip of the diffusers folder + "
                                             "dpsynth_model.json, as uploaded"}})
 def download_model(model_id: str, session: SessionDep, principal: ReaderDep,
