@@ -72,6 +72,7 @@ def secret_data(env: dict[str, str], redis_password: str) -> dict[str, dict[str,
         },
         "dpsynth-ledger-secrets": {
             "service-tokens": need("DPSYNTH_LEDGER_SERVICE_TOKENS"),
+            "admin-tokens": need("DPSYNTH_LEDGER_ADMIN_TOKENS"),
             "grant-signing-key": need("DPSYNTH_LEDGER_GRANT_SIGNING_KEY"),
             "chain-signing-key": need("DPSYNTH_LEDGER_CHAIN_SIGNING_KEY"),
         },
