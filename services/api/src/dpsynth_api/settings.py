@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from dpsynth_shared.grants import check_public_keys, public_keys_of
+from dpsynth_shared.ledger_contract import PlanLimits
 from dpsynth_shared.settings import (
     DatabaseSettings,
     ObjectStoreSettings,
@@ -66,6 +67,10 @@ class ApiSettings(BaseSettings):
         50, ge=1, description="graceful worker drains (SIGTERM: rolling deploys, "
         "scale-downs) a job may take before it fails too_many_attempts; a separate, larger "
         "cap than max_attempts so a job cannot be requeued forever")
+    plan_limits: PlanLimits = Field(
+        default_factory=PlanLimits, description="the ledger's plan bounds, checked at "
+        "submission so an out-of-bounds job is refused before the ledger is asked (422 "
+        "plan_too_large); keep them equal to DPSYNTH_LEDGER_PLAN_LIMITS__*")
     queued_resend_s: int = Field(
         1800, ge=1, description="the reaper re-sends the task of a job left queued and "
         "unclaimed this long (its message was lost: a broker restart, a send that never "

@@ -10,7 +10,15 @@ from dpsynth_shared.job_states import JobState
 from fastapi import APIRouter, Body, Query, Response
 from fastapi.responses import StreamingResponse
 
-from dpsynth_api.deps import LedgerDep, ReaderDep, SenderDep, SessionDep, StoreDep, SubmitterDep
+from dpsynth_api.deps import (
+    LedgerDep,
+    ReaderDep,
+    SenderDep,
+    SessionDep,
+    SettingsDep,
+    StoreDep,
+    SubmitterDep,
+)
 from dpsynth_api.jobs import reports, service, submit
 from dpsynth_api.jobs.schemas import DryRun, JobOut, JobPage, job_out
 from dpsynth_api.pagination import split
@@ -24,13 +32,14 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
     200: {"model": DryRun, "description": "dry_run=true: the plan and its budget impact"}})
 def submit_job(spec: Annotated[JobSpec, Body()], response: Response, session: SessionDep,
                principal: SubmitterDep, ledger: LedgerDep, sender: SenderDep,
-               dry_run: bool = False) -> JobOut | DryRun:
+               settings: SettingsDep, dry_run: bool = False) -> JobOut | DryRun:
     """Submit a job; ``?dry_run=true`` returns the plan and budget impact, storing nothing."""
     if dry_run:
         response.status_code = 200
-        return submit.plan_job(session, principal=principal, ledger=ledger, spec=spec)
+        return submit.plan_job(session, principal=principal, ledger=ledger, spec=spec,
+                               limits=settings.plan_limits)
     job = submit.submit_job(session, principal=principal, ledger=ledger, sender=sender,
-                            spec=spec)
+                            spec=spec, limits=settings.plan_limits)
     return job_out(job, [], owner=principal.has(Scope.OWNER))
 
 

@@ -78,7 +78,8 @@ def _require_masks_for_target(dataset: Dataset, target: str) -> None:
                            f"masks, and dataset {dataset.id} carries none", dataset_id=dataset.id)
 
 
-def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str) -> _Resolved:
+def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str,
+             limits: PlanLimits) -> _Resolved:
     if isinstance(spec, FeatureNetSpec):
         return _Resolved(dataset=evaluations.resolve_feature_net(session, principal, spec))
     if isinstance(spec, EvaluateSpec):
@@ -125,7 +126,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
         shapes = per_label_shapes(dataset, spec)
         reserve = ReserveRequest(job_id=job_id, dataset_id=budget_id,
                                  target_epsilon=spec.privacy.target_epsilon, per_label=shapes)
-        check_plan_size(reserve, PlanLimits())  # the ledger's default bounds, refused early
+        check_plan_size(reserve, limits)  # the ledger's bounds (api setting), refused early
         return _Resolved(dataset=dataset, model_id=base.id, reserve=reserve,
                          steps=sum(shape.steps for shape in shapes.values()))
     if batch > dataset.declared_size:
@@ -138,7 +139,7 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str)
     reserve = ReserveRequest(job_id=job_id, dataset_id=budget_id,
                              target_epsilon=spec.privacy.target_epsilon,
                              expected_batch_size=batch, steps=steps, population_size=population)
-    check_plan_size(reserve, PlanLimits())  # the ledger's default bounds, refused early
+    check_plan_size(reserve, limits)  # the ledger's bounds (api setting), refused early
     return _Resolved(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve)
 
 
@@ -183,9 +184,9 @@ def per_label_shapes(dataset: Dataset, spec: FinetuneSpec) -> dict[str, LabelSha
 
 
 def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
-             spec: AnySpec) -> DryRun:
+             spec: AnySpec, limits: PlanLimits | None = None) -> DryRun:
     """``dry_run``: what the job would be and cost; nothing is stored or reserved."""
-    resolved = _resolve(session, principal, spec, new_job_id())
+    resolved = _resolve(session, principal, spec, new_job_id(), limits or PlanLimits())
     plan: dict[str, Any] | None = None
     if resolved.evaluate and resolved.dataset is not None:
         plan = evaluations.evaluation_privacy(resolved.dataset, None, spec)
@@ -199,7 +200,7 @@ def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
 
 
 def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
-               sender: TaskSender, spec: AnySpec) -> Job:
+               sender: TaskSender, spec: AnySpec, limits: PlanLimits | None = None) -> Job:
     """Insert a ``queued`` job (attempt 1) after reserving its budget, then send its task.
 
     Raises:
@@ -207,7 +208,7 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
             ``invalid_spec``, 409 ``privacy_budget_exhausted`` (the ledger's numbers).
     """
     job_id = new_job_id()
-    resolved = _resolve(session, principal, spec, job_id)
+    resolved = _resolve(session, principal, spec, job_id, limits or PlanLimits())
     privacy = None
     reservation_id = None
     if resolved.evaluate and resolved.dataset is not None:
