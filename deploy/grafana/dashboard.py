@@ -192,6 +192,15 @@ panel("timeseries", "Jobs by state", "Jobs in the api's database by state.",
 panel("timeseries", "Uploads by kind and outcome", "Dataset and model uploads per second.",
       [target("sum by (kind, outcome) (rate(dpsynth_api_uploads_total[$__rate_interval]))",
               "{{kind}} {{outcome}}")], 12, 12, 8, unit="ops", options=TS)
+panel("timeseries", "Jobs reaped and re-sent",
+      "What the api's reaper did per interval. re-sent: the task of a queued job no worker "
+      "claimed within DPSYNTH_API_QUEUED_RESEND_S was sent again (its message was lost: a "
+      "broker restart, a worker that could not reach the api); a steady rate means tasks are "
+      "being lost. reaped: jobs whose worker stopped heartbeating, by outcome (interrupted, "
+      "then requeued or failed too_many_attempts; cancelling ones end cancelled).",
+      refs([("sum(increase(dpsynth_api_jobs_resent_total[$__rate_interval]))", "re-sent"),
+            ("sum by (outcome) (increase(dpsynth_api_jobs_reaped_total[$__rate_interval]))",
+             "reaped {{outcome}}")]), 0, 24, 8, options=TS)
 
 row("Workers")
 W = '{job="dpsynth-worker"}'

@@ -2,18 +2,23 @@
 
 A replay returns the first response and does not do the work again (one job, one
 reservation, one dataset); another body under the same key is a 422; tenants' keys are
-independent; concurrent duplicates create once; expired keys are purged.
+independent; concurrent duplicates create once; expired keys are purged. The answer is
+stored before the client has it (a replay sent the moment it arrives is a replay, not a
+409); a large answer, a 5xx, an exception, an unread body or a failed store free the key.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import anyio
+import pytest
 from dpsynth_api.db import make_session_factory
-from dpsynth_api.idempotency import IdempotencyStore
+from dpsynth_api.idempotency import IdempotencyMiddleware, IdempotencyStore
 from sqlalchemy import create_engine, text
 
 from tests.integration.api.conftest import Api, auth
@@ -197,3 +202,167 @@ def test_stored_responses_are_sealed_to_the_key_that_sent_them(api: Api) -> None
     r = _submit(api, other_key, _spec(dataset, model), "mine")
     assert r.status_code == 422 and r.json()["code"] == "idempotency_key_reused"
     assert len(api.ledger.reservations) == 1
+
+
+# --- the answer is stored before the client has it (a replay at once is a replay) ---
+
+Headers = list[tuple[bytes, bytes]]
+
+
+async def _asgi_post(app: Any, path: str, headers: Headers, body: bytes,
+                     on_complete: Callable[[], Awaitable[None]] | None = None,
+                     ) -> tuple[int, dict[str, str], bytes]:
+    """POST through an ASGI app as a server would; ``on_complete`` runs the moment the
+    client has the whole answer (the last body message), before the app returns."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "root_path": "", "query_string": b"", "client": ("testclient", 50000),
+             "server": ("testserver", 80),
+             "headers": [(b"host", b"testserver"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode()), *headers]}
+    answer: dict[str, Any] = {"status": 0, "headers": {}, "chunks": []}
+    read, done = False, anyio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal read
+        if not read:
+            read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+            answer["headers"] = {n.decode().lower(): v.decode()
+                                 for n, v in message.get("headers", [])}
+        elif message["type"] == "http.response.body":
+            answer["chunks"].append(message.get("body", b""))
+            if not message.get("more_body", False):
+                done.set()
+                if on_complete is not None:
+                    await on_complete()
+
+    await app(scope, receive, send)
+    return answer["status"], answer["headers"], b"".join(answer["chunks"])
+
+
+def _replay_at_once(api: Api, token: str, key: str, body: bytes) -> list[Any]:
+    """The first request, and a replay sent the moment the first answer is complete."""
+    app = api.client.app
+    headers: Headers = [(b"authorization", f"Bearer {token}".encode()),
+                        (b"idempotency-key", key.encode())]
+    answers: list[Any] = []
+
+    async def replay() -> None:
+        answers.append(await _asgi_post(app, "/v1/jobs", headers, body))
+
+    async def first() -> None:
+        answers.insert(0, await _asgi_post(app, "/v1/jobs", headers, body, replay))
+
+    api.client.portal.call(first)  # type: ignore[union-attr]
+    return answers
+
+
+def test_a_replay_the_moment_the_answer_arrives_is_a_replay(api: Api) -> None:
+    """Before the fix the answer went out before its row was stored: a client that replayed
+    at once got 409 idempotency_in_progress for a request that had finished."""
+    token, dataset, model = _setup(api)
+    for i, spec in enumerate((_spec(dataset, model),
+                              _spec(dataset, model) | {"training": {"expected_batch_size": 13,
+                                                                    "epochs": 2}})):
+        (status, headers, body), (rstatus, rheaders, rbody) = _replay_at_once(
+            api, token, f"at-once-{i}", json.dumps(spec).encode())
+        assert status == (201, 422)[i], body
+        assert (rstatus, rbody) == (status, body), rbody
+        assert rheaders.get("idempotent-replayed") == "true"
+        assert "idempotent-replayed" not in headers
+    assert _count(api, "select count(*) from api.jobs") == 1
+    assert len(api.ledger.reservations) == 1
+
+
+# --- what is not stored frees the key (the middleware around small ASGI apps) ---
+
+def _store(api: Api) -> tuple[IdempotencyStore, Any]:
+    engine = create_engine(api.settings.database.url)
+    return IdempotencyStore(make_session_factory(engine), ttl_s=60, lock_timeout_s=60), engine
+
+
+def _run(app: Any, api: Api, token: str, key: str) -> tuple[int, dict[str, str], bytes]:
+    store, engine = _store(api)
+    try:
+        middleware = IdempotencyMiddleware(app, store)
+        headers: Headers = [(b"authorization", f"Bearer {token}".encode()),
+                            (b"idempotency-key", key.encode())]
+        return anyio.run(_asgi_post, middleware, "/v1/things", headers, b"{}")
+    finally:
+        engine.dispose()
+
+
+def _keys(api: Api) -> int:
+    return _count(api, "select count(*) from api.idempotency_keys")
+
+
+def test_a_large_answer_is_streamed_and_not_stored(api: Api) -> None:
+    _, token = api.tenant()
+    chunk = b"x" * (256 * 1024)
+
+    async def large(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(8):  # 2 MiB: above the stored cap
+            await send({"type": "http.response.body", "body": chunk, "more_body": i < 7})
+
+    status, _, body = _run(large, api, token, "large")
+    assert status == 200 and body == chunk * 8
+    assert _keys(api) == 0  # freed: a retry runs again
+
+
+def test_failures_free_the_key(api: Api) -> None:
+    _, token = api.tenant()
+
+    async def server_error(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": b"down"})
+
+    async def raises_mid_answer(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        raise RuntimeError("boom")
+
+    async def body_not_read(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    assert _run(server_error, api, token, "5xx")[0] == 503
+    with pytest.raises(RuntimeError):
+        _run(raises_mid_answer, api, token, "raises")
+    status, _, body = _run(body_not_read, api, token, "unread")
+    assert (status, body) == (200, b"{}")
+    assert _keys(api) == 0
+
+
+def test_a_store_that_fails_still_answers_and_frees_the_key(api: Api) -> None:
+    _, token = api.tenant()
+
+    async def created(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b'{"id": 1}'})
+
+    class FailingFinish(IdempotencyStore):
+        def finish(self, *args: Any, **kwargs: Any) -> None:
+            raise OSError("database gone")
+
+    store, engine = _store(api)
+    try:
+        failing = FailingFinish(store.sessions, ttl_s=60, lock_timeout_s=60)
+        headers: Headers = [(b"authorization", f"Bearer {token}".encode()),
+                            (b"idempotency-key", b"lost")]
+        status, _, body = anyio.run(_asgi_post, IdempotencyMiddleware(created, failing),
+                                    "/v1/things", headers, b"{}")
+    finally:
+        engine.dispose()
+    assert (status, body) == (201, b'{"id": 1}')
+    assert _keys(api) == 0

@@ -92,7 +92,8 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
                     max_attempts=settings.max_attempts,
                     max_drained_attempts=settings.max_drained_attempts,
                     queued_resend_s=settings.queued_resend_s,
-                    interval_s=settings.heartbeat_s)
+                    interval_s=settings.heartbeat_s,
+                    on_pass=lambda report: ctx.metrics.count_reap(report.counts()))
     limiter = RateLimiter(settings) if settings.rate_limit_enabled else None
     sweeper = Sweeper(settings.spool_dir, ctx.sessions, ctx.store,
                       grace_s=settings.sweep_grace_s, interval_s=settings.sweep_interval_s,

@@ -22,6 +22,12 @@ Stored: every answer below 500 except 401, 408 and 429, which say the request wa
 (as Stripe does for 4xx: a refused spec stays refused for that key; a 5xx may have been
 transient, so its key is released and a retry runs again). A request whose body the app
 did not read to the end is not stored either (its fingerprint would be partial).
+
+A stored answer is committed before the client gets it: the middleware holds the answer
+(start and body) until its row is committed, then forwards it, so a client that has the
+whole answer and replays at once gets the replay, never a 409 ``idempotency_in_progress``
+for a request that already finished. An answer above ``MAX_STORED_BODY_BYTES`` (no creating
+POST has one) is streamed as it comes and not stored.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ KEY_PATTERN = re.compile(r"[A-Za-z0-9_.:+/=~-]{1,255}")
 IN_PROGRESS, DONE = "in_progress", "done"
 NOT_STORED = frozenset({401, 408, 429})  # "not run, retry": the key stays free
 RETRY_AFTER_S = 1
+# An answer above this is streamed, not stored (every creating POST answers with small JSON).
+MAX_STORED_BODY_BYTES = 1 << 20
 _PURGE_EVERY_S = 60.0
 
 
@@ -258,9 +266,18 @@ class IdempotencyMiddleware:
 
     async def _first(self, scope: Scope, receive: Receive, send: Send, tenant_id: str,
                      key: str, sealer: Sealer) -> None:
+        """Run the first request with a key; store its answer, then let the client have it.
+
+        The answer of a storable status is held (it is small JSON: every creating POST
+        answers so) and forwarded only once its row is committed, so a client that has the
+        whole answer and replays at once gets the replay, never a 409 for a request that
+        already finished. Past ``MAX_STORED_BODY_BYTES`` the answer is streamed instead and
+        not stored (the key is freed).
+        """
         fingerprint = Fingerprint(scope)
-        body: list[bytes] = []
-        seen: dict[str, Any] = {"complete": False, "status": None, "headers": []}
+        seen: dict[str, Any] = {"complete": False, "stored": False}
+        held: list[Message] = []  # the start and body messages not forwarded yet
+        holding, size = False, 0
 
         async def hashing_receive() -> Message:
             message = await receive()
@@ -270,30 +287,66 @@ class IdempotencyMiddleware:
                     seen["complete"] = True
             return message
 
-        async def capturing_send(message: Message) -> None:
+        async def flush() -> None:
+            nonlocal holding
+            holding = False
+            messages = list(held)
+            held.clear()
+            for message in messages:
+                await send(message)
+
+        async def holding_send(message: Message) -> None:
+            nonlocal holding, size
             if message["type"] == "http.response.start":
-                seen["status"] = message["status"]
+                status = message["status"]
+                holding = status < 500 and status not in NOT_STORED
+                seen["status"] = status
                 seen["headers"] = [[n.decode("latin-1"), v.decode("latin-1")]
                                    for n, v in message.get("headers", [])]
-            elif message["type"] == "http.response.body":
-                body.append(message.get("body", b""))
-            await send(message)
+            if not holding or message["type"] not in ("http.response.start",
+                                                       "http.response.body"):
+                await send(message)
+                return
+            held.append(message)
+            if message["type"] != "http.response.body":
+                return
+            size += len(message.get("body", b""))
+            if size > MAX_STORED_BODY_BYTES:  # not an answer to store: stream it
+                log.warning("idempotent response too large to store; key freed",
+                            extra={"bytes": size, "path": scope["path"]})
+                await flush()
+                return
+            if message.get("more_body", False):
+                return
+            if seen["complete"]:  # a request read to its end (else its fingerprint is partial)
+                body = b"".join(m.get("body", b"") for m in held[1:])
+                seen["stored"] = await self._store(
+                    tenant_id, key, fingerprint.hexdigest(), seen["status"], seen["headers"],
+                    sealer.seal(body))
+                held[1:] = [{"type": "http.response.body", "body": body}]  # one message
+            await flush()
 
-        stored = False
         try:
-            await self.app(scope, hashing_receive, capturing_send)
-            status = seen["status"]
-            if (status is not None and status < 500 and status not in NOT_STORED
-                    and seen["complete"]):
-                with anyio.CancelScope(shield=True):
-                    await run_sync(self.store.finish, tenant_id, key,
-                                   fingerprint.hexdigest(), status, seen["headers"],
-                                   sealer.seal(b"".join(body)))
-                stored = True
+            await self.app(scope, hashing_receive, holding_send)
+            if held:  # the app ended without finishing its answer: pass on what it sent
+                await flush()
         finally:
-            if not stored:
+            if not seen["stored"]:
                 with anyio.CancelScope(shield=True):
                     await run_sync(self.store.release, tenant_id, key)
+
+    async def _store(self, tenant_id: str, key: str, fingerprint: str, status: int,
+                     headers: list[list[str]], sealed: bytes) -> bool:
+        """Commit the answer under its key; False (the key is then freed) when the database
+        refused: the client still gets the answer, a retry runs again."""
+        try:
+            with anyio.CancelScope(shield=True):
+                await run_sync(self.store.finish, tenant_id, key, fingerprint, status,
+                               headers, sealed)
+        except Exception:
+            log.exception("could not store an idempotent response; key freed")
+            return False
+        return True
 
     async def _replay(self, scope: Scope, receive: Receive, send: Send, stored: Stored,
                       sealer: Sealer) -> None:

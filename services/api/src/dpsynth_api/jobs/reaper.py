@@ -16,12 +16,17 @@
 
 Each job is handled in its own transaction, picked with ``FOR UPDATE SKIP LOCKED``, through
 the one transition function with actor REAPER, so several api replicas can reap at once.
+
+After each pass (also one cut short by an error) the report's counts go to ``on_pass``: the
+app counts them in ``dpsynth_api_jobs_resent_total`` and
+``dpsynth_api_jobs_reaped_total{outcome}`` (metrics.py).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal
@@ -46,6 +51,12 @@ class ReapReport:
     failed: list[str] = field(default_factory=list)
     resent: list[tuple[str, int]] = field(default_factory=list)
 
+    def counts(self) -> dict[str, int]:
+        """How many jobs each step of the pass handled (keys: the field names)."""
+        return {"interrupted": len(self.interrupted), "cancelled": len(self.cancelled),
+                "requeued": len(self.requeued), "failed": len(self.failed),
+                "resent": len(self.resent)}
+
 
 @dataclass
 class Reaper:
@@ -59,6 +70,8 @@ class Reaper:
     interval_s: float
     max_drained_attempts: int = 50
     queued_resend_s: int = 1800
+    # called with each pass's report, even one an error cut short (the app's metrics)
+    on_pass: Callable[[ReapReport], None] | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -86,9 +99,16 @@ class Reaper:
     def reap_once(self) -> ReapReport:
         """One pass over lapsed, interrupted and long-unclaimed queued jobs."""
         report = ReapReport()
-        self._expire_lapsed(report)
-        self._requeue_interrupted(report)
-        self._resend_unclaimed(report)
+        try:
+            self._expire_lapsed(report)
+            self._requeue_interrupted(report)
+            self._resend_unclaimed(report)
+        finally:
+            if self.on_pass is not None:
+                try:
+                    self.on_pass(report)
+                except Exception:
+                    log.exception("reaper pass callback failed")
         return report
 
     def _close(self, reservation_id: str | None,
