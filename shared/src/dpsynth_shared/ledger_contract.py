@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode
-from dpsynth_shared.release_contract import SizeRelease
+from dpsynth_shared.release_contract import MAX_DELTA, MIN_DELTA, SizeRelease
 from dpsynth_shared.text import MAX_DECLARED_SIZE, MAX_INT32, MIN_EPSILON, ContractBody, Name
 
 TIGHT_LABEL = (
@@ -57,8 +57,8 @@ class _Body(ContractBody):
 class CreateBudget(_Body):
     dataset_id: str
     tenant_id: str
-    epsilon_limit: float = Field(gt=0, le=100)
-    delta: float = Field(gt=0, lt=1)
+    epsilon_limit: float = Field(ge=MIN_EPSILON, le=100)
+    delta: float = Field(ge=MIN_DELTA, le=MAX_DELTA)
     declared_size: int = Field(ge=1, le=MAX_DECLARED_SIZE)
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
     partitions: list[Name] = Field(default_factory=list, description="declared label domain")

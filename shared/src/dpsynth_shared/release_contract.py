@@ -18,6 +18,14 @@ from pydantic import BaseModel, Field
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
 from dpsynth_shared.text import MIN_EPSILON, ContractBody
 
+MIN_DELTA = 1e-30
+MAX_DELTA = 0.5
+"""The δ a budget may have (issue 14, item 4). Beyond 0.5 a "guarantee" means nothing (a
+mechanism publishing a random half of the records is (0, 0.5)-DP) and δ → 1 made a one-shot
+calibration run for minutes; 1e-30 is far below any δ a dataset needs (δ < 1/N̂, N̂ ≤ 10^9),
+and a subnormal δ (5e-324) reaches no accountant. Every existing use (1e-10 ... 0.3, and
+δ < 1/N̂) lies inside."""
+
 
 class _Body(ContractBody):
     """A body of this contract (dpsynth_shared.text.ContractBody)."""
@@ -36,8 +44,9 @@ class SizeRelease(_Body):
 class SizeReleasePlanRequest(_Body):
     """Calibrate the Gaussian count of a dataset's size before its budget exists."""
 
-    epsilon_limit: float = Field(gt=0, le=100)
-    delta: float = Field(gt=0, lt=1, description="declared or fixed; never from the count")
+    epsilon_limit: float = Field(ge=MIN_EPSILON, le=100)
+    delta: float = Field(ge=MIN_DELTA, le=MAX_DELTA,
+                         description="declared or fixed; never from the count")
     neighbouring: Neighbouring = Neighbouring.ADD_REMOVE
     target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the count's standalone "
                                   "epsilon at delta (add/remove: sensitivity 1)")

@@ -98,6 +98,14 @@ def _api_cases(w: dict[str, Any]) -> dict[str, tuple[str, str, dict[str, Any]]]:
         "size-epsilon-tiny": upload({k: v for k, v in _private_meta(
             size_epsilon=1e-323).items() if k != "declared_size"}),
         "declared-size-2^31": upload(_private_meta(declared_size=2**31)),
+        # a DP count of the size at δ → 1 and a subnormal limit ran the ledger's one-shot
+        # calibration for minutes (issue 14, items 1 and 4): the schema refuses both
+        "size-epsilon-delta-near-one": upload({k: v for k, v in _private_meta(
+            size_epsilon=0.001, delta=0.9999999999999999).items() if k != "declared_size"}),
+        "size-epsilon-limit-subnormal": upload({k: v for k, v in _private_meta(
+            size_epsilon=0.001, epsilon_limit=5e-324).items() if k != "declared_size"}),
+        "epsilon-limit-subnormal": upload(_private_meta(epsilon_limit=5e-324)),
+        "delta-subnormal": upload(_private_meta(delta=5e-324)),
         "tenant-name-nul": ("POST", "/v1/tenants", {"headers": admin, "json": {
             "name": "evil" + NUL}}),
         "tenant-name-control": ("POST", "/v1/tenants", {"headers": admin, "json": {
@@ -183,6 +191,23 @@ def _ledger_cases(ds: str) -> dict[str, tuple[str, str, dict[str, Any]]]:
         "histogram-epsilon-tiny": ("POST", f"/v1/budgets/{ds}/histogram-releases", {"json": {
             "target_epsilon": 1e-323, "dry_run": True}}),
         "budget-path-nul": ("GET", "/v1/budgets/ds_%00", {}),
+        "size-plan-delta-near-one": ("POST", "/v1/size-release-plans", {"json": {
+            "epsilon_limit": 1.0, "delta": 0.9999999999999999, "target_epsilon": 0.001}}),
+        "size-plan-limit-subnormal": ("POST", "/v1/size-release-plans", {"json": {
+            "epsilon_limit": 5e-324, "delta": 1e-6, "target_epsilon": 0.001}}),
+        "size-plan-both": ("POST", "/v1/size-release-plans", {"json": {
+            "epsilon_limit": 5e-324, "delta": 0.9999999999999999, "target_epsilon": 0.001}}),
+        "budget-delta-near-one": ("POST", "/v1/budgets", {"json": {
+            **budget, "delta": 0.9999999999999999, "declared_size": 1}}),
+        "budget-limit-subnormal": ("POST", "/v1/budgets", {"json": {
+            **budget, "epsilon_limit": 5e-324}}),
+        # Starlette's own errors are problems too (they were application/json or text)
+        "malformed-json-body": ("POST", "/v1/plans", {
+            "content": b'{"dataset_id": ', "headers": {"content-type": "application/json"}}),
+        "non-utf8-json-body": ("POST", "/v1/plans", {  # Starlette's 400 "error parsing"
+            "content": b'{"dataset_id": "\xff"}', "headers": {"content-type": "application/json"}}),
+        "unknown-route": ("GET", "/v1/no-such-route", {}),
+        "method-not-allowed": ("DELETE", "/v1/budgets", {}),
         "entries-query-nul": ("GET", "/v1/entries?dataset_id=%00", {}),
     }
 

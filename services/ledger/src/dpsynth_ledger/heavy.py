@@ -153,7 +153,8 @@ class HeavyWork:
 
     def gaussian_sigma(self, target_epsilon: float, delta: float) -> float:
         """:func:`~dpsynth_ledger.accounting.calibrate_gaussian_sigma` through the shared
-        cache and a slot (a tiny target's one-shot calibration takes tens of seconds)."""
+        cache and a slot (the analytic Gaussian mechanism's σ, milliseconds; the cache keeps
+        every process's σ for a shape identical)."""
         relation = str(Neighbouring.ADD_REMOVE)
         key = shape_key("gaussian", target_epsilon, 1.0, 1, delta, relation,
                         self.discretization)

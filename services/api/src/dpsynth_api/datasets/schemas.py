@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.ledger_contract import PrivacyUnit
+from dpsynth_shared.release_contract import MAX_DELTA, MIN_DELTA
 from dpsynth_shared.text import MIN_EPSILON, Name
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -18,8 +19,8 @@ class DatasetMetadata(BaseModel):
 
     name: Name = Field(min_length=1, max_length=200)
     visibility: Literal["public", "private"]
-    epsilon_limit: float | None = Field(None, gt=0, le=100)
-    delta: float | None = Field(None, gt=0, lt=1)
+    epsilon_limit: float | None = Field(None, ge=MIN_EPSILON, le=100)
+    delta: float | None = Field(None, ge=MIN_DELTA, le=MAX_DELTA)
     label_domain: list[Name] | None = Field(None, min_length=1, max_length=10_000)
     declared_size: int | None = Field(
         None, ge=1, le=100_000_000, description="the public size N̂ (at most 10^8): an upper "

@@ -4,8 +4,10 @@ the released sizes on its budget.
 The histogram has one count per declared label. Under add/remove, adding or removing one
 record changes exactly one count by 1 (every record has exactly one label), so its L2
 sensitivity is 1 (under replace-one two counts change by 1: √2). Adding N(0, σ²) to every
-count is ONE Gaussian mechanism; calibrated by PLD (``dp_accounting``'s ``GaussianDpEvent``,
-bisection on σ) to be (target, δ)-DP at the dataset's δ. Its RDP at α* is α*·Δ²/(2σ²).
+count is ONE Gaussian mechanism; σ is the analytic Gaussian mechanism's for (target, δ) at
+the dataset's δ (Balle & Wang 2018), raised until its reported figure, ``dp_accounting``'s
+PLD of the ``GaussianDpEvent``, meets the target too (accounting.pld.calibrate_gaussian_sigma:
+milliseconds at any target). Its RDP at α* is α*·Δ²/(2σ²).
 
 The record is the dataset's privacy unit: on a ``subject`` dataset the counts are SUBJECTS
 per class (the public N̂_c of user-level per-label training), and the argument above needs

@@ -3,8 +3,9 @@
 Under add/remove the number of units N is itself private: adding or removing one unit changes
 it by exactly 1 (L2 sensitivity Δ = 1). A private upload therefore either declares an upper
 bound N̂ ≥ N, or asks for a DP estimate: the count N + Z, Z ~ N(0, σ²), with σ calibrated like
-the class-size histogram's (``dp_accounting``'s ``GaussianDpEvent`` under its PLD accountant,
-bisection on σ, the upper end kept) to be (target, δ)-DP at the dataset's δ, which is declared
+the class-size histogram's (the analytic Gaussian mechanism's σ, checked against
+``dp_accounting``'s PLD of its ``GaussianDpEvent``, the upper end kept) to be (target, δ)-DP
+at the dataset's δ (the contract keeps δ in [1e-30, 0.5], the limit ≥ 1e-3), which is declared
 or fixed and never derived from N. The count is a one-bin histogram: it is recorded with the
 histogram's entry kind (``histogram_released``, ``"statistic": "dataset_size"``), so the chain
 replay, the recompute report, reconciliation and the tight figure handle it unchanged.
