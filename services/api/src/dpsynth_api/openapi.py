@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dpsynth_shared.errors import PROBLEM_CONTENT_TYPE, Problem
+from dpsynth_shared.openapi_problems import FASTAPI_422, finish_components
+from dpsynth_shared.openapi_problems import problem as problem_object
 from fastapi import FastAPI
 from fastapi.dependencies.models import Dependant
 from fastapi.openapi.utils import get_openapi
@@ -39,9 +40,6 @@ from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
 
 from dpsynth_api.deps import get_ledger, get_principal, get_session, require, require_worker
 from dpsynth_api.idempotency import KEY_PATTERN
-
-PROBLEM_REF = "#/components/schemas/Problem"
-FASTAPI_422 = "Validation Error"  # FastAPI's own description of the 422 it documents
 
 # Short reasons per status; the body's ``code`` is the stable, machine-readable part.
 DESCRIPTIONS: dict[int, str] = {
@@ -92,9 +90,6 @@ IDEMPOTENCY_KEY: dict[str, Any] = {
 # dpsynth_api.ratelimit limits every path under this prefix, with a key or without.
 RATE_LIMITED_PREFIX = "/v1/"
 BINARY = {"type": "string", "format": "binary"}
-RETRY_AFTER = {"description": "seconds to wait before retrying",
-               "schema": {"type": "integer", "minimum": 0}}
-WWW_AUTHENTICATE = {"description": "the scheme expected: Bearer", "schema": {"type": "string"}}
 SECURITY_SCHEMES = {
     "apiKey": {"type": "http", "scheme": "bearer", "bearerFormat": "dps_...",
                "description": "a tenant's API key (scopes: read, submit, owner, admin)"},
@@ -105,16 +100,11 @@ SECURITY_SCHEMES = {
 
 def problem(status: int) -> dict[str, Any]:
     """The OpenAPI response object of a problem+json answer with ``status``."""
-    response: dict[str, Any] = {
-        "description": DESCRIPTIONS.get(status, "RFC 9457 problem details"),
-        "content": {PROBLEM_CONTENT_TYPE: {"schema": {"$ref": PROBLEM_REF}}}}
     # Always sent with a 429 (the limiter) and a 401 (errors.py); a 503 has it when retrying
-    # soon helps (pool exhausted, ledger busy).
-    if status in (429, 503):
-        response["headers"] = {"Retry-After": {**RETRY_AFTER, "required": status == 429}}
-    if status == 401:
-        response["headers"] = {"WWW-Authenticate": {**WWW_AUTHENTICATE, "required": True}}
-    return response
+    # soon helps (pool exhausted, ledger busy). The object is dpsynth_shared.openapi_problems'.
+    return problem_object(status, DESCRIPTIONS.get(status, "RFC 9457 problem details"),
+                          retry_after=status == 429 if status in (429, 503) else None,
+                          www_authenticate=status == 401)
 
 
 def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
@@ -202,13 +192,8 @@ def build_document(app: FastAPI) -> dict[str, Any]:
     for route in iter_route_contexts(app.routes):
         if isinstance(route.original_route, APIRoute) and route.include_in_schema:
             _complete(document, route)
-    components = document.setdefault("components", {})
-    schemas: dict[str, Any] = components.setdefault("schemas", {})
     # FastAPI's own 422 body is never sent (errors.py answers a Problem instead).
-    for unused in ("HTTPValidationError", "ValidationError"):
-        schemas.pop(unused, None)
-    schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
-    components["securitySchemes"] = SECURITY_SCHEMES
+    finish_components(document, SECURITY_SCHEMES)
     return document
 
 

@@ -25,6 +25,7 @@ from dpsynth_ledger.chain import adopt_existing_chain, anchor_status, install_an
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.heavy import HeavyWork
 from dpsynth_ledger.metrics import LedgerMetrics
+from dpsynth_ledger.openapi import install_openapi
 from dpsynth_ledger.router import router
 from dpsynth_ledger.settings import LedgerSettings
 from dpsynth_ledger.tight import TightWorker
@@ -102,6 +103,7 @@ def create_app(settings: LedgerSettings) -> FastAPI:
         log.warning("DPSYNTH_LEDGER_ADMIN_TOKENS is unset: every service token (a worker's "
                     "too) may call /v1/admin/*; set it to the api's ledger token")
     app.include_router(router, dependencies=[Depends(auth), Depends(_refuse_bad_strings)])
+    install_openapi(app)  # every operation's real problem+json errors (openapi.py)
     problems.install(app)
     app.add_middleware(SecurityHeadersMiddleware)
 
