@@ -529,6 +529,10 @@ def table_markdown(results: dict[str, Any]) -> str:
         f"{'ok' if led['server_verify_ok'] else 'NOT OK'} |",
         f"| **Zero overspend** | **{'yes' if led['zero_overspend'] else 'NO'}** |",
     ]
+    limits = results.get("rate_limits")
+    if limits:  # issue 14, item 12: what the api would have refused above
+        lines += ["", "Per-key rate limits in force (every request above uses one key): "
+                  + ", ".join(f"`{k}` {v}" for k, v in sorted(limits.items())) + "."]
     return "\n".join(lines)
 
 
