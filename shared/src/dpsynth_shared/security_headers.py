@@ -15,6 +15,11 @@ from typing import Any
 
 STRICT_CSP = "default-src 'none'; frame-ancestors 'none'"
 DOC_PATHS = ("/docs", "/redoc")
+ERROR_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store",
+                 "Content-Security-Policy": STRICT_CSP}
+"""The same headers, for the last-resort 500 handlers: Starlette answers an unhandled error
+from its outermost middleware, outside :class:`SecurityHeadersMiddleware`, so those handlers
+set them on their response themselves."""
 
 _Message = MutableMapping[str, Any]
 _App = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[_Message]],

@@ -51,3 +51,6 @@ def test_an_unexpected_error_is_a_problem_without_detail(settings: object) -> No
         r = c.get("/boom")
     assert r.status_code == 500 and r.headers["content-type"].startswith(PROBLEM)
     assert r.json()["code"] == "internal_error" and "secret" not in r.text
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["cache-control"] == "no-store"
+    assert "default-src 'none'" in r.headers["content-security-policy"]

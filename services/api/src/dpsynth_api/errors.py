@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from dpsynth_shared.errors import PROBLEM_CONTENT_TYPE, DpsynthError, ErrorCode
+from dpsynth_shared.security_headers import ERROR_HEADERS
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -90,7 +91,8 @@ async def _pool_exhausted(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error")
-    return problem_response(DpsynthError(ErrorCode.INTERNAL, "internal error"), request)
+    return problem_response(DpsynthError(ErrorCode.INTERNAL, "internal error"), request,
+                            headers=ERROR_HEADERS)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from dpsynth_shared.errors import HTTP_STATUS, PROBLEM_CONTENT_TYPE, DpsynthError, ErrorCode
+from dpsynth_shared.security_headers import ERROR_HEADERS
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -74,7 +75,7 @@ def install(app: FastAPI) -> None:
         # never Starlette's plain-text page.
         log.exception("unhandled error")
         return problem_response(DpsynthError(ErrorCode.INTERNAL, "internal error"),
-                                request.url.path)
+                                request.url.path, headers=ERROR_HEADERS)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
