@@ -14,10 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -53,6 +56,25 @@ def wait_for_port(port: int, timeout: float = 30.0, host: str = "127.0.0.1") -> 
                 return
         time.sleep(0.1)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+@contextlib.contextmanager
+def serve_asgi(app: Any) -> Iterator[str]:
+    """``app`` (an ASGI app) served by uvicorn on a free loopback port in a thread; yields
+    its base URL and stops the server on exit."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for_port(port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 @dataclass

@@ -16,10 +16,8 @@ contract's safety net in ``make test`` (docs/api-contract.md), not a fuzzing cam
 
 from __future__ import annotations
 
-import threading
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from dpsynth_api.adapters.celery_sender import CelerySender
 from dpsynth_api.adapters.ledger_http import HttpLedger
 from dpsynth_api.app import create_app
@@ -41,7 +38,6 @@ from dpsynth_api.tenants.service import create_tenant
 from dpsynth_ledger.app import create_app as create_ledger_app
 from dpsynth_ledger.migrate import upgrade as upgrade_ledger
 from dpsynth_shared.stores.local import LocalDirStore
-from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -55,7 +51,7 @@ from sqlalchemy import create_engine
 from tests.integration.api.conftest import WORKER_TOKEN, Api, auth, make_settings
 from tests.integration.ledger.conftest import TOKEN as LEDGER_TOKEN
 from tests.integration.ledger.conftest import make_settings as ledger_settings
-from tests.support.servers import free_port, wait_for_port
+from tests.support.servers import serve_asgi
 from tests.unit.api import builders as b
 
 MAX_EXAMPLES = 6
@@ -86,22 +82,6 @@ class Running:
     url: str
     keys: dict[str, str]
     ids: dict[str, str]
-
-
-@contextmanager
-def _serving(app: FastAPI) -> Iterator[str]:
-    """``app`` on a free loopback port (uvicorn in a thread); yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for_port(port)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def _root(settings_: ApiSettings) -> CreatedTenant:
@@ -162,12 +142,12 @@ def running(pg: Any, redis_url: str,
     broker_url = redis_url.rsplit("/", 1)[0] + "/14"
     settings_ = make_settings(pg.url(pg.create_database()), tmp, broker_url=broker_url)
     upgrade_head(settings_)
-    with _serving(create_ledger_app(lset)) as ledger_url:
+    with serve_asgi(create_ledger_app(lset)) as ledger_url:
         ledger = HttpLedger(ledger_url, LEDGER_TOKEN, timeout_s=30)
         store = LocalDirStore(tmp / "objects")
         app = create_app(settings_, store=store, ledger=ledger,
                          task_sender=CelerySender(broker_url))
-        with _serving(app) as url, httpx.Client(base_url=url, timeout=60) as client:
+        with serve_asgi(app) as url, httpx.Client(base_url=url, timeout=60) as client:
             root = _root(settings_)
             api = Api(client, settings_, ledger, None, store,  # type: ignore[arg-type]
                       root.key.api_key)

@@ -15,20 +15,16 @@ net in ``make test`` (docs/api-contract.md), not a fuzzing campaign.
 
 from __future__ import annotations
 
-import threading
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from dpsynth_ledger.app import create_app
 from dpsynth_ledger.migrate import upgrade
-from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from pydantic import SecretStr
 from schemathesis.checks import not_a_server_error
@@ -40,7 +36,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.integration.ledger.conftest import TOKEN, make_settings
-from tests.support.servers import free_port, wait_for_port
+from tests.support.servers import serve_asgi
 
 MAX_EXAMPLES = 10
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
@@ -75,22 +71,6 @@ class Running:
     ids: dict[str, str]
 
 
-@contextmanager
-def _serving(app: FastAPI) -> Iterator[str]:
-    """``app`` on a free loopback port (uvicorn in a thread); yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for_port(port)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 def _created(response: httpx.Response) -> dict[str, Any]:
     assert response.status_code == 201, response.text
     body: dict[str, Any] = response.json()
@@ -123,7 +103,7 @@ def _seed(client: httpx.Client) -> dict[str, str]:
 def running(pg: Any) -> Iterator[Running]:
     lset = _settings(pg.url(pg.create_database()))
     upgrade(lset)
-    with _serving(create_app(lset)) as url, httpx.Client(
+    with serve_asgi(create_app(lset)) as url, httpx.Client(
             base_url=url, timeout=60, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         yield Running(url, _seed(client))
 
