@@ -109,3 +109,21 @@ def test_the_client_retries_a_429_once_and_sends_idempotency_keys(
     finally:
         engine.dispose()
     assert keys == 2
+
+
+def test_made_up_keys_buy_no_fresh_buckets(make_api: Any, redis_url: str) -> None:
+    """A flood of invented tokens (each a key lookup and a 401) draws on its address's
+    unknown-caller bucket, not on a fresh bucket per token; a key already accepted does not
+    draw on that bucket, so the flood does not hold it back."""
+    import secrets
+
+    api = _limited(make_api, redis_url, rate_limit_unknown_per_s=0.1,
+                   rate_limit_unknown_burst=5)
+    _, token = api.tenant()
+    assert api.client.get("/v1/datasets", headers=auth(token)).status_code == 200  # accepted
+    answers = [api.client.get("/v1/datasets", headers=auth(
+        f"dps_{secrets.token_hex(16)}_{secrets.token_hex(32)}")).status_code for _ in range(12)]
+    assert set(answers) == {401, 429} and answers.count(401) <= 5, answers
+    assert answers[-1] == 429
+    for _ in range(3):
+        assert api.client.get("/v1/datasets", headers=auth(token)).status_code == 200

@@ -132,6 +132,10 @@ class ApiSettings(BaseSettings):
                                                  description="sustained upload bytes per "
                                                  "second per key (by Content-Length)")
     rate_limit_upload_bytes_burst: int = Field(2 * 1024 * 1024 * 1024, ge=1)
+    rate_limit_unknown_per_s: float = Field(
+        50.0, gt=0, description="requests per second per client address carrying no token or "
+        "one not yet accepted (a flood of made-up keys: each is a key lookup and a 401)")
+    rate_limit_unknown_burst: int = Field(200, ge=1)
 
     @field_validator("worker_token")
     @classmethod
