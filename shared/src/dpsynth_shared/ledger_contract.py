@@ -18,7 +18,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
-from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.release_contract import MAX_DELTA, MIN_DELTA, SizeRelease
 from dpsynth_shared.text import MAX_DECLARED_SIZE, MAX_INT32, MIN_EPSILON, ContractBody, Name
 
@@ -198,38 +197,6 @@ class PlanRequest(_Shape):
     population_size: int | None = Field(None, ge=1, le=MAX_DECLARED_SIZE,
                                         description=_POPULATION)
     neighbouring: Neighbouring = Field(Neighbouring.ADD_REMOVE, description=_RELATION)
-
-
-class PlanLimits(BaseModel):
-    """Bounds on the work one plan may cause, checked before any accounting (issue 14,
-    item 1). PLD calibration costs grow with a run's steps (0.1 s at 5,000 steps, ~1-4 s at
-    100,000, ~10 s at 1,000,000 on one core), and a per-label job calibrates one run per
-    class; the defaults keep 15x headroom over the largest paper-sized job (DP-LDM: 200 epochs
-    of MNIST at batch 2,000, 6,000 steps; DPDM: 300 epochs at batch 4,096, 4,395 steps;
-    DP-DocLDM per label: 16 classes of ~5,000 steps)."""
-
-    max_steps: int = Field(100_000, ge=1, description="steps of one run (epochs x N / batch)")
-    max_total_steps: int = Field(1_000_000, ge=1, description="steps of all a plan's runs "
-                                 "together (per label: summed over the classes)")
-    max_runs: int = Field(1_000, ge=1, description="runs of one plan (per-label classes)")
-
-
-def check_plan_size(shape: _Shape, limits: PlanLimits) -> None:
-    """Refuse a plan whose accounting would exceed ``limits``, before doing any of it.
-
-    Raises:
-        DpsynthError: 422 ``plan_too_large`` naming the bound, its value and the plan's.
-    """
-    runs = ([shape.steps or 0] if shape.per_label is None
-            else [s.steps for s in shape.per_label.values()])
-    for bound, value, limit in (("max_runs", len(runs), limits.max_runs),
-                                ("max_steps", max(runs, default=0), limits.max_steps),
-                                ("max_total_steps", sum(runs), limits.max_total_steps)):
-        if value > limit:
-            raise DpsynthError(ErrorCode.PLAN_TOO_LARGE,
-                               f"the plan needs {value} {bound.removeprefix('max_')}; the "
-                               f"ledger accounts at most {limit} ({bound}): fewer epochs or a "
-                               "larger batch", bound=bound, limit=limit, value=value)
 
 
 class LabelPlan(BaseModel):

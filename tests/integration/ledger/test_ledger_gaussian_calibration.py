@@ -3,7 +3,7 @@
 A private upload with ``size_epsilon=0.001`` made the ledger plan a size release at ε = 1e-3:
 its calibration (PLD bisection from σ = 1 at an interval of 1e-6) ran past 15 s, and past
 140 s at δ = 0.9999999999999999 with ``epsilon_limit=5e-324``. The σ is now the analytic
-Gaussian mechanism's (dpsynth_ledger.accounting.pld.analytic_gaussian_sigma) and the contract
+Gaussian mechanism's (dpsynth_ledger.accounting.gaussian.analytic_gaussian_sigma) and the contract
 refuses a δ above 0.5 or a limit below 1e-3 before any work. Real ledger, real PostgreSQL.
 """
 

@@ -28,7 +28,7 @@ from dpsynth_ledger.migrate import upgrade
 from dpsynth_ledger.settings import LedgerSettings
 from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.grants import generate_signing_key
-from dpsynth_shared.ledger_contract import PlanLimits
+from dpsynth_shared.plan_limits import PlanLimits
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker

@@ -15,7 +15,7 @@ import time
 
 import dp_accounting
 import pytest
-from dpsynth_ledger.accounting.pld import (
+from dpsynth_ledger.accounting.gaussian import (
     analytic_gaussian_delta,
     analytic_gaussian_sigma,
     calibrate_gaussian_sigma,

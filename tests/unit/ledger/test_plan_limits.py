@@ -7,7 +7,8 @@ import time
 import pytest
 from dpsynth_ledger.accounting import calibrate_noise_multiplier
 from dpsynth_shared.errors import DpsynthError
-from dpsynth_shared.ledger_contract import LabelShape, PlanLimits, PlanRequest, check_plan_size
+from dpsynth_shared.ledger_contract import LabelShape, PlanRequest
+from dpsynth_shared.plan_limits import PlanLimits, check_plan_size
 
 
 def _refusal(request: PlanRequest, limits: PlanLimits) -> dict[str, object]:

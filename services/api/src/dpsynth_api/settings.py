@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from dpsynth_shared.grants import check_public_keys, public_keys_of
-from dpsynth_shared.ledger_contract import PlanLimits
+from dpsynth_shared.plan_limits import PlanLimits
 from dpsynth_shared.settings import (
     DatabaseSettings,
     ObjectStoreSettings,

@@ -4,7 +4,7 @@ One dry-run plan once kept the ledger busy for minutes and every tenant's reques
 behind it. Three rules keep the request path answering:
 
 * **bounded before done**: a plan's steps and runs are checked against
-  :class:`~dpsynth_shared.ledger_contract.PlanLimits` (the ledger's settings) before any
+  :class:`~dpsynth_shared.plan_limits.PlanLimits` (the ledger's settings) before any
   calibration (422 ``plan_too_large``);
 * **computed once for all processes**: a calibrated σ is kept in ``ledger.calibrations``,
   keyed by the full shape (kind, target ε, q, steps, δ, relation, PLD interval, accountant
@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 
 from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.errors import DpsynthError, ErrorCode
-from dpsynth_shared.ledger_contract import PlanLimits
+from dpsynth_shared.plan_limits import PlanLimits
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session, sessionmaker
 

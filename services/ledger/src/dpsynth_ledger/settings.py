@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 from dpsynth_shared.grants import check_public_keys, public_key_of
-from dpsynth_shared.ledger_contract import PlanLimits
+from dpsynth_shared.plan_limits import PlanLimits
 from dpsynth_shared.settings import DatabaseSettings, require_strong_secret
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict

@@ -21,11 +21,10 @@ from dpsynth_shared.job_specs import (
 from dpsynth_shared.job_states import Actor, JobState
 from dpsynth_shared.ledger_contract import (
     LabelShape,
-    PlanLimits,
     Reservation,
     ReserveRequest,
-    check_plan_size,
 )
+from dpsynth_shared.plan_limits import PlanLimits, check_plan_size
 from dpsynth_shared.release_contract import EvaluationRequest
 from sqlalchemy.orm import Session
 

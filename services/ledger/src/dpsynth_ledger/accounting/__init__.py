@@ -2,7 +2,8 @@
 
 * :mod:`.events` maps dpsynth events to ``dp_accounting`` events (one function);
 * :mod:`.rdp` is RDP at one order, the named RDP→DP conversion, and α*;
-* :mod:`.pld` is the tight figure, calibration and the largest admissible target;
+* :mod:`.pld` is the tight figure, DP-SGD calibration and the largest admissible target;
+* :mod:`.gaussian` is one-shot Gaussian releases: their figure and calibration;
 * :mod:`.filter` is the Feldman–Zrnic RDP filter that admits jobs.
 """
 
@@ -15,15 +16,17 @@ from dpsynth_ledger.accounting.events import (
     to_dp_accounting,
 )
 from dpsynth_ledger.accounting.filter import RdpFilter
+from dpsynth_ledger.accounting.gaussian import (
+    calibrate_gaussian_sigma,
+    gaussian_discretization,
+    gaussian_epsilon,
+)
 from dpsynth_ledger.accounting.pld import (
     ACCOUNTANT_NAME,
     DEFAULT_DISCRETIZATION,
     REPLACE_ONE_PLD_NAME,
-    calibrate_gaussian_sigma,
     calibrate_noise_multiplier,
     dp_sgd_epsilon,
-    gaussian_discretization,
-    gaussian_epsilon,
     max_admissible_target,
     min_noise_multiplier_for_room,
     pld_epsilon,

@@ -14,8 +14,8 @@ from dpsynth_shared.ledger_contract import (
     LabelPlan,
     Plan,
     PlanRequest,
-    check_plan_size,
 )
+from dpsynth_shared.plan_limits import check_plan_size
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 

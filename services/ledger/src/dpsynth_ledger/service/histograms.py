@@ -6,7 +6,7 @@ record changes exactly one count by 1 (every record has exactly one label), so i
 sensitivity is 1 (under replace-one two counts change by 1: √2). Adding N(0, σ²) to every
 count is ONE Gaussian mechanism; σ is the analytic Gaussian mechanism's for (target, δ) at
 the dataset's δ (Balle & Wang 2018), raised until its reported figure, ``dp_accounting``'s
-PLD of the ``GaussianDpEvent``, meets the target too (accounting.pld.calibrate_gaussian_sigma:
+PLD of the ``GaussianDpEvent``, meets the target too (accounting.gaussian.calibrate_gaussian_sigma:
 milliseconds at any target). Its RDP at α* is α*·Δ²/(2σ²).
 
 The record is the dataset's privacy unit: on a ``subject`` dataset the counts are SUBJECTS
