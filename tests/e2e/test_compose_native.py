@@ -69,6 +69,8 @@ class NativeCompose:
         self.services: dict[str, Any] = self.compose["services"]
         self.dotenv, self.gen_output = generate_env(tmp / ".env")
         self.ports = {name: servers.free_port() for name in CONTAINER_PORTS}
+        while len(set(self.ports.values())) < len(self.ports):  # a port handed out twice
+            self.ports = {name: servers.free_port() for name in CONTAINER_PORTS}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.stoppers: list[Any] = []
         self.rewrites: list[tuple[re.Pattern[str], str]] = []

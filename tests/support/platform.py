@@ -21,6 +21,12 @@ from pathlib import Path
 
 import httpx
 from dpsynth_shared.grants import generate_signing_key, public_key_of
+from dpsynth_shared.instance_proof import (
+    PROOF_HEADER,
+    new_challenge,
+    new_instance_secret,
+    proves_instance,
+)
 
 from tests.support.servers import free_port, stop_process_groups
 
@@ -42,6 +48,11 @@ class ServicePlatform:
         self.broker_url = f"{self.broker_url.rsplit('/', 1)[0]}/{next(_REDIS_DBS)}"
         self.ledger_port = free_port()
         self.api_port = free_port()
+        while self.api_port == self.ledger_port:  # two probes may be handed the same port
+            self.api_port = free_port()
+        # Each process proves it is ours on /readyz?challenge= (dpsynth_shared.instance_proof),
+        # so a wait never mistakes another server on a reused port for it (issue 14, item 3).
+        self.instance_secrets = {"ledger": new_instance_secret(), "api": new_instance_secret()}
         self.signing_key = generate_signing_key()
         self.public_key = public_key_of(self.signing_key)
         self.chain_signing_key = generate_signing_key()
@@ -87,6 +98,8 @@ class ServicePlatform:
             "DPSYNTH_LEDGER_ANCHOR__PATH": str(self.anchor_path),
             "DPSYNTH_LEDGER_HOST": "127.0.0.1",
             "DPSYNTH_LEDGER_PORT": str(self.ledger_port),
+            "DPSYNTH_LEDGER_INSTANCE_SECRET": self.instance_secrets["ledger"],
+            "DPSYNTH_API_INSTANCE_SECRET": self.instance_secrets["api"],
             "DPSYNTH_API_DATABASE__URL": self.database_url,
             "DPSYNTH_API_BROKER_URL": self.broker_url,
             "DPSYNTH_API_LEDGER__URL": self.ledger_url,
@@ -150,10 +163,13 @@ class ServicePlatform:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log(name)}")
             try:
-                r = httpx.get(f"{url}/readyz", timeout=2)
-                if r.status_code == 200:
+                challenge = new_challenge()
+                r = httpx.get(f"{url}/readyz", params={"challenge": challenge}, timeout=2)
+                ours = proves_instance(self.instance_secrets[name], challenge,
+                                       r.headers.get(PROOF_HEADER))
+                if r.status_code == 200 and ours:
                     return
-                last = r.text
+                last = r.text if ours else f"not our {name} answers on {url}: {r.text[:200]}"
             except httpx.HTTPError as exc:
                 last = str(exc)
             time.sleep(0.3)
