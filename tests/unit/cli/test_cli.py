@@ -117,7 +117,7 @@ def test_datasets_upload_splits_label_domain(api: FakeApi, tmp_path: Path) -> No
 
     def handler(request: httpx.Request) -> httpx.Response:
         captured["body"] = request.content
-        return httpx.Response(201, json={"id": "ds_2"})
+        return httpx.Response(201, json={"dataset_id": "ds_2"})
 
     api.route("POST", "/v1/datasets", handler)
     data = tmp_path / "d.npz"
@@ -148,7 +148,7 @@ def test_a_private_upload_states_its_public_size(api: FakeApi, tmp_path: Path) -
 
     def handler(request: httpx.Request) -> httpx.Response:
         captured["body"] = request.content
-        return httpx.Response(201, json={"id": "ds_3"})
+        return httpx.Response(201, json={"dataset_id": "ds_3"})
 
     api.route("POST", "/v1/datasets", handler)
     data = tmp_path / "d.npz"
@@ -200,3 +200,35 @@ def test_status_of_a_home_without_platform_exits_3(tmp_path: Path) -> None:
     result = runner.invoke(app, ["status", "--home", str(tmp_path)])
     assert result.exit_code == 3
     assert json.loads(result.output)["running"] is False
+
+
+def test_submit_watch_and_lists_read_the_ids_the_api_returns(api: FakeApi,
+                                                             tmp_path: Path) -> None:
+    """The api names ids `job_id`, `dataset_id`, `model_id` (its response schemas); the CLI
+    crashed with KeyError 'id' after `jobs submit --watch` and printed empty id columns."""
+    from dpsynth_api.datasets.schemas import DatasetSummary
+    from dpsynth_api.jobs.schemas import JobOut
+    from dpsynth_api.models.schemas import ModelOut
+
+    assert {"job_id"} <= set(JobOut.model_fields) and "id" not in JobOut.model_fields
+    assert "dataset_id" in DatasetSummary.model_fields and "model_id" in ModelOut.model_fields
+    job = {"job_id": "job_w", "type": "finetune", "state": "queued", "created_at": "t0"}
+    api.route("POST", "/v1/jobs", lambda r: httpx.Response(201, json=job))
+    api.route("GET", "/v1/jobs/job_w", {**job, "state": "succeeded",
+                                        "progress": {"step": 2, "total": 2}})
+    api.route("GET", "/v1/jobs", {"items": [job], "next_cursor": None})
+    api.route("GET", "/v1/datasets", {"items": [{"dataset_id": "ds_7", "name": "d",
+                                                 "visibility": "public", "declared_size": 3,
+                                                 "created_at": "t0"}], "next_cursor": None})
+    api.route("GET", "/v1/models", {"items": [{"model_id": "mdl_5", "name": "m",
+                                               "source": "upload", "created_at": "t0"}],
+                                    "next_cursor": None})
+    spec = tmp_path / "job.yaml"
+    spec.write_text("type: pretrain\ndataset_id: ds_7\n")
+    result = runner.invoke(app, ["jobs", "submit", str(spec), "--watch"])
+    assert result.exit_code == 0, result.output
+    assert "succeeded" in result.output
+    for command, wanted in ((["jobs", "list"], "job_w"), (["datasets", "list"], "ds_7"),
+                            (["models", "list"], "mdl_5")):
+        listed = runner.invoke(app, command)
+        assert listed.exit_code == 0 and wanted in listed.output, (command, listed.output)

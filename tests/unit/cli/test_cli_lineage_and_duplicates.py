@@ -55,7 +55,7 @@ def test_upload_on_duplicate_reaches_the_metadata(api: FakeApi, tmp_path: Path) 
 
     def handler(request: httpx.Request) -> httpx.Response:
         captured["body"] = request.content
-        return httpx.Response(201, json={"id": "ds_2"})
+        return httpx.Response(201, json={"dataset_id": "ds_2"})
 
     api.route("POST", "/v1/datasets", handler)
     data = tmp_path / "d.npz"

@@ -70,7 +70,7 @@ def _submitted(api: FakeApi) -> list[dict[str, Any]]:
 
 def _accept_jobs(api: FakeApi, job_id: str = "job_new") -> None:
     api.route("POST", "/v1/jobs", lambda r: httpx.Response(
-        201, json={"id": job_id, "type": json.loads(r.content)["type"], "state": "queued"}))
+        201, json={"job_id": job_id, "type": json.loads(r.content)["type"], "state": "queued"}))
 
 
 def test_the_sample_report_is_a_valid_document() -> None:
@@ -152,7 +152,7 @@ def test_features_train_submits_a_valid_feature_net_spec(api: FakeApi) -> None:
     assert spec == {"type": "feature_net", "dataset_id": "ds_public", "image_size": 16,
                     "channels": 1, "epochs": 3, "seed": 7}
     FeatureNetSpec.model_validate(spec)
-    assert json.loads(result.output)["id"] == "job_feat"
+    assert json.loads(result.output)["job_id"] == "job_feat"
     result = runner.invoke(app, ["features", "train", "ds_public"])
     assert _submitted(api)[-1] == {"type": "feature_net", "dataset_id": "ds_public"}
     result = runner.invoke(app, ["features", "train", "ds_public", "--channels", "2"])
@@ -161,8 +161,8 @@ def test_features_train_submits_a_valid_feature_net_spec(api: FakeApi) -> None:
 
 def test_features_train_wait_follows_the_job(api: FakeApi) -> None:
     _accept_jobs(api, "job_feat")
-    states = iter([{"id": "job_feat", "state": "running", "progress": {"step": 1, "total": 2}},
-                   {"id": "job_feat", "state": "succeeded", "progress": {"step": 2, "total": 2},
+    states = iter([{"job_id": "job_feat", "state": "running", "progress": {"step": 1, "total": 2}},
+                   {"job_id": "job_feat", "state": "succeeded", "progress": {"step": 2, "total": 2},
                     "result": {"model_id": "mdl_feat"}}])
     api.route("GET", "/v1/jobs/job_feat", lambda r: httpx.Response(200, json=next(states)))
     result = runner.invoke(app, ["features", "train", "ds_public", "--wait", "--poll", "0"])
@@ -172,8 +172,8 @@ def test_features_train_wait_follows_the_job(api: FakeApi) -> None:
 
 def test_evaluate_submits_the_spec_waits_and_prints_the_headline(api: FakeApi) -> None:
     _accept_jobs(api, "job_ev")
-    states = iter([{"id": "job_ev", "state": "running", "progress": {"step": 1, "total": 5}},
-                   {"id": "job_ev", "state": "succeeded", "progress": {"step": 5, "total": 5},
+    states = iter([{"job_id": "job_ev", "state": "running", "progress": {"step": 1, "total": 5}},
+                   {"job_id": "job_ev", "state": "succeeded", "progress": {"step": 5, "total": 5},
                     "result": {"report_artifact_id": "art_r", "non_dp": True}}])
     api.route("GET", "/v1/jobs/job_ev", lambda r: httpx.Response(200, json=next(states)))
     api.route("GET", "/v1/jobs/job_ev/report", REPORT)
@@ -194,7 +194,7 @@ def test_evaluate_submits_the_spec_waits_and_prints_the_headline(api: FakeApi) -
 def test_evaluate_with_dp_epsilon_asks_for_a_dp_release_and_prints_it(api: FakeApi) -> None:
     _accept_jobs(api, "job_ev")
     released = {"label": "DP", "epsilon": 0.5, "metrics": {"tstr_accuracy/cnn": 0.61}}
-    api.route("GET", "/v1/jobs/job_ev", {"id": "job_ev", "state": "succeeded",
+    api.route("GET", "/v1/jobs/job_ev", {"job_id": "job_ev", "state": "succeeded",
                                          "result": {"dp_evaluation": released}})
     api.route("GET", "/v1/jobs/job_ev/report", REPORT)
     result = runner.invoke(app, ["evaluate", "art_corpus", "--dataset", "ds_priv",
@@ -210,7 +210,7 @@ def test_evaluate_with_dp_epsilon_asks_for_a_dp_release_and_prints_it(api: FakeA
 
 def test_evaluate_defaults_and_a_failed_job(api: FakeApi) -> None:
     _accept_jobs(api, "job_ev")
-    api.route("GET", "/v1/jobs/job_ev", {"id": "job_ev", "state": "failed",
+    api.route("GET", "/v1/jobs/job_ev", {"job_id": "job_ev", "state": "failed",
                                          "error": {"code": "no_holdout"}})
     result = runner.invoke(app, ["evaluate", "art_corpus", "--dataset", "ds_x", "--wait",
                                  "--poll", "0"])
@@ -241,7 +241,7 @@ def test_upload_sends_the_holdout_split(api: FakeApi, tmp_path: Path) -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         captured["body"] = request.content
-        return httpx.Response(201, json={"id": "ds_2"})
+        return httpx.Response(201, json={"dataset_id": "ds_2"})
 
     api.route("POST", "/v1/datasets", handler)
     data = tmp_path / "d.npz"

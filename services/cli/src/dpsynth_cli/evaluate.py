@@ -89,7 +89,7 @@ def _submit_and_maybe_wait(client: Client, spec: dict[str, Any], wait: bool,
     print_json(job)
     if not wait:
         return job, 0
-    return job, watch_job(client, str(job["id"]), poll=poll)
+    return job, watch_job(client, str(job["job_id"]), poll=poll)
 
 
 @features.command("train")
@@ -152,9 +152,9 @@ def evaluate(
     client = state_of(ctx).client()
     job, code = _submit_and_maybe_wait(client, spec, wait, poll)
     if wait and code == 0:
-        print_report(client.get_report(str(job["id"])))
+        print_report(client.get_report(str(job["job_id"])))
         if dp_epsilon is not None:
-            released = (client.get_job(str(job["id"])).get("result") or {}).get(
+            released = (client.get_job(str(job["job_id"])).get("result") or {}).get(
                 "dp_evaluation")
             console.print("DP evaluation (inside the guarantee):", style="bold")
             print_json(released)

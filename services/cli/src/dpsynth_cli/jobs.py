@@ -42,7 +42,7 @@ def submit(ctx: typer.Context, spec_file: Annotated[Path, typer.Argument(exists=
     print_json(result)
     _warn_spent_after(client, spec, result)
     if watch_ and not dry_run:
-        raise typer.Exit(watch_job(client, result["id"]))
+        raise typer.Exit(watch_job(client, result["job_id"]))
 
 
 def _warn_spent_after(client: Client, spec: dict[str, Any], result: dict[str, Any]) -> None:
@@ -67,7 +67,7 @@ def list_(ctx: typer.Context,
     """All jobs of your tenant, newest first."""
     filters = {"state": state} if state else {}
     rows = state_of(ctx).client().list_jobs(**filters)
-    print_table(rows, ["id", "type", "state", "created_at"], "jobs")
+    print_table(rows, ["job_id", "type", "state", "created_at"], "jobs")
 
 
 @app.command("show")

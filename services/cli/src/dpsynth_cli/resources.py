@@ -158,7 +158,7 @@ def make_documents(
 def list_datasets(ctx: typer.Context) -> None:
     """Your datasets."""
     print_table(state_of(ctx).client().list_datasets(),
-                ["id", "name", "visibility", "declared_size", "created_at"], "datasets")
+                ["dataset_id", "name", "visibility", "declared_size", "created_at"], "datasets")
 
 
 @datasets.command("show")
@@ -271,7 +271,7 @@ def budget(ctx: typer.Context, dataset_id: str) -> None:
 def list_models(ctx: typer.Context) -> None:
     """Your models."""
     print_table(state_of(ctx).client().list_models(),
-                ["id", "name", "source", "created_at"], "models")
+                ["model_id", "name", "source", "created_at"], "models")
 
 
 @models.command("upload")
