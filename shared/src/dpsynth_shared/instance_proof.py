@@ -23,6 +23,11 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode
 PROOF_HEADER = "Dpsynth-Instance-Proof"
 """Response header of ``/readyz?challenge=...`` holding the hex HMAC (only when a secret is
 configured)."""
+PROOF_SETTING_HELP = (
+    "per-start secret: /readyz?challenge=HEX answers with its HMAC (header "
+    "Dpsynth-Instance-Proof) so a launcher can tell this process from a foreign server on the "
+    "port; `dpsynth up` sets a fresh one each start")
+"""The description of the ``instance_secret`` setting of the api and the ledger."""
 
 _CHALLENGE = re.compile(r"[0-9a-f]{32,128}")
 # Domain separation: the MAC of a challenge cannot be mistaken for a MAC of anything else.

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from dpsynth_shared.grants import check_public_keys, public_keys_of
+from dpsynth_shared.instance_proof import PROOF_SETTING_HELP
 from dpsynth_shared.plan_limits import PlanLimits
 from dpsynth_shared.settings import (
     DatabaseSettings,
@@ -54,10 +55,7 @@ class ApiSettings(BaseSettings):
         "a database dump; rotating it breaks overlap detection across uploads")
     metrics_token: SecretStr | None = Field(None, description="bearer token a scrape of "
                                             "/metrics must present (unset: /metrics is open)")
-    instance_secret: SecretStr | None = Field(
-        None, description="per-start secret: /readyz?challenge=HEX answers with its HMAC "
-        "(header Dpsynth-Instance-Proof) so a launcher can tell this process from a foreign "
-        "server on the port; `dpsynth up` sets a fresh one each start")
+    instance_secret: SecretStr | None = Field(None, description=PROOF_SETTING_HELP)
     lease_ttl_s: int = Field(60, ge=1)
     heartbeat_s: int = Field(10, ge=1)
     max_attempts: int = Field(3, ge=1, description="attempts a job may lose (worker lost, "

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Literal
 
 from dpsynth_shared.grants import check_public_keys, public_key_of
+from dpsynth_shared.instance_proof import PROOF_SETTING_HELP
 from dpsynth_shared.plan_limits import PlanLimits
 from dpsynth_shared.settings import DatabaseSettings, require_strong_secret
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator, model_validator
@@ -87,10 +88,7 @@ class LedgerSettings(BaseSettings):
                                       "only the aggregates")
     metrics_token: SecretStr | None = Field(None, description="bearer token a scrape of "
                                             "/metrics must present (unset: /metrics is open)")
-    instance_secret: SecretStr | None = Field(
-        None, description="per-start secret: /readyz?challenge=HEX answers with its HMAC "
-        "(header Dpsynth-Instance-Proof) so a launcher can tell this process from a foreign "
-        "server on the port; `dpsynth up` sets a fresh one each start")
+    instance_secret: SecretStr | None = Field(None, description=PROOF_SETTING_HELP)
 
     @field_validator("service_tokens")
     @classmethod
