@@ -53,3 +53,16 @@ def unreachable(base_url: str, exc: Exception) -> ApiError:
     """The error raised when the api cannot be reached at all."""
     return ApiError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the api at {base_url}: {exc}",
                     http_status=503)
+
+
+class NotConfigured(Exception):
+    """No api URL or key could be found (options, environment, credentials file).
+
+    Not an HTTP error: nothing was sent, so it carries no status; the CLI prints its message
+    (which says where it looked and what to do) and exits 2.
+    """
+
+    def __init__(self, message: str, *, searched: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.searched = searched
