@@ -10,13 +10,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dpsynth_shared.text import MAX_INT32, MIN_EPSILON, ContractBody
+from dpsynth_shared.text import MAX_INT32, MIN_EPSILON, ContractBody, Name
 
 SPEC_VERSION = 1
 
 
 class _Spec(ContractBody):
     spec_version: Literal[1] = 1
+    name: Annotated[Name, Field(min_length=1, max_length=80)] | None = Field(
+        None, description="a name for the job in the user's words (lists, the dashboard); "
+        "free text the user chose, never derived from data and never sent to the ledger")
 
 
 UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
