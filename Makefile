@@ -32,8 +32,11 @@ $(STAMP): shared/pyproject.toml services/*/pyproject.toml requirements/dev.txt r
 
 venv: $(STAMP)
 
+# About 2.5 minutes on 2 idle cores. On a slow or loaded machine: make demo DEMO_ARGS=--quick
+# (a smaller setting), or DEMO_ARGS=--reuse-base-model from the second run on (reuses the
+# public base model the first run pretrained). No phase has a fixed deadline.
 demo: $(STAMP)
-	$(PY) scripts/demo.py
+	$(PY) scripts/demo.py $(DEMO_ARGS)
 
 # Every benchmark at BENCH_SCALE (cpu: under 30 minutes on 2 cores; full: paper-sized, GPU),
 # each writing benchmarks/results/NAME.json, then the tables of docs/benchmarks.md.

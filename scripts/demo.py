@@ -36,12 +36,12 @@ from pathlib import Path
 import numpy as np
 from dpsynth_cli.embedded import EmbeddedPlatform
 from dpsynth_cli.ledger import verify_export
-from dpsynth_client import Client
+from dpsynth_cli.samples import split_digits
+from dpsynth_client import TERMINAL_STATES, Client
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "out" / "demo"
 CLASSES = [str(i) for i in range(10)]
-SPLIT_SEED = 20261121
 HOLDOUT_KEY = "dpsynth-demo-holdout-20261122"  # fixed: the same records are held out each run
 PRIVATE_HOLDOUT = 0.25
 SIZE_ROUNDING = 100
@@ -51,6 +51,10 @@ publishes a true count of private data (docs/privacy.md, "No exact private count
 DP"); a private upload states N̂ or asks for a charged DP count (``size_epsilon``)."""
 PUBLIC_HOLDOUT = 0.2
 PHASES: dict[str, float] = {}
+CACHE = OUT.parent / "demo-cache"
+"""Base models pretrained by earlier runs on the public digits only (`--reuse-base-model`)."""
+QUICK_PRETRAIN_EPOCHS = 40
+QUICK_SAMPLES_PER_CLASS = 30
 
 
 @contextmanager
@@ -63,32 +67,20 @@ def phase(name: str) -> Iterator[None]:
         PHASES[name] = round(PHASES.get(name, 0.0) + time.monotonic() - t0, 1)
 
 
-def split_digits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Seeded, fixed split of sklearn digits into a public and a private part (the held-out
-    test records are set aside by the platform at upload)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = np.clip(digits.images * 16, 0, 255).astype(np.uint8)[..., None]  # 0..16 → 0..255
-    labels = digits.target.astype(np.int64)
-    order = np.random.default_rng(SPLIT_SEED).permutation(len(labels))
-    n_public = int(0.4 * len(labels))
-    public, private = order[:n_public], order[n_public:]
-    return {"public": (images[public], labels[public]),
-            "private": (images[private], labels[private])}
-
-
 def write_npz(path: Path, images: np.ndarray, labels: np.ndarray) -> Path:
     np.savez(path, images=images, labels=labels)
     return path
 
 
-def watch(client: Client, job_id: str, what: str) -> dict:
-    """Wait for a job, printing data-independent progress (step/total, epsilon, ETA)."""
-    last = ""
+def watch(client: Client, job_id: str, what: str, *, stall_s: float) -> dict:
+    """Wait for a job, printing data-independent progress (step/total, epsilon, ETA).
 
-    def show(job: dict) -> None:
-        nonlocal last
+    No fixed deadline (a slow or loaded machine only takes longer): the demo gives up only
+    when the job shows no sign of life (no state, step or heartbeat change) for ``stall_s``.
+    """
+    last, seen, alive_at = "", None, time.monotonic()
+    while True:
+        job = client.get_job(job_id)
         p = job.get("progress") or {}
         eps = p.get("epsilon_so_far")
         line = (f"  {what}: {job['state']:<10} step {p.get('step', 0)}/{p.get('total', 0)}"
@@ -97,11 +89,40 @@ def watch(client: Client, job_id: str, what: str) -> dict:
         if line != last:
             print(line, flush=True)
             last = line
-
-    job = client.wait_for_job(job_id, timeout=1800, poll=2.0, on_progress=show)
+        if job["state"] in TERMINAL_STATES:
+            break
+        sign = (job["state"], p.get("step"), job.get("heartbeat_at"), job.get("attempt"))
+        if sign != seen:
+            seen, alive_at = sign, time.monotonic()
+        elif time.monotonic() - alive_at > stall_s:
+            raise SystemExit(f"{what} ({job_id}) showed no progress and no heartbeat for "
+                             f"{stall_s:.0f} s; see the worker's log under "
+                             f"{OUT / 'platform' / 'logs'} (--stall-minutes waits longer)")
+        time.sleep(2.0)
     if job["state"] != "succeeded":
         raise SystemExit(f"{what} ended {job['state']}: {job.get('error')}")
     return job
+
+
+def base_model(client: Client, args: argparse.Namespace,
+               public_id: str) -> tuple[dict | None, str]:
+    """Pretrain the public base model, or with ``--reuse-base-model`` upload the one an
+    earlier run pretrained with the same settings. Returns (the pretrain job or None, id)."""
+    spec = {"type": "pretrain", "name": "demo-pretrain", "dataset_id": public_id,
+            "preset": "small", "image_size": args.image_size, "channels": 1,
+            "class_conditional": True, "epochs": args.pretrain_epochs, "seed": 0}
+    cached = CACHE / f"base-small-{args.image_size}px-{args.pretrain_epochs}ep-seed0.zip"
+    if args.reuse_base_model and cached.exists():
+        model = client.upload_model(cached, name="demo-base-model (cached)")
+        print(f"   reused the base model pretrained by an earlier run ({cached}): "
+              f"{model['model_id']}", flush=True)
+        return None, model["model_id"]
+    pre = watch(client, client.submit_job(spec)["job_id"], "pretrain",
+                stall_s=args.stall_minutes * 60)
+    model_id = pre["result"]["model_id"]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    client.download_model(model_id, cached)
+    return pre, model_id
 
 
 def corpus_manifest(zip_path: Path, dest: Path) -> dict:
@@ -122,7 +143,21 @@ def main() -> int:
     parser.add_argument("--guidance-scale", type=float, default=2.0)
     parser.add_argument("--samples-per-class", type=int, default=60)
     parser.add_argument("--keep", action="store_true", help="leave the platform running")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smaller setting for a slow or loaded machine: 40 pretraining "
+                        "epochs and 30 samples per class (about a third of the time; the "
+                        "synthetic digits are weaker)")
+    parser.add_argument("--reuse-base-model", action="store_true",
+                        help="upload the public base model an earlier run pretrained with the "
+                        f"same settings (cached under {CACHE}) instead of pretraining again; "
+                        "it saw only the public digits, so reusing it spends no budget")
+    parser.add_argument("--stall-minutes", type=float, default=15.0,
+                        help="give up on a job only when it shows no progress and no "
+                        "heartbeat for this long (there is no fixed deadline)")
     args = parser.parse_args()
+    if args.quick:
+        args.pretrain_epochs = min(args.pretrain_epochs, QUICK_PRETRAIN_EPOCHS)
+        args.samples_per_class = min(args.samples_per_class, QUICK_SAMPLES_PER_CLASS)
 
     started = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -179,18 +214,13 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
     print("2. Pretrain (non-private) on the public dataset, and train the feature network "
           "of the evaluation on it", flush=True)
     with phase("pretrain"):
-        pre = client.submit_job({"type": "pretrain", "dataset_id": public["dataset_id"],
-                                 "preset": "small",
-                                 "image_size": args.image_size, "channels": 1,
-                                 "class_conditional": True, "epochs": args.pretrain_epochs,
-                                 "seed": 0})
-        pre = watch(client, pre["job_id"], "pretrain")
-    base_model_id = pre["result"]["model_id"]
+        pre, base_model_id = base_model(client, args, public["dataset_id"])
     with phase("feature_net"):
-        feat = client.submit_job({"type": "feature_net", "dataset_id": public["dataset_id"],
+        feat = client.submit_job({"type": "feature_net", "name": "demo-feature-network",
+                                  "dataset_id": public["dataset_id"],
                                   "image_size": args.image_size, "channels": 1,
                                   "epochs": 30, "seed": 0})
-        feat = watch(client, feat["job_id"], "feature network")
+        feat = watch(client, feat["job_id"], "feature network", stall_s=args.stall_minutes * 60)
     feature_model_id = feat["result"]["model_id"]
     print(f"   feature network {feature_model_id}: accuracy "
           f"{feat['result'].get('accuracy', float('nan')):.3f} on held-out public digits")
@@ -211,7 +241,8 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
           f"{private.get('holdout_size')} held out (owner view), delta {private['delta']:.2e}")
 
     finetune_spec = {
-        "type": "finetune", "dataset_id": private["dataset_id"], "base_model_id": base_model_id,
+        "type": "finetune", "name": "demo-dp-finetune", "dataset_id": private["dataset_id"],
+        "base_model_id": base_model_id,
         "privacy": {"target_epsilon": args.target_epsilon, "max_grad_norm": 1.0},
         "training": {"trainable": "attention", "expected_batch_size": 128, "epochs": 5,
                      "learning_rate": 5e-4, "class_conditional": True, "label_dropout": 0.1,
@@ -222,24 +253,26 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
         print("4. DP finetune, dry run first:")
         print(json.dumps(plan, indent=2)[:1500])
         ft = client.submit_job(finetune_spec)
-        ft = watch(client, ft["job_id"], "DP finetune")
+        ft = watch(client, ft["job_id"], "DP finetune", stall_s=args.stall_minutes * 60)
     dp_model_id = ft["result"]["model_id"]
 
     print("5. Generate a synthetic corpus (costs no budget)", flush=True)
     with phase("generate"):
-        gen = client.submit_job({"type": "generate", "model_id": dp_model_id,
+        gen = client.submit_job({"type": "generate", "name": "demo-synthetic-digits",
+                                 "model_id": dp_model_id,
                                  "samples_per_class": args.samples_per_class, "sampler": "ddim",
                                  "steps": 50, "guidance_scale": args.guidance_scale, "seed": 0})
-        gen = watch(client, gen["job_id"], "generate")
+        gen = watch(client, gen["job_id"], "generate", stall_s=args.stall_minutes * 60)
         corpus = next(a for a in client.job_artifacts(gen["job_id"]) if a["kind"] == "corpus")
 
     print("6. Evaluate the corpus against the private dataset's held-out records (non-DP, "
           "owner-only report; no epsilon charged, recorded in the ledger)", flush=True)
     with phase("evaluate"):
-        ev = client.submit_job({"type": "evaluate", "corpus_artifact_id": corpus["artifact_id"],
+        ev = client.submit_job({"type": "evaluate", "name": "demo-evaluation",
+                                "corpus_artifact_id": corpus["artifact_id"],
                                 "dataset_id": private["dataset_id"],
                                 "feature_model_id": feature_model_id, "seed": 0})
-        ev = watch(client, ev["job_id"], "evaluate")
+        ev = watch(client, ev["job_id"], "evaluate", stall_s=args.stall_minutes * 60)
         report = client.get_report(ev["job_id"])
         report_html = OUT / "report.html"
         client.download_report(ev["job_id"], report_html, format="html")
@@ -265,7 +298,8 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
     print(f"Evaluation report: {report_html} (owner-only, non-DP: it shows private images)")
     return {
         "public_dataset_id": public["dataset_id"], "private_dataset_id": private["dataset_id"],
-        "pretrain_job_id": pre["job_id"], "feature_net_job_id": feat["job_id"],
+        "pretrain_job_id": pre["job_id"] if pre else None,
+        "base_model_source": "pretrained" if pre else "cache", "feature_net_job_id": feat["job_id"],
         "finetune_job_id": ft["job_id"], "generate_job_id": gen["job_id"],
         "evaluate_job_id": ev["job_id"], "guarantee": guarantee,
         "base_model_id": base_model_id, "dp_model_id": dp_model_id,
@@ -288,7 +322,8 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
                      "epsilon_limit": args.epsilon_limit,
                      "guidance_scale": args.guidance_scale,
                      "samples_per_class": args.samples_per_class,
-                     "private_holdout_fraction": PRIVATE_HOLDOUT},
+                     "private_holdout_fraction": PRIVATE_HOLDOUT, "quick": args.quick,
+                     "reuse_base_model": args.reuse_base_model},
     }
 
 

@@ -131,6 +131,7 @@ def test_html_is_one_self_contained_page_with_every_section() -> None:
     assert "FD (dpsynth-featnet-v1 features, not Inception FID)" in html
     assert "NON-DP — owner only — contains private images" in html
     assert "threshold 0.50" in html
+    assert "docs/epsilons.md" in html  # which epsilon is the guarantee (issue 15, item 4)
 
 
 def test_html_escapes_every_user_text() -> None:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from dpsynth_cli import admin, evaluate, jobs, ledger, resources
+from dpsynth_cli import admin, evaluate, jobs, ledger, resources, samples
 from dpsynth_cli.common import CliState, console, err_console, print_json, state_of
 from dpsynth_cli.config import resolve_home
 
@@ -27,6 +27,7 @@ app.command("download")(resources.download)
 app.add_typer(evaluate.features, name="features")
 app.command("evaluate")(evaluate.evaluate)
 app.command("report")(evaluate.report)
+app.add_typer(samples.app, name="samples")
 
 HomeOption = Annotated[Path | None, typer.Option("--home", help="state folder "
                                                   "(default $DPSYNTH_HOME or ./.dpsynth)")]

@@ -173,7 +173,14 @@ def _header(doc: Mapping[str, Any]) -> str:
     size_cards = [(f"{k.replace('_', ' ')} images", v) for k, v in sizes.items()]
     return (f'<header class="top"><h1>Synthetic corpus evaluation</h1><div class="sub">{ids}'
             f"</div>{banner}<h3>Privacy of the corpus (from its manifest)</h3>"
-            f"{_cards(privacy)}<h3>Images compared</h3>{_cards(size_cards)}</header>")
+            f"{_cards(privacy)}{EPSILON_NOTE}<h3>Images compared</h3>{_cards(size_cards)}</header>")
+
+
+EPSILON_NOTE = ('<p class="note"><small>Which ε is the guarantee: the dataset\'s spent '
+                '(filter) figure. The job ε is the model\'s standalone figure and the tight '
+                "figure is not a guarantee under adaptive use; every ε is explained in "
+                "dpsynth's docs/epsilons.md.</small></p>")
+"""Under the privacy cards: which figure to rely on, and where each is explained."""
 
 
 def _headline(doc: Mapping[str, Any]) -> str:
