@@ -249,3 +249,21 @@ def test_job_records_and_metrics_never_carry_private_statistics(api: Api) -> Non
     assert 'route="/v1/jobs/{job_id}"' in metrics and job_id not in metrics
     for word in FORBIDDEN_KEYS:
         assert word not in metrics.lower()
+
+
+def test_a_job_carries_the_name_its_spec_gives_it(api: Api) -> None:
+    token, public, _, _ = _setup(api)
+    r = api.client.post("/v1/jobs", json={"type": "pretrain", "dataset_id": public,
+                                          "name": "first pretrain"}, headers=auth(token))
+    assert r.status_code == 201 and r.json()["name"] == "first pretrain"
+    job_id = r.json()["job_id"]
+    assert api.client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()["name"] == \
+        "first pretrain"
+    listed = api.client.get("/v1/jobs", headers=auth(token)).json()["items"]
+    assert [j["name"] for j in listed if j["job_id"] == job_id] == ["first pretrain"]
+    r = api.client.post("/v1/jobs", json={"type": "pretrain", "dataset_id": public},
+                        headers=auth(token))
+    assert r.json()["name"] is None
+    r = api.client.post("/v1/jobs", json={"type": "pretrain", "dataset_id": public,
+                                          "name": "two\nlines"}, headers=auth(token))
+    assert r.status_code == 422 and r.json()["code"] == "invalid_spec"
