@@ -112,6 +112,10 @@ class EvaluationReport(_Doc):
     selection_caveat: str | None = Field(None, description="on a private reference: "
                                          "SELECTION_CAVEAT (selection by these numbers is "
                                          "not covered by the released epsilon)")
+    holdout_caveat: str | None = Field(
+        None, description="the held-out records could not all be checked against what the "
+        "corpus's model lineage trained on (an uploaded model, a split older than issue 13, "
+        "or private training data the caller may not see): the numbers may be optimistic")
     dp_evaluation: dict[str, Any] | None = Field(
         None, description="the DP release of the job (evaluate with dp): noisy TSTR "
         "accuracies on the held-out records, ε, δ, σ, N̂_h, charged to the held-out partition")

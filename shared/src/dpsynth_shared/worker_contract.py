@@ -123,6 +123,10 @@ class Claim(BaseModel):
         None, description="evaluate with dp: the job's DP plan (target_epsilon, metrics, the "
         "PUBLIC held-out size holdout_size, budget_id); the worker releases through the "
         "ledger's held-out partition (issue 13, item 6)")
+    holdout_overlap: dict[str, Any] | None = Field(
+        None, description="evaluate: the api's check that the reference's held-out records "
+        "were not trained on by the corpus's model lineage (status, caveat); a caveat leads "
+        "the report's headline (issue 15, item 8)")
     lease_ttl_s: int
     heartbeat_s: int
 

@@ -541,3 +541,14 @@ def test_corpus_reader_refuses_symbolic_links(tmp_path: Path) -> None:
     with pytest.raises(DpsynthError) as info:
         read_corpus(path, CLASS_NAMES)
     assert info.value.code == "unsafe_archive"
+
+
+def test_the_apis_held_out_caveat_leads_the_report(world: World) -> None:
+    caveat = "model mdl_up was uploaded: what it was trained on is unknown to the platform"
+    claim = _evaluate_claim(world).model_copy(update={"holdout_overlap": {
+        "status": "unchecked", "caveat": caveat}})
+    assert world.run(claim, ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.SUCCEEDED
+    doc = json.loads(_report(world, "json"))
+    assert doc["holdout_caveat"] == caveat and doc["notes"][0] == caveat
+    html = _report(world, "html").decode()
+    assert html.index("HELD-OUT NOT VERIFIED") < html.index("Headline metrics")

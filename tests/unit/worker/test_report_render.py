@@ -169,3 +169,14 @@ def test_numbers_only_page_without_arrays_and_missing_metrics() -> None:
     assert html.count("not computed") >= 5
     assert "data:image" not in html
     assert ">nan<" not in html.lower() and ">inf<" not in html.lower()
+
+
+def test_a_held_out_caveat_leads_the_page_before_the_headline() -> None:
+    caveat = ("the held-out records were not checked against what uploaded model mdl_x was "
+              "trained on")
+    html = render_html({**_document(), "holdout_caveat": caveat}, _arrays())
+    assert "HELD-OUT NOT VERIFIED" in html and caveat in html
+    assert html.index("HELD-OUT NOT VERIFIED") < html.index("Headline metrics")
+    assert "HELD-OUT NOT VERIFIED" not in render_html(_document(), _arrays())
+    assert json.loads(render_json({**_document(), "holdout_caveat": caveat}))[
+        "holdout_caveat"] == caveat

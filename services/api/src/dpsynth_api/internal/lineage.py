@@ -150,7 +150,8 @@ def _evaluate_inputs(session: Session, job: Job) -> dict[str, object]:
                        if sampled is not None and sampled.dp else None)
     out: dict[str, object] = {"corpus": corpus,
                               "evaluation_id": (job.privacy or {}).get("evaluation_id"),
-                              "dp_evaluation": (job.privacy or {}).get("dp")}
+                              "dp_evaluation": (job.privacy or {}).get("dp"),
+                              "holdout_overlap": (job.privacy or {}).get("holdout_overlap")}
     feature_id = spec.get("feature_model_id")
     if feature_id:
         feature = models_repo.get_for_tenant(session, tenant_id=job.tenant_id,

@@ -11,6 +11,10 @@
   ``evaluation_authorised`` entry, no epsilon charged) before the job exists, its report is
   owner-only and labelled non-DP, and every later release of a corpus of the same budget
   lists it in its manifest (``artifacts/releases.py``).
+* ``evaluate`` is refused (409 ``conflict``, ``conflict: holdout_trained_on``) when the
+  reference's held-out records were trained on by the corpus's model or its lineage
+  (``jobs/eval_overlap.py``; issue 15, item 8); where that cannot be decided, the privacy
+  block's ``holdout_overlap`` carries the caveat for the report's headline.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.derive import check_not_deleted, selection_of
 from dpsynth_api.datasets.service import get_dataset
+from dpsynth_api.jobs.eval_overlap import check_holdout_not_trained_on, stored_check
 from dpsynth_api.models.service import get_model
 from dpsynth_api.tables import Artifact, Dataset, Job, Model
 from dpsynth_api.tenants.security import Principal, Scope
@@ -116,7 +121,8 @@ def resolve_evaluate(session: Session, principal: Principal,
     Raises:
         DpsynthError: 404 (unknown ids or another tenant's), 410 ``dataset_deleted``, 422
             ``no_holdout`` / ``invalid_spec``, 403 ``forbidden`` (private reference without
-            the owner scope).
+            the owner scope), 409 ``conflict`` (``holdout_trained_on``: the reference's
+            held-out records were trained on by the corpus's model lineage).
     """
     artifact = corpus_artifact(session, tenant_id=principal.tenant_id,
                                artifact_id=spec.corpus_artifact_id)
@@ -132,6 +138,8 @@ def resolve_evaluate(session: Session, principal: Principal,
                            f"dataset {dataset.id} is private: evaluating against it reads its "
                            "records outside any DP mechanism, which only the data's owner "
                            "may do; the 'owner' scope is required", required_scope="owner")
+    check_holdout_not_trained_on(session, reference=dataset, artifact=artifact,
+                                 owner=principal.has(Scope.OWNER))
     if spec.dp is not None:
         check_dp_reference(dataset)
     model = None
@@ -200,6 +208,8 @@ def evaluation_privacy(dataset: Dataset, evaluation_id: str | None,
     """The privacy block of an evaluate job (shown by ``dry_run`` and on the job); ``dp``
     is the DP release's plan for an evaluate spec with ``dp``."""
     private = dataset.visibility == "private"
+    check = stored_check(dataset, spec.corpus_artifact_id) \
+        if isinstance(spec, EvaluateSpec) else None
     block: dict[str, Any] = {
         "dp": dp_plan(dataset, spec) if isinstance(spec, EvaluateSpec) else None,
         "epsilon_charged": 0.0,
@@ -220,4 +230,9 @@ def evaluation_privacy(dataset: Dataset, evaluation_id: str | None,
             "no epsilon is charged and no private data is read: the reference is public",
         ]),
     }
+    if check is not None:
+        # the check made at resolution (jobs/eval_overlap.py): its caveat leads the notes
+        block["holdout_overlap"] = check.block()
+        if check.caveat():
+            block["notes"].insert(0, check.caveat())
     return block

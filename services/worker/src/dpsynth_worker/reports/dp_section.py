@@ -37,6 +37,16 @@ def dp_section(doc: Mapping[str, Any]) -> str:
             f"</th></tr></thead><tbody>{rows}</tbody></table></section>")
 
 
+def holdout_section(doc: Mapping[str, Any]) -> str:
+    """The held-out caveat, shown before the headline numbers it qualifies, or ""."""
+    caveat = doc.get("holdout_caveat")
+    if not caveat:
+        return ""
+    return ('<section><h2>Held-out records</h2>'
+            f'<div class="banner nondp">HELD-OUT NOT VERIFIED<small>{escape(str(caveat))}'
+            "</small></div></section>")
+
+
 def selection_section(doc: Mapping[str, Any]) -> str:
     """The selection caveat of a report on private data, or ""."""
     caveat = doc.get("selection_caveat")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpsynth_worker.reports.arrays import ClosestPair, ReportArrays
-from dpsynth_worker.reports.dp_section import dp_section, selection_section
+from dpsynth_worker.reports.dp_section import dp_section, holdout_section, selection_section
 from dpsynth_worker.reports.images import montage, png_data_uri
 from dpsynth_worker.reports.svg import accuracy_bars, histogram, horizontal_bars, paired_bars
 
@@ -113,7 +113,8 @@ def render_html(document: Mapping[str, Any], arrays: ReportArrays | None = None)
     """
     show_real = (document.get("reference_visibility") == "public"
                  or bool(document.get("contains_private_images")))
-    parts = [_header(document), dp_section(document), selection_section(document),
+    parts = [_header(document), holdout_section(document), dp_section(document),
+             selection_section(document),
              _headline(document), _classifiers(document),
              _feature_network(document), _per_class(document), _memorisation(document, arrays)]
     if arrays is not None:

@@ -254,6 +254,10 @@ def build_document(ctx: JobContext, spec: EvaluateSpec, reference: DatasetInfo,
         notes.append("computed from private data outside any DP mechanism: owner only, not "
                      "covered by the corpus's privacy guarantee")
         document["selection_caveat"] = SELECTION_CAVEAT
+    caveat = (ctx.claim.holdout_overlap or {}).get("caveat")
+    if caveat:  # the api could not verify the held-out part was never trained on
+        document["holdout_caveat"] = str(caveat)
+        notes.insert(0, str(caveat))
     settings = dict(document.get("settings") or {})
     settings["spec"] = spec.model_dump(mode="json")
     document.update(
