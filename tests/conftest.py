@@ -7,6 +7,7 @@ Integration and end-to-end tests ask for ``pg`` (then create their own database 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,10 @@ import pytest
 from tests.support import servers
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+# `dpsynth up` records the last platform it started under $XDG_STATE_HOME/dpsynth (the CLI's
+# per-user default, dpsynth_client.config): tests get their own, so they neither read a
+# developer's running platform nor overwrite its record.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="dpsynth-test-state-")
 
 
 @pytest.fixture(scope="session")

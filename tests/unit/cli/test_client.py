@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dpsynth_client import ApiError, Client
+from dpsynth_client import ApiError, Client, JobFailed, NotConfigured
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 
 from tests.unit.cli.fake_api import FakeApi, problem
@@ -183,3 +183,118 @@ def test_list_datasets_and_models_read_every_page(api: FakeApi) -> None:
     client = make(api)
     assert [d["id"] for d in client.list_datasets()] == ["ds1", "ds2", "ds3"]
     assert [m["id"] for m in client.list_models()] == ["m1", "m2", "m3"]
+
+
+# -- Client.from_env and submit_and_wait (issue 15, item 11) ------------------------------
+def _credentials(folder: Path, url: str, key: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "credentials.json").write_text(json.dumps({"api_url": url, "api_key": key}))
+    return folder
+
+
+@pytest.fixture()
+def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No DPSYNTH_* variable, a per-user state folder of the test's own; returns it."""
+    for name in ("DPSYNTH_API_URL", "DPSYNTH_API_KEY", "DPSYNTH_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def test_from_env_reads_the_credentials_of_the_project_above(
+        api: FakeApi, tmp_path: Path, clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = _credentials(tmp_path / "proj" / ".dpsynth", "http://api.test", api.key)
+    (tmp_path / "proj" / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "proj" / "notebooks")
+    api.route("GET", "/v1/datasets", {"items": [{"dataset_id": "ds_1"}], "next_cursor": None})
+    with Client.from_env(transport=api.transport()) as client:
+        assert client.base_url == "http://api.test"
+        assert client.config is not None and client.config.home == home
+        assert client.config.key_source == str(home / "credentials.json")
+        assert [d["dataset_id"] for d in client.list_datasets()] == ["ds_1"]
+
+
+def test_from_env_precedence_arguments_then_env_then_file(
+        tmp_path: Path, clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = _credentials(tmp_path / "h", "http://file:1", "file-key")
+    monkeypatch.setenv("DPSYNTH_API_URL", "http://env:2")
+    client = Client.from_env(home)
+    assert (client.base_url, client.config and client.config.key_source) == (
+        "http://env:2", str(home / "credentials.json"))
+    monkeypatch.setenv("DPSYNTH_API_KEY", "env-key")
+    monkeypatch.setenv("DPSYNTH_HOME", str(tmp_path / "nothing-here"))
+    client = Client.from_env(api_url="http://arg:3")
+    assert client.config is not None
+    assert (client.base_url, client.config.url_source, client.config.key_source) == (
+        "http://arg:3", "--api-url", "DPSYNTH_API_KEY")
+    assert client._http.headers["authorization"] == "Bearer env-key"
+
+
+def test_from_env_without_anything_is_not_configured(
+        tmp_path: Path, clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DPSYNTH_HOME", str(tmp_path / "empty"))
+    with pytest.raises(NotConfigured, match=r"no api URL: .* does not exist; start a platform"):
+        Client.from_env()
+
+
+def test_unreachable_platform_names_its_credentials_file(tmp_path: Path,
+                                                         clean_env: Path) -> None:
+    home = _credentials(tmp_path / "h", "http://127.0.0.1:9", "k")
+    with pytest.raises(DpsynthError) as excinfo:
+        Client.from_env(home, timeout=2).healthz()
+    assert excinfo.value.code == ErrorCode.SERVICE_UNAVAILABLE
+    assert f"the URL is from {home / 'credentials.json'}: is that platform running?" \
+        in excinfo.value.detail
+    assert f"`dpsynth up --home {home}` starts it" in excinfo.value.detail
+
+
+def _job_api(api: FakeApi, states: list[dict[str, object]]) -> list[dict[str, object]]:
+    """POST /v1/jobs answers j1 queued; each GET answers the next of ``states``."""
+    submitted: list[dict[str, object]] = []
+
+    def submit(request: httpx.Request) -> httpx.Response:
+        submitted.append(json.loads(request.content))
+        return httpx.Response(201, json={"job_id": "j1", "state": "queued"})
+
+    answers = iter(states)
+    api.route("POST", "/v1/jobs", submit)
+    api.route("GET", "/v1/jobs/j1",
+              lambda r: httpx.Response(200, json={"job_id": "j1", **next(answers)}))
+    return submitted
+
+
+def test_submit_and_wait_returns_the_succeeded_job(api: FakeApi) -> None:
+    submitted = _job_api(api, [{"state": "queued"}, {"state": "running", "progress": {"step": 1}},
+                               {"state": "succeeded", "result": {"artifact_id": "a1"}}])
+    seen: list[object] = []
+    job = make(api).submit_and_wait({"type": "generate", "model_id": "m"}, poll=0.0,
+                                    on_progress=lambda j: seen.append(j["state"]))
+    assert submitted == [{"type": "generate", "model_id": "m"}]
+    assert job["result"] == {"artifact_id": "a1"}
+    assert seen == ["queued", "running", "succeeded"]
+
+
+@pytest.mark.parametrize(("final", "message"), [
+    ({"state": "failed", "error": {"code": "diverged", "message": "loss is nan"}},
+     "job j1 failed: diverged (loss is nan)"),
+    ({"state": "cancelled", "error": None}, "job j1 was cancelled"),
+])
+def test_submit_and_wait_raises_job_failed_carrying_the_job(
+        api: FakeApi, final: dict[str, object], message: str) -> None:
+    _job_api(api, [{"state": "running"}, final])
+    with pytest.raises(JobFailed) as excinfo:
+        make(api).submit_and_wait({"type": "finetune"}, poll=0.0)
+    err = excinfo.value
+    assert str(err) == message
+    assert err.job["state"] == final["state"] and err.job_id == "j1"
+    assert err.state == final["state"]
+
+
+def test_submit_and_wait_times_out_and_a_refused_spec_is_the_api_error(api: FakeApi) -> None:
+    _job_api(api, [{"state": "running"}] * 100)
+    with pytest.raises(TimeoutError, match="job j1 still running"):
+        make(api).submit_and_wait({"type": "finetune"}, timeout=0.05, poll=0.01)
+    api.route("POST", "/v1/jobs", lambda r: problem(409, "privacy_budget_exhausted", "no"))
+    with pytest.raises(ApiError) as excinfo:
+        make(api).submit_and_wait({"type": "finetune"}, poll=0.0)
+    assert excinfo.value.code == ErrorCode.PRIVACY_BUDGET_EXHAUSTED

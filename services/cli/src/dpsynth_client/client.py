@@ -2,7 +2,9 @@
 
 Auth is always the ``Authorization: Bearer`` header; the key is never put in a URL.
 Methods return the decoded JSON bodies (dicts) so the client keeps working while the api
-grows new fields.
+grows new fields. :meth:`Client.from_env` finds the api as the CLI does
+(:mod:`dpsynth_client.config`); datasets and jobs live in :mod:`dpsynth_client.datasets`
+and :mod:`dpsynth_client.jobs`, the HTTP plumbing in :mod:`dpsynth_client.transport`.
 """
 
 from __future__ import annotations
@@ -11,23 +13,22 @@ import json
 import os
 import tarfile
 import tempfile
-import time
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-from dpsynth_shared.job_states import JobState
 
-from dpsynth_client.errors import raise_for_problem, unreachable
+from dpsynth_client.config import resolve_config
+from dpsynth_client.corpus import Corpus, CorpusError, read_corpus, read_manifest
+from dpsynth_client.datasets import DatasetsApi
+from dpsynth_client.errors import ApiError
+from dpsynth_client.jobs import TERMINAL_STATES, JobsApi, ProgressCallback
+from dpsynth_client.transport import RETRY_AFTER_CAP_S, ChunkCallback
 
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-ProgressCallback = Callable[[dict[str, Any]], None]
-RETRY_AFTER_CAP_S = 10.0  # a 429 is retried once, after Retry-After but never longer
+__all__ = ["RETRY_AFTER_CAP_S", "TERMINAL_STATES", "Client", "ProgressCallback"]
 
 
-class Client:
+class Client(DatasetsApi, JobsApi):
     """A typed-enough wrapper over the dpsynth REST api.
 
     Args:
@@ -35,48 +36,35 @@ class Client:
         api_key: a key created by ``POST /v1/tenants`` or ``/v1/tenants/{id}/keys``.
         timeout: seconds for connect/read of each request (uploads and downloads stream).
         transport: an httpx transport (tests pass an in-process one).
+        config: where the URL and key came from (set by :meth:`from_env`).
+
+    ``Client.from_env()`` builds one from the same place the CLI does.
     """
 
-    def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, transport=transport,
-            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
-        )
+    @classmethod
+    def from_env(cls, home: Path | str | None = None, *, api_url: str | None = None,
+                 api_key: str | None = None, timeout: float = 60.0,
+                 transport: httpx.BaseTransport | None = None) -> Client:
+        """A client for the api the ``dpsynth`` CLI would use from the current folder.
 
-    def close(self) -> None:
-        """Close the underlying connection pool."""
-        self._http.close()
+        The URL and the key each come from, first match wins: ``api_url``/``api_key``,
+        ``DPSYNTH_API_URL``/``DPSYNTH_API_KEY``, then the ``credentials.json`` of the
+        platform's home: ``home``, ``DPSYNTH_HOME``, the nearest ``.dpsynth`` in this folder
+        or a parent, else the platform last started with ``dpsynth up``
+        (:mod:`dpsynth_client.config`). ``client.config`` says where each came from.
+
+        Raises:
+            NotConfigured: nothing gives a URL or a key; the message says where it looked
+                and what to do.
+        """
+        cfg = resolve_config(api_url=api_url, api_key=api_key, env=os.environ, home=home)
+        return cls(cfg.api_url, cfg.api_key, timeout=timeout, transport=transport, config=cfg)
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- plumbing ------------------------------------------------------------------------
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        if method == "POST":
-            # one key per call, kept by the retry below: the api runs the POST at most once
-            kwargs["headers"] = {"Idempotency-Key": uuid.uuid4().hex,
-                                 **(kwargs.get("headers") or {})}
-        response = self._send(method, path, **kwargs)
-        if response.status_code == 429:
-            time.sleep(_retry_after(response))
-            for file in (kwargs.get("files") or {}).values():
-                file[1].seek(0)  # an upload's stream is sent again from its start
-            response = self._send(method, path, **kwargs)
-        raise_for_problem(response)
-        if response.status_code == 204 or not response.content:
-            return None
-        return response.json()
-
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            return self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise unreachable(self.base_url, exc) from exc
 
     # -- health --------------------------------------------------------------------------
     def healthz(self) -> dict[str, Any]:
@@ -108,105 +96,6 @@ class Client:
         """Revoke a key (it stops authenticating at once)."""
         return self._request("POST", f"/v1/keys/{key_id}/revoke")  # type: ignore[no-any-return]
 
-    # -- datasets ------------------------------------------------------------------------
-    def upload_dataset(self, path: Path | str, *, name: str, visibility: str,
-                       epsilon_limit: float | None = None, delta: float | None = None,
-                       label_domain: list[str] | None = None,
-                       declared_size: int | None = None,
-                       class_sizes: dict[str, int] | None = None,
-                       on_overlap: str | None = None, privacy_unit: str | None = None,
-                       size_epsilon: float | None = None,
-                       partitions_disjoint: bool | None = None,
-                       subject_column: str | None = None,
-                       holdout_fraction: float | None = None,
-                       holdout_key: str | None = None,
-                       on_duplicate: str | None = None) -> dict[str, Any]:
-        """Upload a dataset file (zip/tar image folder, ``.npz`` or Parquet).
-
-        Sent as multipart: ``file`` and ``metadata`` (a JSON string). Optional privacy
-        fields left ``None`` are omitted so the api applies its defaults (e.g. delta).
-        ``class_sizes`` declares public per-class sizes (each ≥ the true count), which
-        per-label training needs. A private dataset states its public size N̂:
-        ``declared_size`` (an upper bound on its records, or subjects) or ``size_epsilon``
-        (a DP count charged to its budget); ``partitions_disjoint`` declares that every
-        record (subject) is in one class. ``on_overlap="link"``: a private upload sharing records
-        with one of your private datasets charges that dataset's budget instead of being
-        refused (409 ``private_data_overlap``). ``privacy_unit="subject"``: one record is
-        every image of one subject (user-level DP; N̂ counts subjects), with the subject ids
-        in ``subject_column`` (npz array / Parquet column, default ``subjects``) or, for an
-        image folder, a ``subjects.csv`` (``path,subject``) at the archive root.
-        ``holdout_fraction`` sets about that share of the units aside at upload, each by a
-        keyed hash of itself (1-stable): never trained on, excluded from the declared size,
-        the real test data of ``evaluate`` jobs. ``holdout_key`` (write-only, never stored
-        or shown; at least 16 characters) is that hash's key: the same key holds out the
-        same records in every version of a dataset (default: a key drawn by the api).
-        ``on_duplicate``: records with identical pixels inside the upload are refused (422
-        ``duplicate_records``, a private upload's default) or, with ``"deduplicate"``, kept
-        once (the first copy); copies that disagree (label, subject, mask) are refused.
-        """
-        metadata = {"name": name, "visibility": visibility, "epsilon_limit": epsilon_limit,
-                    "delta": delta, "label_domain": label_domain, "declared_size": declared_size,
-                    "class_sizes": class_sizes, "on_overlap": on_overlap,
-                    "privacy_unit": privacy_unit, "subject_column": subject_column,
-                    "holdout_fraction": holdout_fraction, "holdout_key": holdout_key,
-                    "size_epsilon": size_epsilon, "partitions_disjoint": partitions_disjoint}
-        metadata["on_duplicate"] = on_duplicate
-        metadata = {k: v for k, v in metadata.items() if v is not None}
-        path = Path(path)
-        with path.open("rb") as handle:
-            return self._request(  # type: ignore[no-any-return]
-                "POST", "/v1/datasets", data={"metadata": json.dumps(metadata)},
-                files={"file": (path.name, handle, "application/octet-stream")})
-
-    def list_datasets(self) -> list[dict[str, Any]]:
-        """The tenant's datasets (every page)."""
-        return list(self._paged("/v1/datasets"))
-
-    def get_dataset(self, dataset_id: str) -> dict[str, Any]:
-        """One dataset."""
-        return self._request("GET", f"/v1/datasets/{dataset_id}")  # type: ignore[no-any-return]
-
-    def get_budget(self, dataset_id: str) -> dict[str, Any]:
-        """The dataset's budget view (filter spent, tight figure, reserved, remaining...)."""
-        return self._request(  # type: ignore[no-any-return]
-            "GET", f"/v1/datasets/{dataset_id}/budget")
-
-    def release_class_sizes(self, dataset_id: str, *, epsilon: float,
-                            dry_run: bool = False) -> dict[str, Any]:
-        """Release a private dataset's public class sizes through a Gaussian histogram
-        charged to its budget (``epsilon`` at the dataset's delta); ``dry_run`` shows sigma
-        and the budget impact without charging. A release cannot be undone."""
-        return self._request(  # type: ignore[no-any-return]
-            "POST", f"/v1/datasets/{dataset_id}/class-sizes/release",
-            json={"target_epsilon": epsilon, "dry_run": dry_run})
-
-    def derive_dataset(self, dataset_id: str, *, name: str, kind: str,
-                       classes: list[str] | None = None, fraction: float | None = None,
-                       part: str | None = None,
-                       declared_size: int | None = None) -> dict[str, Any]:
-        """``POST /v1/datasets/{id}/derive``: a class subset (``kind="subset"``, ``classes``)
-        or a keyed-hash split (``kind="split"``: about ``fraction`` of the records in
-        ``part`` "train", the rest in "holdout", each record's side a keyed hash of itself).
-        A private child charges its parent's budget."""
-        body = {"name": name, "kind": kind, "classes": classes, "fraction": fraction,
-                "part": part, "declared_size": declared_size}
-        return self._request(  # type: ignore[no-any-return]
-            "POST", f"/v1/datasets/{dataset_id}/derive",
-            json={k: v for k, v in body.items() if v is not None})
-
-    def list_held_out(self, dataset_id: str) -> list[dict[str, Any]]:
-        """``GET /v1/datasets/{id}/holdout`` (owner scope): the upload's held-out records,
-        each ``{"index": <position in the upload>, "record_hash": <sha256 of its canonical
-        content>}``, to reproduce an evaluation outside the platform."""
-        body = self._request("GET", f"/v1/datasets/{dataset_id}/holdout")
-        return list(body["items"])
-
-    def delete_dataset(self, dataset_id: str) -> dict[str, Any]:
-        """``DELETE /v1/datasets/{id}`` (owner scope): delete the stored data; the budget,
-        its ledger entries and the record hashes remain."""
-        return self._request(  # type: ignore[no-any-return]
-            "DELETE", f"/v1/datasets/{dataset_id}")
-
     # -- models --------------------------------------------------------------------------
     def upload_model(self, path: Path | str, *, name: str,
                      metadata: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -230,7 +119,7 @@ class Client:
         return self._request("GET", f"/v1/models/{model_id}")  # type: ignore[no-any-return]
 
     def download_model(self, model_id: str, dest: Path | str, *,
-                       on_chunk: Callable[[int, int | None], None] | None = None) -> Path:
+                       on_chunk: ChunkCallback | None = None) -> Path:
         """Stream a model to ``dest`` as the zip of its diffusers folder + dpsynth_model.json
         (the format :meth:`upload_model` accepts); temp file + rename.
 
@@ -242,82 +131,6 @@ class Client:
                 injected test generator.
         """
         return self._download(f"/v1/models/{model_id}/download", dest, on_chunk)
-
-    # -- jobs ----------------------------------------------------------------------------
-    def submit_job(self, spec: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        """Submit a job spec; with ``dry_run`` the api answers the plan and budget impact."""
-        params = {"dry_run": "true"} if dry_run else None
-        return self._request(  # type: ignore[no-any-return]
-            "POST", "/v1/jobs", json=spec, params=params)
-
-    def get_job(self, job_id: str) -> dict[str, Any]:
-        """One job (state, progress, result, error)."""
-        return self._request("GET", f"/v1/jobs/{job_id}")  # type: ignore[no-any-return]
-
-    def list_jobs(self, *, page_size: int = 50, **filters: Any) -> Iterator[dict[str, Any]]:
-        """Every job of the tenant, following ``next_cursor`` page by page."""
-        return self._paged("/v1/jobs", page_size=page_size, **filters)
-
-    def _paged(self, path: str, *, page_size: int = 50,
-               **filters: Any) -> Iterator[dict[str, Any]]:
-        """Items of a ``{items, next_cursor}`` listing, fetched lazily page by page."""
-        cursor: str | None = None
-        while True:
-            params: dict[str, Any] = {"limit": page_size, **filters}
-            if cursor:
-                params["cursor"] = cursor
-            page = self._request("GET", path, params=params)
-            yield from _items(page)
-            cursor = page.get("next_cursor") if isinstance(page, dict) else None
-            if not cursor:
-                return
-
-    def cancel_job(self, job_id: str) -> dict[str, Any]:
-        """Ask for cancellation (charged steps stay charged)."""
-        return self._request("POST", f"/v1/jobs/{job_id}/cancel")  # type: ignore[no-any-return]
-
-    def job_artifacts(self, job_id: str) -> list[dict[str, Any]]:
-        """The artifacts a job produced."""
-        return _items(self._request("GET", f"/v1/jobs/{job_id}/artifacts"))
-
-    def wait_for_job(self, job_id: str, timeout: float = 3600.0, poll: float = 2.0,
-                     on_progress: ProgressCallback | None = None) -> dict[str, Any]:
-        """Poll a job until it is succeeded, failed or cancelled, and return it.
-
-        Raises:
-            TimeoutError: when the job is still running after ``timeout`` seconds.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.get_job(job_id)
-            if on_progress is not None:
-                on_progress(job)
-            if job.get("state") in TERMINAL_STATES:
-                return job
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"job {job_id} still {job.get('state')} after {timeout}s")
-            time.sleep(poll)
-
-    # -- evaluation reports (issue 5) ----------------------------------------------------
-    def get_report(self, job_id: str) -> dict[str, Any]:
-        """``GET /v1/jobs/{id}/report``: an evaluate job's ``report.json`` document
-        (:class:`dpsynth_shared.evaluation.EvaluationReport`; its ``headline`` holds the
-        numbers). A report on a private reference needs the owner scope (403 otherwise);
-        409 while the job has no report yet."""
-        return self._request(  # type: ignore[no-any-return]
-            "GET", f"/v1/jobs/{job_id}/report")
-
-    def download_report(self, job_id: str, dest: Path | str, format: str = "html", *,
-                        on_chunk: Callable[[int, int | None], None] | None = None) -> Path:
-        """Save an evaluate job's report to ``dest``: the self-contained HTML page
-        (``format="html"``) or the JSON document (``format="json"``); temp file + rename.
-
-        Raises:
-            ValueError: for another format.
-        """
-        if format not in ("html", "json"):
-            raise ValueError(f"format must be 'html' or 'json', not {format!r}")
-        return self._download(f"/v1/jobs/{job_id}/report?format={format}", dest, on_chunk)
 
     # -- artifacts -----------------------------------------------------------------------
     def get_artifact(self, artifact_id: str) -> dict[str, Any]:
@@ -331,7 +144,7 @@ class Client:
             "GET", f"/v1/artifacts/{artifact_id}/download", params={"presign": "true"})
 
     def download_artifact(self, artifact_id: str, dest: Path | str, *,
-                          on_chunk: Callable[[int, int | None], None] | None = None) -> Path:
+                          on_chunk: ChunkCallback | None = None) -> Path:
         """Stream an artifact to ``dest`` (temp file + rename); returns the path.
 
         Args:
@@ -339,64 +152,65 @@ class Client:
         """
         return self._download(f"/v1/artifacts/{artifact_id}/download", dest, on_chunk)
 
-    def _download(self, url: str, dest: Path | str,
-                  on_chunk: Callable[[int, int | None], None] | None) -> Path:
-        dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".download-", dir=dest.parent)
+    def download_corpus(self, corpus: str | dict[str, Any], dest: Path | str | None = None, *,
+                        class_names: list[str] | None = None,
+                        on_chunk: ChunkCallback | None = None) -> Corpus:
+        """Download a synthetic corpus and return it as arrays.
+
+        Args:
+            corpus: the corpus's artifact id (``art_...``), or its generate job: the job's
+                id (``job_...``) or document (what :meth:`submit_and_wait` returns).
+            dest: where to keep the zip too (default: a temporary file, removed once read).
+            class_names: the class list labels index; default: the class names of the
+                model that sampled the corpus (its ``info.class_names``, the training
+                dataset's order), else the manifest's class names sorted.
+            on_chunk: called with (bytes so far, total or None) during the download.
+
+        Returns:
+            :class:`~dpsynth_client.corpus.Corpus`: ``images`` uint8 [N, H, W, C],
+            ``labels`` int64 [N], ``class_names`` and the ``manifest``.
+
+        Raises:
+            DpsynthError: ``not_found`` and the other download errors.
+            CorpusError: the job made no corpus, or the artifact is not a corpus zip.
+        """
+        artifact_id = self._corpus_artifact_id(corpus)
+        with tempfile.TemporaryDirectory(prefix="dpsynth-corpus-") as tmp:
+            path = self.download_artifact(artifact_id, Path(dest or Path(tmp) / "corpus.zip"),
+                                          on_chunk=on_chunk)
+            if class_names is None:
+                class_names = self._model_class_names(read_manifest(path))
+            return read_corpus(path, class_names)
+
+    def _corpus_artifact_id(self, corpus: str | dict[str, Any]) -> str:
+        """The artifact id itself, or the ``corpus`` artifact a generate job lists."""
+        if isinstance(corpus, str) and not corpus.startswith("job_"):
+            return corpus
+        job = self.get_job(corpus) if isinstance(corpus, str) else corpus
+        if isinstance(corpus, dict) and "artifacts" not in job:
+            job = self.get_job(str(job["job_id"]))
+        for artifact in job.get("artifacts") or []:
+            if artifact.get("kind") == "corpus":
+                return str(artifact["artifact_id"])
+        raise CorpusError(f"job {job.get('job_id')} ({job.get('type')}, {job.get('state')}) "
+                          "has no corpus artifact: a generate job lists one once it succeeded")
+
+    def _model_class_names(self, manifest: dict[str, Any]) -> list[str] | None:
+        """The class names of the corpus's model when the api still shows it and they name
+        every class of the corpus; None otherwise (the corpus's own names are used)."""
+        model_id = manifest.get("model_id")
+        if not isinstance(model_id, str):
+            return None
         try:
-            with os.fdopen(fd, "wb") as out, self._http.stream("GET", url) as response:
-                raise_for_problem(response)
-                total = response.headers.get("content-length")
-                done = 0
-                for chunk in response.iter_bytes(1 << 20):
-                    out.write(chunk)
-                    done += len(chunk)
-                    if on_chunk is not None:
-                        on_chunk(done, int(total) if total else None)
-            os.replace(tmp, dest)
-        except httpx.TransportError as exc:
-            Path(tmp).unlink(missing_ok=True)
-            raise unreachable(self.base_url, exc) from exc
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return dest
+            names = self.get_model(model_id).get("info", {}).get("class_names")
+        except ApiError:
+            return None
+        counts = manifest.get("counts") or {}
+        if not isinstance(names, list) or not set(map(str, counts)) <= set(map(str, names)):
+            return None
+        return [str(name) for name in names]
 
-    # -- ledger history and budget policies (issue 4) ------------------------------------
-    def ledger_export(self, dataset_id: str, *, fmt: str = "json") -> Any:
-        """``GET /v1/datasets/{id}/ledger``: the dataset's signed, hash-chained entries and
-        the chain key (a dict), or with ``fmt="csv"`` the CSV text."""
-        if fmt == "json":
-            return self._request("GET", f"/v1/datasets/{dataset_id}/ledger")
-        try:
-            response = self._http.get(f"/v1/datasets/{dataset_id}/ledger",
-                                      params={"format": fmt}, headers={"Accept": "text/csv"})
-        except httpx.TransportError as exc:
-            raise unreachable(self.base_url, exc) from exc
-        raise_for_problem(response)
-        return response.text
-
-    def ledger_verify(self, dataset_id: str) -> dict[str, Any]:
-        """``GET /v1/datasets/{id}/ledger/verify``: the server-side verify report."""
-        return self._request(  # type: ignore[no-any-return]
-            "GET", f"/v1/datasets/{dataset_id}/ledger/verify")
-
-    def ledger_recompute(self, dataset_id: str) -> dict[str, Any]:
-        """``GET /v1/datasets/{id}/ledger/recompute``: charges and figures recomputed with
-        the ledger's current accountant code (a report; nothing changes)."""
-        return self._request(  # type: ignore[no-any-return]
-            "GET", f"/v1/datasets/{dataset_id}/ledger/recompute")
-
-    def update_budget(self, dataset_id: str, *, epsilon_limit: float | None = None,
-                      warning_fraction: float | None = None) -> dict[str, Any]:
-        """``PATCH /v1/datasets/{id}/budget``: lower the limit (never raised) and/or set the
-        warning fraction; returns the budget view."""
-        body = {k: v for k, v in {"epsilon_limit": epsilon_limit,
-                                  "warning_fraction": warning_fraction}.items() if v is not None}
-        return self._request(  # type: ignore[no-any-return]
-            "PATCH", f"/v1/datasets/{dataset_id}/budget", json=body)
-
+    # -- budget policies and ledger administration (admin) --------------------------------
     def set_tenant_policy(self, tenant_id: str, *,
                           max_dataset_epsilon_limit: float | None) -> dict[str, Any]:
         """``PUT /v1/admin/tenants/{id}/policy`` (admin): the cap on any single dataset's
@@ -415,20 +229,6 @@ class Client:
         """``GET /v1/admin/ledger/anchor`` (admin): the ledger's head against its anchor."""
         return self._request(  # type: ignore[no-any-return]
             "GET", "/v1/admin/ledger/anchor")
-
-
-def _retry_after(response: httpx.Response) -> float:
-    """Seconds a 429 asks to wait (``Retry-After`` in seconds), capped; 1 when absent."""
-    value = response.headers.get("retry-after", "1")
-    seconds = float(value) if value.replace(".", "", 1).isdigit() else 1.0
-    return min(seconds, RETRY_AFTER_CAP_S)
-
-
-def _items(body: Any) -> list[dict[str, Any]]:
-    """Lists may come bare or wrapped as ``{"items": [...]}``."""
-    if isinstance(body, dict):
-        return list(body.get("items", []))
-    return list(body or [])
 
 
 def _tar_folder(folder: Path, dest: Path) -> Path:

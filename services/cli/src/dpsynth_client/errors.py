@@ -49,9 +49,11 @@ def raise_for_problem(response: httpx.Response) -> None:
                    http_status=response.status_code)
 
 
-def unreachable(base_url: str, exc: Exception) -> ApiError:
-    """The error raised when the api cannot be reached at all."""
-    return ApiError(ErrorCode.SERVICE_UNAVAILABLE, f"cannot reach the api at {base_url}: {exc}",
+def unreachable(base_url: str, exc: Exception, hint: str = "") -> ApiError:
+    """The error raised when the api cannot be reached at all; ``hint`` (e.g. which
+    credentials file named the URL, and how to start that platform) ends the detail."""
+    detail = f"cannot reach the api at {base_url}: {exc}"
+    return ApiError(ErrorCode.SERVICE_UNAVAILABLE, f"{detail}; {hint}" if hint else detail,
                     http_status=503)
 
 
@@ -66,3 +68,26 @@ class NotConfigured(Exception):
         super().__init__(message)
         self.message = message
         self.searched = searched
+
+
+class JobFailed(Exception):
+    """A job waited on ended without succeeding: ``failed`` or ``cancelled``.
+
+    Not an HTTP error (every request succeeded); ``job`` is the final job document, so its
+    ``error`` (``{code, message}``), ``progress`` and ``result`` stay at hand.
+    """
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.job_id = str(job.get("job_id") or job.get("id") or "?")
+        self.state = str(job.get("state"))
+        raw = job.get("error")
+        error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        self.code: str | None = error.get("code")
+        self.message = (f"job {self.job_id} was cancelled" if self.state == "cancelled"
+                        else f"job {self.job_id} {self.state}")
+        if self.code:
+            self.message += f": {self.code}"
+            if error.get("message"):
+                self.message += f" ({error['message']})"
+        super().__init__(self.message)
