@@ -13,8 +13,10 @@ here, after ingest and before the held-out split (so one copy can never sit on b
   (``on_duplicate: "deduplicate"``);
 * copies that DISAGREE are refused whatever the option: the same pixels under two labels,
   two subjects (``privacy_unit: subject``: one image cannot be two people's record) or two
-  layout masks. Which copy is right is the owner's call, and a record in two classes or two
-  subjects would also break the partitions the ledger composes in parallel;
+  layout masks, or in two split folders (``train/`` and ``test/`` with ``holdout_from``:
+  one image trained on and held out). Which copy is right is the owner's call, and a
+  record in two classes or two subjects would also break the partitions the ledger
+  composes in parallel;
 * a public upload has no per-record guarantee to dilute: its copies are kept as uploaded
   unless the upload names an ``on_duplicate`` (then the same rules apply).
 
@@ -81,11 +83,15 @@ def find_copies(data: Ingested, hashes: list[str]) -> Copies:
     if data.masks is not None:
         flat = data.masks.reshape(data.masks.shape[0], -1)
         differs |= np.any(flat[copies] != flat[originals], axis=1)
+    if data.held is not None:  # one image in train/ and in test/: trained on and held out
+        differs |= data.held[copies] != data.held[originals]
     return Copies(first, int(np.count_nonzero(differs)))
 
 
-def _refusal(copies: Copies, *, subject: bool) -> DpsynthError:
+def _refusal(copies: Copies, *, subject: bool, folders: bool = False) -> DpsynthError:
     what = "label, subject or layout mask" if subject else "label or layout mask"
+    if folders:
+        what = what.replace(" or ", ", split folder (train/, test/) or ")
     if copies.disagreeing:
         return DpsynthError(
             ErrorCode.DUPLICATE_RECORDS,
@@ -129,12 +135,14 @@ def resolve_duplicates(data: Ingested, *, on_duplicate: OnDuplicate | None,
     if copies.count == 0:
         return data, hashes
     if mode == "refuse" or copies.disagreeing:
-        raise _refusal(copies, subject=data.subjects is not None)
+        raise _refusal(copies, subject=data.subjects is not None,
+                       folders=data.held is not None)
     keep = copies.keep
     # Copies agree on their subject, so every subject keeps its first image and the dense
     # subject indices (and ``subject_ids``) stay valid as they are.
     kept = dataclasses.replace(
         data, images=np.ascontiguousarray(data.images[keep]), labels=data.labels[keep],
         masks=data.masks[keep] if data.masks is not None else None,
-        subjects=data.subjects[keep] if data.subjects is not None else None)
+        subjects=data.subjects[keep] if data.subjects is not None else None,
+        held=data.held[keep] if data.held is not None else None)
     return kept, [h for h, k in zip(hashes, keep.tolist(), strict=True) if k]

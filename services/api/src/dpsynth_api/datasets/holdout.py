@@ -24,6 +24,15 @@ The key is the owner's write-only ``holdout_key`` (the same key keeps the same h
 records across versions of a dataset) or is drawn from OS entropy. It is used here, at
 ingest, and never stored. At least one unit must fall on each side, else 422
 ``invalid_dataset``; the message names no count of a private upload.
+
+A split the OWNER declared (issue 15, item 5): an image-folder archive with Hugging Face
+split folders and ``holdout_from`` (``test`` or ``validation``) holds out the images of that
+folder (``Ingested.held``; rule ``folder_split_v1``). Each unit's side is the folder its
+owner put it in before uploading, a function of that unit alone fixed before any job, so
+the split is 1-stable like the keyed hash; a subject with images on both sides is refused
+(a subject is held out whole). Such a split has no public fraction: ``holdout_fraction``
+stays None (a fraction measured from the folders would publish a private count), so a DP
+evaluation, which needs a public held-out size, is not offered on it.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ from dpsynth_api.datasets.schemas import DatasetMetadata
 from dpsynth_api.tenants.security import Principal
 
 KeySource = Literal["owner", "platform"]
+FOLDER_RULE = "folder_split_v1"
+"""The rule of a split the owner declared with ``holdout_from`` (a split folder)."""
 
 
 @dataclass(frozen=True)
@@ -55,15 +66,16 @@ class Split:
         holdout: the held-out records (upload order kept).
         held: each image's side, ``[N]`` bool in upload order (True: held out).
         unit_held: each unit's side, ``[U]`` bool (images, or dense subjects).
-        key_source: ``owner`` (the upload's ``holdout_key``) or ``platform``.
-        rule: the split's rule (``keyed_hash_v1``).
+        key_source: ``owner`` (the upload's ``holdout_key``) or ``platform``; None for a
+            split the owner declared (no key).
+        rule: the split's rule (``keyed_hash_v1``, or ``folder_split_v1``).
     """
 
     train: Ingested
     holdout: Ingested
     held: np.ndarray
     unit_held: np.ndarray
-    key_source: KeySource
+    key_source: KeySource | None
     rule: str = SPLIT_RULE
 
     @property
@@ -133,11 +145,44 @@ def split_upload(data: Ingested, fraction: float, *, unit_hashes: Sequence[str],
                  key_source="owner" if key is not None else "platform")
 
 
+def declared_split(data: Ingested) -> Split:
+    """The split the owner declared (``data.held``: each image in the ``holdout_from``
+    folder), units whole.
+
+    Raises:
+        DpsynthError: 422 ``invalid_dataset``: a subject with images on both sides; no unit
+            on one side.
+    """
+    assert data.held is not None
+    held = data.held.astype(bool)
+    if data.subjects is None:
+        unit_held = held
+    else:
+        count = np.bincount(data.subjects, minlength=data.unit_count)
+        in_holdout = np.bincount(data.subjects, weights=held, minlength=data.unit_count)
+        mixed = int(np.count_nonzero((in_holdout > 0) & (in_holdout < count)))
+        if mixed:
+            raise DpsynthError(ErrorCode.INVALID_DATASET,
+                               f"{mixed} subject(s) have images both in the held-out folder "
+                               "and in the training folders; a subject is held out whole: "
+                               "move each subject's images to one side")
+        unit_held = in_holdout > 0
+    if not unit_held.any() or unit_held.all():
+        raise DpsynthError(ErrorCode.INVALID_DATASET, "the held-out folder (holdout_from) "
+                           "must hold some of the upload's records and the training folders "
+                           "the others; one side is empty (after duplicates were removed)")
+    return Split(train=_part(data, np.flatnonzero(~held)),
+                 holdout=_part(data, np.flatnonzero(held)), held=held, unit_held=unit_held,
+                 key_source=None, rule=FOLDER_RULE)
+
+
 def split_for_upload(data: Ingested, meta: DatasetMetadata, *, hashes: Sequence[str],
                      subjects: Sequence[str] | None) -> Split | None:
-    """The upload's held-out split (None without ``holdout_fraction``): units are the
-    records (``hashes``) or, for a subject upload, the subjects (their keyed ``subjects``
-    hashes, by dense subject index)."""
+    """The upload's held-out split (None without ``holdout_fraction`` or ``holdout_from``):
+    units are the records (``hashes``) or, for a subject upload, the subjects (their keyed
+    ``subjects`` hashes, by dense subject index); with ``holdout_from``, the folders."""
+    if data.held is not None:
+        return declared_split(data)
     if meta.holdout_fraction is None:
         return None
     key = meta.holdout_key.get_secret_value() if meta.holdout_key is not None else None
@@ -177,9 +222,10 @@ def list_held_out(session: Session, *, principal: Principal,
                                   dataset_id=dataset_id)
     if dataset is None:
         raise NotFound("dataset", dataset_id)
-    if dataset.holdout_fraction is None:
+    if dataset.holdout_fraction is None and dataset.holdout_rule != FOLDER_RULE:
         raise DpsynthError(ErrorCode.NO_HOLDOUT, f"dataset {dataset.id} has no held-out "
-                           "records of its own (holdout_fraction at upload)",
+                           "records of its own (holdout_fraction, or holdout_from 'test' for "
+                           "split folders, at upload)",
                            dataset_id=dataset.id)
     if (dataset.holdout_rule or LEGACY_RULE) == LEGACY_RULE:
         raise DpsynthError(ErrorCode.CONFLICT, f"dataset {dataset.id}'s held-out split was "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from dpsynth_shared.upload_formats import accepted_sentence
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
@@ -29,11 +30,14 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 @router.post("", status_code=201, response_model=DatasetOut)
 async def upload_dataset(
     ctx: ContextDep, session: SessionDep, principal: SubmitterDep,
-    file: Annotated[UploadFile, File(description="zip / tar(.gz) image folder, or .npz")],
+    file: Annotated[UploadFile, File(description="the dataset file; " + accepted_sentence()
+                                     + " (docs/datasets.md)")],
     metadata: Annotated[str, Form(description="JSON: name, visibility, epsilon_limit, delta, "
-                                  "label_domain, declared_size, neighbouring, on_overlap")],
+                                  "label_domain, declared_size, neighbouring, on_overlap, "
+                                  "holdout_fraction or holdout_from, label_column, ...")],
 ) -> DatasetOut:
-    """Upload a dataset; a private one registers its budget with the ledger."""
+    """Upload a dataset; a private one registers its budget with the ledger. A file of no
+    accepted format is refused (422 ``invalid_archive``) with the list of accepted ones."""
     try:
         dataset = await run_in_threadpool(
             service.upload_dataset, session, principal=principal, store=ctx.store,

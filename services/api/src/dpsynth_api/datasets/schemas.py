@@ -72,6 +72,15 @@ class DatasetMetadata(BaseModel):
         "class sizes and every derived dataset. Each unit is held out iff a keyed hash of "
         "its own content (or subject id) falls below the fraction, so adding or removing a "
         "unit moves no other unit (docs/privacy.md); at least one unit on each side")
+    holdout_from: Literal["test", "validation"] | None = Field(
+        None, description="an image-folder archive with Hugging Face split folders "
+        "(train/<label>/…, test/<label>/…): the split whose images are held out, instead of "
+        "holdout_fraction. Each image's side is the folder its owner put it in before "
+        "uploading (docs/datasets.md); an archive with two or more split folders needs it")
+    label_column: Name | None = Field(
+        None, min_length=1, max_length=200, description="an image-folder archive labelled "
+        "by metadata.csv / metadata.jsonl: the column holding each image's class name "
+        "(default 'label'; the file column is 'file_name')")
     holdout_key: SecretStr | None = Field(
         None, min_length=16, max_length=512, description="write-only: the key of the "
         "held-out split's hash (default: drawn from OS entropy). The same key holds out the "
@@ -92,6 +101,9 @@ class DatasetMetadata(BaseModel):
                              "across versions, or omit it")
         if self.holdout_key is not None and self.holdout_fraction is None:
             raise ValueError("holdout_key is given only with holdout_fraction")
+        if self.holdout_from is not None and self.holdout_fraction is not None:
+            raise ValueError("give holdout_fraction (a share of the upload, by a keyed hash) "
+                             "or holdout_from (a split folder), not both")
         return self
 
     @model_validator(mode="after")
@@ -186,11 +198,13 @@ class DatasetSummary(BaseModel):
     warning_fraction: float | None = None
     holdout_fraction: float | None = Field(None, description="the share of the upload's "
                                            "units held out at upload (None: none)")
-    holdout_rule: Literal["keyed_hash_v1", "seeded_permutation_v0"] | None = Field(
-        None, description="how the held-out split was made: 'keyed_hash_v1' (each unit by a "
-        "keyed hash of itself: the guarantee covers every record of the upload), or "
-        "'seeded_permutation_v0' (before issue 13: the guarantee covers the training part "
-        "only, docs/privacy.md)")
+    holdout_rule: Literal["keyed_hash_v1", "folder_split_v1", "seeded_permutation_v0"] | None \
+        = Field(None, description="how the held-out split was made: 'keyed_hash_v1' (each "
+                "unit by a keyed hash of itself: the guarantee covers every record of the "
+                "upload), 'folder_split_v1' (the owner's split folder, holdout_from: each "
+                "unit by the folder it was uploaded in; no public fraction), or "
+                "'seeded_permutation_v0' (before issue 13: the guarantee covers the training "
+                "part only, docs/privacy.md)")
     holdout_key_source: Literal["owner", "platform"] | None = Field(
         None, description="whose key made the keyed-hash split: the owner's holdout_key "
         "(never shown) or one drawn by the platform")

@@ -28,7 +28,13 @@ from dpsynth_api import policies
 from dpsynth_api.datasets import derive, holdout, overlap, units
 from dpsynth_api.datasets import repository as repo
 from dpsynth_api.datasets.duplicates import resolve_duplicates
-from dpsynth_api.datasets.ingest import Ingested, IngestLimits, ingest_upload, write_canonical
+from dpsynth_api.datasets.ingest import (
+    Ingested,
+    IngestLimits,
+    LayoutOptions,
+    ingest_upload,
+    write_canonical,
+)
 from dpsynth_api.datasets.limits import MIN_PRIVATE_RECORDS, check_record_count
 from dpsynth_api.datasets.schemas import (
     ClassSizesReleaseIn,
@@ -92,7 +98,9 @@ def upload_dataset(session: Session, *, principal: Principal, store: ObjectStore
             spool(upload, raw, max_bytes=settings.max_upload_bytes)
             column = units.subject_column_for(meta)
             data = ingest_upload(raw, name, private=private, label_domain=meta.label_domain,
-                                 limits=_limits(settings), subject_column=column)
+                                 limits=_limits(settings), subject_column=column,
+                                 layout=LayoutOptions(holdout_from=meta.holdout_from,
+                                                      label_column=meta.label_column))
             # copies of one record refused or dropped before the split (issue 13, item 4);
             # every record is hashed, the held-out ones too: they are the budget's records
             data, hashes = resolve_duplicates(data, on_duplicate=meta.on_duplicate,
@@ -228,9 +236,14 @@ def _check_link(meta: DatasetMetadata, root: Dataset, ext: dict[str, Any]) -> No
     outside = sorted(set(meta.label_domain or []) - set(root.class_names))
     if outside:
         raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
-                           f"cannot link: the label_domain has classes that are not "
-                           f"partitions of budget {root.id}: {outside}",
-                           link_refused="label_domain", **ext)
+                           f"cannot link: label_domain has {len(outside)} class(es) that "
+                           f"budget {root.id} does not have: "
+                           f"{', '.join(repr(c) for c in outside[:5])}"
+                           f"{' and more' if len(outside) > 5 else ''}; a linked upload's "
+                           f"classes must be classes of the budget it charges "
+                           f"({', '.join(repr(c) for c in root.class_names[:10])}"
+                           f"{', ...' if len(root.class_names) > 10 else ''})",
+                           link_refused="label_domain", unknown_labels=outside[:5], **ext)
     if str(meta.privacy_unit) != (root.privacy_unit or "image"):
         raise DpsynthError(ErrorCode.PRIVATE_DATA_OVERLAP,
                            f"cannot link: budget {root.id} counts privacy unit "
