@@ -108,7 +108,8 @@ class Dataset(Base):
     holdout_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     holdout_size_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # "keyed_hash_v1" (a keyed hash of each unit: 1-stable) or "seeded_permutation_v0"
-    # (made before migration 0008; its guarantee covers the training part only).
+    # (made before migration 0008; its guarantee covers the training part only), or
+    # "folder_split_v1" (holdout_from: the split folder the owner put each record in).
     holdout_rule: Mapped[str | None] = mapped_column(String(30), nullable=True)
     # "owner" (a write-only holdout_key, never stored) or "platform" (OS entropy, discarded).
     holdout_key_source: Mapped[str | None] = mapped_column(String(10), nullable=True)

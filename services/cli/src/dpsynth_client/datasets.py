@@ -26,7 +26,8 @@ class DatasetsApi(ApiTransport):
                        subject_column: str | None = None,
                        holdout_fraction: float | None = None,
                        holdout_key: str | None = None,
-                       on_duplicate: str | None = None) -> dict[str, Any]:
+                       on_duplicate: str | None = None, holdout_from: str | None = None,
+                       label_column: str | None = None) -> dict[str, Any]:
         """Upload a dataset file (zip/tar image folder, ``.npz`` or Parquet).
 
         Sent as multipart: ``file`` and ``metadata`` (a JSON string). Optional privacy
@@ -49,13 +50,18 @@ class DatasetsApi(ApiTransport):
         ``on_duplicate``: records with identical pixels inside the upload are refused (422
         ``duplicate_records``, a private upload's default) or, with ``"deduplicate"``, kept
         once (the first copy); copies that disagree (label, subject, mask) are refused.
+        ``holdout_from="test"`` (or ``"validation"``): an upload of Hugging Face split folders
+        (``train/<label>/…``, ``test/<label>/…``) holds out that split, as its owner chose it;
+        ``label_column`` names the label column of a ``metadata.csv``/``.jsonl`` (default
+        ``label``). docs/datasets.md lists every accepted layout.
         """
         metadata = {"name": name, "visibility": visibility, "epsilon_limit": epsilon_limit,
                     "delta": delta, "label_domain": label_domain, "declared_size": declared_size,
                     "class_sizes": class_sizes, "on_overlap": on_overlap,
                     "privacy_unit": privacy_unit, "subject_column": subject_column,
                     "holdout_fraction": holdout_fraction, "holdout_key": holdout_key,
-                    "size_epsilon": size_epsilon, "partitions_disjoint": partitions_disjoint}
+                    "size_epsilon": size_epsilon, "partitions_disjoint": partitions_disjoint,
+                    "holdout_from": holdout_from, "label_column": label_column}
         metadata["on_duplicate"] = on_duplicate
         metadata = {k: v for k, v in metadata.items() if v is not None}
         path = Path(path)

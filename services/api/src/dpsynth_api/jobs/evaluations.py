@@ -166,6 +166,9 @@ def check_dp_reference(dataset: Dataset) -> None:
         why = ("the reference's privacy unit is the subject: one subject moves as many "
                "held-out counts as it has images, so the count sensitivity is not 1; DP "
                "evaluations are offered for image-unit datasets")
+    elif dataset.holdout_rule == "folder_split_v1":
+        why = ("the reference's held-out part is a split folder (holdout_from), which has no "
+               "public size; a DP evaluation needs one: upload with holdout_fraction instead")
     elif not dataset.holdout_fraction or not dataset.declared_size:
         why = "the reference has no public held-out size (declared N̂ and holdout_fraction)"
     if why is not None:

@@ -117,7 +117,8 @@ def _check_claim(ctx: JobContext, spec: EvaluateSpec) -> DatasetInfo:
                                    "dataset is not the spec's")
     if not claim.dataset.holdout_object_key:
         raise EvaluationInputError(ErrorCode.NO_HOLDOUT, f"dataset {spec.dataset_id} has no "
-                                   "held-out records (holdout_fraction at upload)",
+                                   "held-out records (holdout_fraction or holdout_from at "
+                                   "upload)",
                                    dataset_id=spec.dataset_id)
     if claim.dataset.visibility != "public" and claim.evaluation_id is None:
         raise EvaluationInputError(ErrorCode.INVALID_SPEC, "an evaluation on a private "
