@@ -9,6 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field
 class BudgetOut(BudgetView):
     warning: bool = Field(description="dataset_epsilon_spent >= warning_fraction (default "
                           "80%) of epsilon_limit")
+    budget_id: str = Field(description="the dataset whose budget this is (the budget's "
+                           "owner): the dataset's own id for an upload, the upload it derives "
+                           "from or is linked to otherwise. Datasets with the same budget_id "
+                           "share every figure of this view")
+    budget_dataset_ids: list[str] = Field(
+        default_factory=list, description="every dataset of the tenant that charges this "
+        "budget: the owner first, then the derived and linked ones, oldest first; deleted "
+        "ones included (their charges stay)")
 
 
 class BudgetPatch(BaseModel):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.ledger_contract import BudgetView, LimitUpdate
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from dpsynth_api.budgets.repository import datasets_sharing
 from dpsynth_api.budgets.schemas import BudgetOut, BudgetPatch
 from dpsynth_api.datasets.service import get_dataset
 from dpsynth_api.policies import budget_id_of
@@ -25,11 +25,23 @@ def _private(session: Session, principal: Principal, dataset_id: str) -> Dataset
     return dataset
 
 
-def budget_out(view: BudgetView) -> BudgetOut:
-    """The ledger's view with ``warning`` at the dataset's fraction (default 80%)."""
+def budget_out(view: BudgetView, *, budget_id: str | None = None,
+               budget_dataset_ids: list[str] | None = None) -> BudgetOut:
+    """The ledger's view with ``warning`` at the dataset's fraction (default 80%), the
+    budget's owner and the datasets that share it (the ledger keys a budget by its owner's
+    id, so ``budget_id`` defaults to the view's ``dataset_id``)."""
     fraction = view.warning_fraction or BUDGET_WARNING_FRACTION
     warning = view.dataset_epsilon_spent >= fraction * view.epsilon_limit
-    return BudgetOut(**{**view.model_dump(), "warning": warning})
+    return BudgetOut(**{**view.model_dump(), "warning": warning,
+                        "budget_id": budget_id or view.dataset_id,
+                        "budget_dataset_ids": budget_dataset_ids or []})
+
+
+def _shared_out(session: Session, principal: Principal, budget_id: str,
+                view: BudgetView) -> BudgetOut:
+    rows = datasets_sharing(session, tenant_id=principal.tenant_id, budget_id=budget_id)
+    return budget_out(view, budget_id=budget_id,
+                      budget_dataset_ids=[row.id for row in rows])
 
 
 def get_budget(session: Session, *, principal: Principal, ledger: LedgerPort,
@@ -41,7 +53,8 @@ def get_budget(session: Session, *, principal: Principal, ledger: LedgerPort,
             public one (it has no budget).
     """
     dataset = _private(session, principal, dataset_id)
-    return budget_out(ledger.get_budget(budget_id_of(dataset)))
+    budget_id = budget_id_of(dataset)
+    return _shared_out(session, principal, budget_id, ledger.get_budget(budget_id))
 
 
 def update_budget(session: Session, *, principal: Principal, ledger: LedgerPort,
@@ -60,11 +73,9 @@ def update_budget(session: Session, *, principal: Principal, ledger: LedgerPort,
     budget_id = budget_id_of(dataset)
     view = ledger.update_limit(budget_id, LimitUpdate(epsilon_limit=body.epsilon_limit,
                                                       warning_fraction=body.warning_fraction))
-    rows = session.execute(select(Dataset).where(
-        Dataset.tenant_id == principal.tenant_id,
-        or_(Dataset.budget_id == budget_id, Dataset.id == budget_id))).scalars()
+    rows = datasets_sharing(session, tenant_id=principal.tenant_id, budget_id=budget_id)
     for row in rows:
         row.epsilon_limit = view.epsilon_limit
         row.warning_fraction = view.warning_fraction
     session.commit()
-    return budget_out(view)
+    return budget_out(view, budget_id=budget_id, budget_dataset_ids=[row.id for row in rows])

@@ -1,4 +1,4 @@
-"""``/dashboard``: the budget dashboard's page and its two static files.
+"""``/dashboard``: the budget dashboard's page and its static files (script modules, style).
 
 The page holds no data and needs no credential: the browser script asks the public REST
 endpoints (``/v1/datasets``, ``/v1/datasets/{id}/budget``, ``/v1/jobs``) with the key the user
@@ -32,8 +32,16 @@ SECURITY_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
 }
 # The only files served (an allow-list: no path from the request ever reaches the filesystem).
+# ``dashboard.js`` is the entry module; it imports the others (same origin, plain ES modules:
+# no build step).
+_JS = "text/javascript; charset=utf-8"
 STATIC_FILES = {
-    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.js": _JS,
+    "api.js": _JS,
+    "dom.js": _JS,
+    "chart.js": _JS,
+    "overview.js": _JS,
+    "detail.js": _JS,
     "dashboard.css": "text/css; charset=utf-8",
 }
 
@@ -56,11 +64,11 @@ def dashboard_page() -> Response:
 
 
 @router.get("/dashboard/static/{name}", response_class=Response, responses={
-    200: {"description": "the script or the style sheet",
+    200: {"description": "a script module or the style sheet",
           "content": {media_type.split(";")[0]: {"schema": {"type": "string"}}
                       for media_type in STATIC_FILES.values()}}})
 def dashboard_static(name: str) -> Response:
-    """The dashboard's script and style sheet (404 for any other name)."""
+    """The dashboard's script modules and style sheet (404 for any other name)."""
     media_type = STATIC_FILES.get(name)
     if media_type is None:
         raise DpsynthError(ErrorCode.NOT_FOUND, "no such dashboard file")
