@@ -19,6 +19,7 @@ FASTAPI_422 = "Validation Error"  # FastAPI's own description of the 422 it docu
 GENERIC = "RFC 9457 problem details"  # errors.problem_schema_fields' blanket description
 RETRY_AFTER: dict[str, Any] = {"description": "seconds to wait before retrying",
                                "schema": {"type": "integer", "minimum": 0}}
+CODES_EXTENSION = "x-problem-codes"  # a problem response's known ``code`` values
 WWW_AUTHENTICATE: dict[str, Any] = {"description": "the scheme expected: Bearer",
                                     "schema": {"type": "string"}}
 
@@ -41,6 +42,18 @@ def problem(status: int, description: str, *, retry_after: bool | None = None,
     if headers:
         response["headers"] = headers
     return response
+
+
+def with_codes(response: dict[str, Any], codes: Iterable[str]) -> dict[str, Any]:
+    """``response`` naming the problem ``code``\\s it is known to carry: in its description
+    (what Swagger UI and ReDoc show) and as ``x-problem-codes`` (for tools), in order, once
+    each. With no code it is returned unchanged."""
+    known = list(dict.fromkeys(str(code) for code in codes))
+    if not known:
+        return response
+    listed = ", ".join(f"`{code}`" for code in known)
+    return {**response, "description": f"{response['description']}. Known codes: {listed}",
+            CODES_EXTENSION: known}
 
 
 def declare_problems(operation: dict[str, Any], statuses: Iterable[int],

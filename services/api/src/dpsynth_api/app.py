@@ -19,6 +19,7 @@ from dpsynth_api.context import AppContext
 from dpsynth_api.dashboard.router import router as dashboard_router
 from dpsynth_api.datasets.router import router as datasets_router
 from dpsynth_api.db import make_engine, make_session_factory
+from dpsynth_api.docs_ui.router import router as docs_ui_router
 from dpsynth_api.errors import install_error_handlers
 from dpsynth_api.idempotency import IdempotencyMiddleware, IdempotencyStore
 from dpsynth_api.internal.router import router as internal_router
@@ -41,6 +42,21 @@ from dpsynth_api.tenants.ledger_admin import router as ledger_admin_router
 from dpsynth_api.tenants.router import router as tenants_router
 
 MULTIPART_OVERHEAD_BYTES = 1 << 20
+DESCRIPTION = """\
+DP fine-tuning of latent diffusion models on private images, synthetic corpora, and an exact
+account of each dataset's privacy budget.
+
+**Authentication.** Every `/v1/...` operation except `/v1/presigned/{token}` takes a tenant's
+API key as `Authorization: Bearer dps_...` ("Authorize" above). A key in a query string is
+refused (400 `api_key_in_query_string`): keys leak from URLs.
+
+**Errors** are RFC 9457 `application/problem+json` bodies with a stable, machine-readable
+`code` (e.g. `privacy_budget_exhausted`, `not_found`, `invalid_spec`); each operation lists
+the statuses it can answer and, per status, the codes (docs/api-contract.md).
+
+**Retries.** A `POST /v1/...` takes an optional `Idempotency-Key` header; a 429 or 503 says
+when to retry in `Retry-After`.
+"""
 log = logging.getLogger(__name__)
 
 
@@ -115,18 +131,23 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
                 await limiter.close()
             engine.dispose()
 
+    # FastAPI's own /docs and /redoc load their files from a CDN: dpsynth_api.docs_ui serves
+    # the same viewers from the installed packages instead (issue 15, item 7).
     app = FastAPI(title="dpsynth api", version="0.1.0", lifespan=lifespan,
-                  dependencies=[Depends(_refuse_bad_strings)],
-                  description="DP fine-tuning of latent diffusion models on private images, "
-                  "synthetic corpora, and an exact account of each dataset's privacy budget.")
+                  dependencies=[Depends(_refuse_bad_strings)], description=DESCRIPTION,
+                  docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None)
     app.state.ctx = ctx
     app.state.reaper = reaper
     app.state.sweeper = sweeper
     install_error_handlers(app)
     for router in (health.router, tenants_router, datasets_router, budgets_router,
-                   models_router, jobs_router, artifacts_router, internal_router):
+                   models_router, jobs_router, artifacts_router):
         app.include_router(router)
+    # The workers' endpoints work as before but are no part of the public document
+    # (dpsynth_api.openapi.build_worker_document documents them for the worker contract).
+    app.include_router(internal_router, include_in_schema=False)
     app.include_router(dashboard_router)
+    app.include_router(docs_ui_router)
     app.include_router(ledger_views_router)
     app.include_router(ledger_admin_router)
     install_openapi(app)
@@ -139,6 +160,7 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
     if limiter is not None:  # before the guard and the key lookup: the cheapest refusal
         app.add_middleware(RateLimitMiddleware, limiter=limiter)
     app.add_middleware(ObservabilityMiddleware, metrics=ctx.metrics)
-    # Outermost: every answer (problem+json from the guard included) gets the headers.
-    app.add_middleware(SecurityHeadersMiddleware)
+    # Outermost: every answer (problem+json from the guard included) gets the headers. No
+    # path is exempt from the strict policy: /docs and /redoc set their own (docs_ui).
+    app.add_middleware(SecurityHeadersMiddleware, csp_exempt=())
     return app

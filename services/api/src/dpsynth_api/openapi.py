@@ -20,10 +20,19 @@ the database or the ledger  503 (pool exhausted, ledger unreachable, ``Retry-Aft
 ==========================  =====================================================
 
 What only the domain knows (a 409 on a budget, a 410 on a deleted dataset) is in
-:data:`DOMAIN_STATUSES`, one line per operation. ``tests/integration/api/
-test_openapi_schemathesis.py`` runs schemathesis over every operation against this document,
-so a route that answers a status, a content type or a body it does not declare fails there
-(docs/api-contract.md).
+:data:`DOMAIN_STATUSES`, one line per operation, and, where known, the stable ``code``\\s
+behind each status in :mod:`dpsynth_api.openapi_codes` (issue 15, item 7): each problem
+response names them ("Known codes", ``x-problem-codes``).
+
+The public document is what ``/docs`` and ``/redoc`` show (:mod:`dpsynth_api.docs_ui`): its
+operations are grouped by tags (:data:`dpsynth_api.openapi_codes.TAGS`), every operation that
+takes a key names the ``apiKey`` bearer scheme (Swagger UI's "Authorize"), and the workers'
+``/internal/v1`` routes are left out (registered with ``include_in_schema=False``; they work
+as before). :func:`build_worker_document` documents those for the worker contract.
+
+``tests/integration/api/test_openapi_schemathesis.py`` runs schemathesis over every operation
+against this document, so a route that answers a status, a content type or a body it does
+not declare fails there (docs/api-contract.md).
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dpsynth_shared.openapi_problems import FASTAPI_422, finish_components
+from dpsynth_shared.errors import HTTP_STATUS
+from dpsynth_shared.openapi_problems import FASTAPI_422, finish_components, with_codes
 from dpsynth_shared.openapi_problems import problem as problem_object
 from fastapi import FastAPI
 from fastapi.dependencies.models import Dependant
@@ -40,6 +50,7 @@ from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
 
 from dpsynth_api.deps import get_ledger, get_principal, get_session, require, require_worker
 from dpsynth_api.idempotency import KEY_PATTERN
+from dpsynth_api.openapi_codes import DOMAIN_CODES, TAGS, derived_codes, domain_statuses
 
 # Short reasons per status; the body's ``code`` is the stable, machine-readable part.
 DESCRIPTIONS: dict[int, str] = {
@@ -72,11 +83,14 @@ DOMAIN_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("POST", "/v1/jobs/{job_id}/cancel"): (409,),
     ("GET", "/v1/jobs/{job_id}/report"): (409,),
     ("GET", "/v1/artifacts/{artifact_id}/download"): (409,),
+    ("POST", "/v1/admin/ledger/reconcile"): (409,),
+}
+# The same for the workers' routes (in build_worker_document only).
+WORKER_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("POST", "/internal/v1/jobs/{job_id}/claim"): (409,),
     ("POST", "/internal/v1/jobs/{job_id}/heartbeat"): (409,),
     ("POST", "/internal/v1/jobs/{job_id}/artifacts"): (409,),
     ("POST", "/internal/v1/jobs/{job_id}/transition"): (409,),
-    ("POST", "/v1/admin/ledger/reconcile"): (409,),
 }
 
 IDEMPOTENCY_KEY: dict[str, Any] = {
@@ -150,7 +164,18 @@ def statuses_of(route: RouteContext, path: str,
     if takes_idempotency_key(path, method):
         statuses.add(409)
     statuses.update(DOMAIN_STATUSES.get((method, path), ()))
+    statuses.update(WORKER_STATUSES.get((method, path), ()))
+    statuses.update(domain_statuses(method, path))
     return statuses, scheme
+
+
+def codes_of(route: RouteContext, path: str, method: str, status: int) -> list[str]:
+    """The known problem codes of ``status`` on one operation (derived, then the domain's)."""
+    uses_ledger = get_ledger in set(_calls(route.dependant))
+    codes = [*derived_codes(status, idempotent=takes_idempotency_key(path, method),
+                            ledger=uses_ledger, path=path),
+             *(c for c in DOMAIN_CODES.get((method, path), ()) if HTTP_STATUS[c] == status)]
+    return [str(code) for code in codes]
 
 
 def _tidy_success(operation: dict[str, Any], route: RouteContext) -> None:
@@ -174,9 +199,10 @@ def _complete(document: dict[str, Any], route: RouteContext) -> None:
         responses: dict[str, Any] = operation.setdefault("responses", {})
         for status in sorted(statuses):
             declared = responses.get(str(status), {}).get("description")
-            responses[str(status)] = problem(status)
+            response = problem(status)
             if declared and declared != FASTAPI_422:  # a route's own, more specific reason
-                responses[str(status)]["description"] = declared
+                response["description"] = declared
+            responses[str(status)] = with_codes(response, codes_of(route, path, method, status))
         if scheme is not None:
             operation["security"] = [{scheme: []}]
         if takes_idempotency_key(path, method):
@@ -185,16 +211,38 @@ def _complete(document: dict[str, Any], route: RouteContext) -> None:
                 params.append(dict(IDEMPOTENCY_KEY))
 
 
+def _schemes_used(document: dict[str, Any]) -> dict[str, Any]:
+    used = {name for ops in document["paths"].values() for op in ops.values()
+            for requirement in op.get("security", ()) for name in requirement}
+    return {name: scheme for name, scheme in SECURITY_SCHEMES.items() if name in used}
+
+
 def build_document(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document of ``app`` with every operation's real error responses."""
+    """FastAPI's document of ``app`` with every operation's real error responses, its tags
+    (only those in use, in :data:`~dpsynth_api.openapi_codes.TAGS`' order) and the security
+    schemes its operations name."""
     document = get_openapi(title=app.title, version=app.version, description=app.description,
                            routes=app.routes)
     for route in iter_route_contexts(app.routes):
         if isinstance(route.original_route, APIRoute) and route.include_in_schema:
             _complete(document, route)
+    used_tags = {tag for ops in document["paths"].values() for op in ops.values()
+                 for tag in op.get("tags", ())}
+    document["tags"] = [tag for tag in TAGS if tag["name"] in used_tags]
     # FastAPI's own 422 body is never sent (errors.py answers a Problem instead).
-    finish_components(document, SECURITY_SCHEMES)
+    finish_components(document, _schemes_used(document))
     return document
+
+
+def build_worker_document() -> dict[str, Any]:
+    """The workers' ``/internal/v1`` routes, documented as the public ones are (the
+    ``workerToken`` scheme): for the worker contract's tests, never served."""
+    from dpsynth_api.internal.router import router as internal_router  # no import cycle
+
+    app = FastAPI(title="dpsynth api: the workers' endpoints", version="0.1.0",
+                  docs_url=None, redoc_url=None)
+    app.include_router(internal_router)
+    return build_document(app)
 
 
 def install_openapi(app: FastAPI) -> None:
