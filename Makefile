@@ -10,7 +10,6 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?= --durations=40
 
-export XDG_RUNTIME_DIR ?= /tmp
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 .PHONY: all venv demo test test-unit test-integration test-e2e lint boundaries clean bench

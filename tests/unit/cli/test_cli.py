@@ -86,9 +86,9 @@ def test_submit_json_spec_dry_run(api: FakeApi, tmp_path: Path) -> None:
         200, json={"dry_run": r.url.params.get("dry_run"), "spec": json.loads(r.content)}))
     spec = tmp_path / "job.json"
     spec.write_text(json.dumps({"type": "generate", "model_id": "m1"}))
-    result = runner.invoke(app, ["jobs", "submit", str(spec), "--dry-run"])
+    result = runner.invoke(app, ["jobs", "submit", str(spec), "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
-    body = json.loads(result.output)
+    body = json.loads(result.stdout)
     assert body == {"dry_run": "true", "spec": {"type": "generate", "model_id": "m1"}}
 
 
@@ -183,9 +183,9 @@ def test_admin_key_create_parses_scopes(api: FakeApi) -> None:
     api.route("POST", "/v1/tenants/t1/keys",
               lambda r: httpx.Response(201, json=json.loads(r.content)))
     result = runner.invoke(app, ["admin", "key", "create", "--tenant", "t1",
-                                 "--scopes", "read,submit"])
+                                 "--scopes", "read,submit", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == {"scopes": ["read", "submit"]}
+    assert json.loads(result.stdout) == {"scopes": ["read", "submit"]}
 
 
 def test_download_writes_the_file(api: FakeApi, tmp_path: Path) -> None:
@@ -197,9 +197,11 @@ def test_download_writes_the_file(api: FakeApi, tmp_path: Path) -> None:
 
 
 def test_status_of_a_home_without_platform_exits_3(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["status", "--home", str(tmp_path)])
+    result = runner.invoke(app, ["status", "--home", str(tmp_path), "--json"])
     assert result.exit_code == 3
-    assert json.loads(result.output)["running"] is False
+    assert json.loads(result.stdout)["running"] is False
+    result = runner.invoke(app, ["status", "--home", str(tmp_path)])
+    assert result.exit_code == 3 and "not running (dpsynth up starts it)" in result.stdout
 
 
 def test_submit_watch_and_lists_read_the_ids_the_api_returns(api: FakeApi,

@@ -152,7 +152,7 @@ def test_features_train_submits_a_valid_feature_net_spec(api: FakeApi) -> None:
     assert spec == {"type": "feature_net", "dataset_id": "ds_public", "image_size": 16,
                     "channels": 1, "epochs": 3, "seed": 7}
     FeatureNetSpec.model_validate(spec)
-    assert json.loads(result.output)["job_id"] == "job_feat"
+    assert result.stdout == "job job_feat submitted: feature_net, queued\n"
     result = runner.invoke(app, ["features", "train", "ds_public"])
     assert _submitted(api)[-1] == {"type": "feature_net", "dataset_id": "ds_public"}
     result = runner.invoke(app, ["features", "train", "ds_public", "--channels", "2"])
@@ -161,9 +161,10 @@ def test_features_train_submits_a_valid_feature_net_spec(api: FakeApi) -> None:
 
 def test_features_train_wait_follows_the_job(api: FakeApi) -> None:
     _accept_jobs(api, "job_feat")
-    states = iter([{"job_id": "job_feat", "state": "running", "progress": {"step": 1, "total": 2}},
-                   {"job_id": "job_feat", "state": "succeeded", "progress": {"step": 2, "total": 2},
-                    "result": {"model_id": "mdl_feat"}}])
+    states = iter([{"job_id": "job_feat", "type": "feature_net", "state": "running",
+                    "progress": {"step": 1, "total": 2}},
+                   {"job_id": "job_feat", "type": "feature_net", "state": "succeeded",
+                    "progress": {"step": 2, "total": 2}, "result": {"model_id": "mdl_feat"}}])
     api.route("GET", "/v1/jobs/job_feat", lambda r: httpx.Response(200, json=next(states)))
     result = runner.invoke(app, ["features", "train", "ds_public", "--wait", "--poll", "0"])
     assert result.exit_code == 0, result.output
@@ -172,8 +173,10 @@ def test_features_train_wait_follows_the_job(api: FakeApi) -> None:
 
 def test_evaluate_submits_the_spec_waits_and_prints_the_headline(api: FakeApi) -> None:
     _accept_jobs(api, "job_ev")
-    states = iter([{"job_id": "job_ev", "state": "running", "progress": {"step": 1, "total": 5}},
-                   {"job_id": "job_ev", "state": "succeeded", "progress": {"step": 5, "total": 5},
+    states = iter([{"job_id": "job_ev", "type": "evaluate", "state": "running",
+                    "progress": {"step": 1, "total": 5}},
+                   {"job_id": "job_ev", "type": "evaluate", "state": "succeeded",
+                    "progress": {"step": 5, "total": 5},
                     "result": {"report_artifact_id": "art_r", "non_dp": True}}])
     api.route("GET", "/v1/jobs/job_ev", lambda r: httpx.Response(200, json=next(states)))
     api.route("GET", "/v1/jobs/job_ev/report", REPORT)
@@ -194,7 +197,8 @@ def test_evaluate_submits_the_spec_waits_and_prints_the_headline(api: FakeApi) -
 def test_evaluate_with_dp_epsilon_asks_for_a_dp_release_and_prints_it(api: FakeApi) -> None:
     _accept_jobs(api, "job_ev")
     released = {"label": "DP", "epsilon": 0.5, "metrics": {"tstr_accuracy/cnn": 0.61}}
-    api.route("GET", "/v1/jobs/job_ev", {"job_id": "job_ev", "state": "succeeded",
+    api.route("GET", "/v1/jobs/job_ev", {"job_id": "job_ev", "type": "evaluate",
+                                         "state": "succeeded",
                                          "result": {"dp_evaluation": released}})
     api.route("GET", "/v1/jobs/job_ev/report", REPORT)
     result = runner.invoke(app, ["evaluate", "art_corpus", "--dataset", "ds_priv",
@@ -210,7 +214,8 @@ def test_evaluate_with_dp_epsilon_asks_for_a_dp_release_and_prints_it(api: FakeA
 
 def test_evaluate_defaults_and_a_failed_job(api: FakeApi) -> None:
     _accept_jobs(api, "job_ev")
-    api.route("GET", "/v1/jobs/job_ev", {"job_id": "job_ev", "state": "failed",
+    api.route("GET", "/v1/jobs/job_ev", {"job_id": "job_ev", "type": "evaluate",
+                                         "state": "failed",
                                          "error": {"code": "no_holdout"}})
     result = runner.invoke(app, ["evaluate", "art_corpus", "--dataset", "ds_x", "--wait",
                                  "--poll", "0"])
@@ -227,9 +232,11 @@ def test_the_owner_lists_the_held_out_records(api: FakeApi) -> None:
     items = [{"index": 3, "record_hash": "ab" * 32}, {"index": 7, "record_hash": "cd" * 32}]
     api.route("GET", "/v1/datasets/ds_1/holdout",
               lambda request: httpx.Response(200, json={"items": items}))
-    result = runner.invoke(app, ["datasets", "holdout", "ds_1"])
+    result = runner.invoke(app, ["datasets", "holdout", "ds_1", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output) == {"items": items}
+    assert json.loads(result.stdout) == {"items": items}
+    result = runner.invoke(app, ["datasets", "holdout", "ds_1"], env={"COLUMNS": "200"})
+    assert "2 held-out records" in result.stdout and "cd" * 32 in result.stdout
     api.route("GET", "/v1/datasets/ds_2/holdout", lambda request: problem(
         403, "forbidden", "this key lacks the owner scope"))
     result = runner.invoke(app, ["datasets", "holdout", "ds_2"])

@@ -17,13 +17,15 @@ from dpsynth_client import Client
 from rich.table import Table
 
 from dpsynth_cli.common import cli_errors, console, print_json, state_of
-from dpsynth_cli.jobs import watch_job
+from dpsynth_cli.follow import watch_job
+from dpsynth_cli.options import CliTyper, Output, PollOption, output_mode, print_id
+from dpsynth_cli.summaries import submitted_line
 from dpsynth_cli.views import report_footer, report_header, report_rows
 
 CLASSIFIERS = ("cnn", "logreg", "mlp")
 
-features = typer.Typer(help="Feature networks: trained on PUBLIC data, without privacy, for "
-                       "the feature-space metrics of evaluate jobs.", no_args_is_help=True)
+features = CliTyper(help="Feature networks: trained on PUBLIC data, without privacy, for "
+                    "the feature-space metrics of evaluate jobs.")
 
 
 def _split(csv: str | None) -> list[str] | None:
@@ -68,6 +70,18 @@ def evaluate_spec(corpus_artifact_id: str, *, dataset_id: str,
     return spec
 
 
+def dp_release_lines(released: Any) -> list[str]:
+    """An evaluate job's DP release (``result.dp_evaluation``) as lines: its label and
+    epsilon, then each released metric."""
+    if not isinstance(released, dict):
+        return [str(released)]
+    lines = [f"{key}: {released[key]}" for key in ("label", "epsilon", "delta")
+             if released.get(key) is not None]
+    metrics = released.get("metrics") or {}
+    lines.extend(f"{name}: {value}" for name, value in metrics.items())
+    return lines
+
+
 def print_report(report: dict[str, Any]) -> None:
     """The header lines (NON-DP in bold red when it applies) and the headline table."""
     for line in report_header(report):
@@ -83,42 +97,63 @@ def print_report(report: dict[str, Any]) -> None:
         console.print(line, highlight=False, soft_wrap=True)
 
 
-def _submit_and_maybe_wait(client: Client, spec: dict[str, Any], wait: bool,
-                           poll: float) -> tuple[dict[str, Any], int]:
+def _submit_and_maybe_wait(client: Client, spec: dict[str, Any], *, wait: bool,
+                           poll: float, mode: Output) -> tuple[dict[str, Any], int]:
+    """Submit ``spec``; print its id (quiet), body (json) or one line, then with ``wait``
+    follow it (bar on stderr) and report its end in the same mode."""
     job = client.submit_job(spec)
-    print_json(job)
+    if mode is Output.JSON and not wait:
+        print_json(job)
+    elif mode is Output.QUIET and not wait:
+        print_id(job["job_id"])
+    elif mode is Output.HUMAN:
+        console.print(submitted_line(job), highlight=False, soft_wrap=True)
     if not wait:
         return job, 0
-    return job, watch_job(client, str(job["job_id"]), poll=poll)
+    return job, watch_job(client, str(job["job_id"]), poll=poll, mode=mode)
 
 
 @features.command("train")
 @cli_errors
 def train(
-    ctx: typer.Context, dataset_id: Annotated[str, typer.Argument(help="a PUBLIC dataset")],
+    ctx: typer.Context,
+    dataset_id: Annotated[str, typer.Argument(help="a PUBLIC dataset (ds_...)",
+                                              show_default=False)],
     image_size: Annotated[int | None, typer.Option(help="images are resized to this (a "
                                                    "multiple of 4; default 32)")] = None,
     channels: Annotated[int | None, typer.Option(help="1 or 3 (default 1)")] = None,
-    epochs: Annotated[int | None, typer.Option(min=1, help="default 10")] = None,
-    seed: Annotated[int | None, typer.Option(help="default 0")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="follow the job to its end")] = False,
-    poll: Annotated[float, typer.Option(help="seconds between polls with --wait")] = 2.0,
+    epochs: Annotated[int | None, typer.Option(min=1, help="training epochs (default 10)")]
+    = None,
+    seed: Annotated[int | None, typer.Option(help="training seed (default 0)")] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="follow the job with a progress bar (on stderr) to its end; exit 1 "
+        "unless it succeeded")] = False,
+    poll: PollOption = 2.0,
+    json_: Annotated[bool, typer.Option(
+        "--json", help="print the api's JSON body (with --wait: the finished job's)")]
+    = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="print only the job id (with --wait: the feature network's "
+        "model id)")] = False,
 ) -> None:
     """Train a feature network on a PUBLIC dataset (a feature_net job; no privacy, no
     budget). Its accuracy is measured on the dataset's held-out records (or a seeded
     validation share) and recorded with the sha256 of its weights."""
     if channels not in (None, 1, 3):
         raise typer.BadParameter("must be 1 or 3", param_hint="--channels")
+    mode = output_mode(json_, quiet)
     spec = feature_net_spec(dataset_id, image_size=image_size, channels=channels,
                             epochs=epochs, seed=seed)
-    _, code = _submit_and_maybe_wait(state_of(ctx).client(), spec, wait, poll)
+    _, code = _submit_and_maybe_wait(state_of(ctx).client(), spec, wait=wait, poll=poll,
+                                     mode=mode)
     raise typer.Exit(code)
 
 
 @cli_errors
 def evaluate(
     ctx: typer.Context,
-    corpus_artifact_id: Annotated[str, typer.Argument(help="a generate job's corpus artifact")],
+    corpus_artifact_id: Annotated[str, typer.Argument(
+        help="a generate job's corpus artifact (art_...)", show_default=False)],
     dataset: Annotated[str, typer.Option("--dataset", help="the reference dataset (uploaded "
                                          "with --holdout-fraction)")],
     feature_model: Annotated[str | None, typer.Option(
@@ -135,35 +170,46 @@ def evaluate(
         "--dp-epsilon", min=0.0, help="private reference: also release the classifiers' "
         "accuracies on the held-out records with DP at this epsilon, charged to the "
         "held-out partition (selection by them stays inside the guarantee)")] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="follow the job, then print its "
-                                       "headline numbers")] = False,
-    poll: Annotated[float, typer.Option(help="seconds between polls with --wait")] = 2.0,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="follow the job with a progress bar (on stderr), then print its "
+        "headline numbers; exit 1 unless it succeeded")] = False,
+    poll: PollOption = 2.0,
+    json_: Annotated[bool, typer.Option(
+        "--json", help="print the api's JSON body (with --wait: the finished job's)")]
+    = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="print only the evaluate job's id (the key of `dpsynth "
+        "report`), also with --wait")] = False,
 ) -> None:
     """Evaluate a synthetic corpus against a reference dataset (an evaluate job).
 
     On a PRIVATE reference this is a non-DP read of private data: it needs the owner scope,
     charges no epsilon but is recorded in the ledger, and its report is owner-only. If you
     choose what to release by looking at it, the released epsilon does not cover that
-    choice; ``--dp-epsilon`` releases the accuracies with DP instead (docs/privacy.md).
+    choice; --dp-epsilon releases the accuracies with DP instead (docs/privacy.md).
     """
+    mode = output_mode(json_, quiet)
     spec = evaluate_spec(corpus_artifact_id, dataset_id=dataset, feature_model_id=feature_model,
                          classifiers=_split(classifiers), inception=inception,
                          include_private_images=not no_private_images, dp_epsilon=dp_epsilon)
     client = state_of(ctx).client()
-    job, code = _submit_and_maybe_wait(client, spec, wait, poll)
-    if wait and code == 0:
+    job, code = _submit_and_maybe_wait(client, spec, wait=wait, poll=poll, mode=mode)
+    if wait and code == 0 and mode is Output.HUMAN:
         print_report(client.get_report(str(job["job_id"])))
         if dp_epsilon is not None:
             released = (client.get_job(str(job["job_id"])).get("result") or {}).get(
                 "dp_evaluation")
             console.print("DP evaluation (inside the guarantee):", style="bold")
-            print_json(released)
+            for line in dp_release_lines(released):
+                console.print(f"  {line}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
 @cli_errors
 def report(
-    ctx: typer.Context, job_id: Annotated[str, typer.Argument(help="an evaluate job")],
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="an evaluate job (job_...)",
+                                          show_default=False)],
     html: Annotated[Path | None, typer.Option("--html", dir_okay=False,
                                               help="save the HTML report here")] = None,
     json_: Annotated[Path | None, typer.Option("--json", dir_okay=False,

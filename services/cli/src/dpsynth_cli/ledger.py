@@ -21,8 +21,24 @@ from dpsynth_shared.grants import key_id_of, verify_message
 from dpsynth_shared.ledger_contract import signed_message
 
 from dpsynth_cli.common import cli_errors, console, err_console, print_json, state_of
+from dpsynth_cli.options import CliTyper, JsonFlag, YesFlag, confirm_irreversible
 
-app = typer.Typer(help="The privacy ledger: export, verify, recompute.", no_args_is_help=True)
+app = CliTyper(help="The privacy ledger: export, verify, recompute; admin, disaster "
+               "recovery: anchor-status, reconcile-after-restore.")
+DatasetIdArg = Annotated[str, typer.Argument(help="a private dataset's id (ds_...)",
+                                             show_default=False)]
+
+
+def anchor_line(status: dict[str, Any]) -> str:
+    """One line of ``ledger anchor-status`` (an ``AnchorStatus`` body): in step, behind or
+    diverged, with the database's and the anchor's newest entries."""
+    heads = (f"database at entry {status.get('local_seq', '?')}, anchor at entry "
+             f"{status.get('anchored_seq', '?')} ({status.get('location', '-')})")
+    if status.get("diverged"):
+        return f"ledger DIVERGED from its anchor: {heads}"
+    if status.get("behind"):
+        return f"ledger BEHIND its anchor: {heads}"
+    return f"ledger in step with its anchor: {heads}"
 
 
 def entry_hash(entry: dict[str, Any]) -> str:
@@ -140,7 +156,7 @@ def verify_export(export: dict[str, Any], *, public_key: str | None = None,
 
 @app.command("export")
 @cli_errors
-def export(ctx: typer.Context, dataset_id: str,
+def export(ctx: typer.Context, dataset_id: DatasetIdArg,
            fmt: Annotated[str, typer.Option("--format", help="json | csv")] = "json",
            output: Annotated[Path | None, typer.Option("-o", "--output",
                                                        help="write here (default stdout)")]
@@ -160,7 +176,7 @@ def export(ctx: typer.Context, dataset_id: str,
 
 @app.command("verify")
 @cli_errors
-def verify(ctx: typer.Context, dataset_id: str,
+def verify(ctx: typer.Context, dataset_id: DatasetIdArg,
            export_file: Annotated[Path | None, typer.Option(
                "--export", exists=True, dir_okay=False,
                help="check this JSON export instead of downloading one")] = None,
@@ -173,56 +189,74 @@ def verify(ctx: typer.Context, dataset_id: str,
                "key (repeatable; ids your operator published before a key rotation)")]
            = None,
            local_only: Annotated[bool, typer.Option(
-               "--local-only", help="skip the server-side report")] = False) -> None:
+               "--local-only", help="skip the server-side report")] = False,
+           json_: Annotated[bool, typer.Option(
+               "--json", help="print the server's verify report, the api's JSON body (the "
+               "summary lines go to stderr)")] = False) -> None:
     """Recompute every entry's hash and signature locally, then show the server's report
     (chain, signatures, anchor, every epsilon); exit 1 on any problem."""
+    out = err_console if json_ else console  # stdout holds only the JSON with --json
     client = state_of(ctx).client()
     body = (json.loads(export_file.read_text()) if export_file is not None
             else client.ledger_export(dataset_id))
     problems, checked = verify_export(body, public_key=public_key, key_id=key_id,
                                       retired_key_ids=retired_key_id or [])
     entries = len(body.get("entries") or [])
-    console.print(f"local: {entries} entries, hashes recomputed, {checked} signatures checked "
+    out.print(f"local: {entries} entries, hashes recomputed, {checked} signatures checked "
                   f"(key {body.get('key_id') or '-'})", highlight=False)
     for line in problems:
         err_console.print(f"[bold red]problem[/] {line}", highlight=False)
     ok = not problems
     if not local_only:
         report = client.ledger_verify(dataset_id)
-        console.print(f"server: {'ok' if report.get('ok') else 'NOT OK'}, "
+        out.print(f"server: {'ok' if report.get('ok') else 'NOT OK'}, "
                       f"{report.get('entries')} entries, "
                       f"{report.get('signatures_checked', 0)} signatures", highlight=False)
         for line in report.get("problems") or []:
             err_console.print(f"[bold red]server problem[/] {line}", highlight=False)
-        print_json(report)
+        if json_:
+            print_json(report)
         ok = ok and bool(report.get("ok"))
     if not ok:
         raise typer.Exit(1)
-    console.print("verified", style="bold green", highlight=False)
+    out.print("verified", style="bold green", highlight=False)
 
 
 @app.command("recompute")
 @cli_errors
-def recompute(ctx: typer.Context, dataset_id: str) -> None:
+def recompute(ctx: typer.Context, dataset_id: DatasetIdArg, json_: JsonFlag = False) -> None:
     """Recompute every charge and figure with the ledger's current accountant code next to
     the recorded ones (a report: nothing stored changes, nothing is re-admitted)."""
     report = state_of(ctx).client().ledger_recompute(dataset_id)
-    print_json(report)
-    for line in report.get("differences") or []:
+    if json_:
+        print_json(report)
+    differences = report.get("differences") or []
+    for line in differences:
         err_console.print(f"[yellow]difference[/] {line}", highlight=False)
+    if not json_:
+        console.print(f"recomputed with the current accountant: {len(differences)} "
+                      "difference(s) from the recorded figures", highlight=False)
 
 
 @app.command("reconcile-after-restore")
 @cli_errors
-def reconcile_after_restore(ctx: typer.Context) -> None:
-    """After restoring the ledger's database from a backup: re-charge every job found in the
-    ledger's anchor log or in the api, re-base the anchor, and print the report (spent
-    epsilon per dataset before and after). Admin scope. Safe to run again."""
+def reconcile_after_restore(ctx: typer.Context, yes: YesFlag = False,
+                            json_: JsonFlag = False) -> None:
+    """admin, disaster recovery: only after restoring the ledger's database from a backup.
+
+    Re-charges every job found in the ledger's anchor log or in the api, re-bases the
+    anchor, and prints the spent epsilon per dataset before and after. Asks for
+    confirmation (--yes skips it). Admin scope. Safe to run again.
+    """
+    confirm_irreversible("reconcile the ledger after a restore: re-charge every job of the "
+                         "anchor log and the api, and re-base the anchor", yes=yes)
     report = state_of(ctx).client().ledger_reconcile()
-    print_json(report)
+    out = err_console if json_ else console  # stdout holds only the JSON with --json
+    if json_:
+        print_json(report)
     before, after = report.get("spent_before") or {}, report.get("spent_after") or {}
     for dataset_id in sorted(after):
-        console.print(f"{dataset_id}: spent {before.get(dataset_id, 0.0):.6g} -> "
+        out.print(f"{dataset_id}: spent {before.get(dataset_id, 0.0):.6g} -> "
                       f"{after[dataset_id]:.6g}", highlight=False)
     for line in report.get("notes") or []:
         err_console.print(f"[yellow]note[/] {line}", highlight=False)
@@ -230,18 +264,24 @@ def reconcile_after_restore(ctx: typer.Context) -> None:
         err_console.print("[bold red]reconciliation left problems[/] (see the notes)",
                           highlight=False)
         raise typer.Exit(1)
-    console.print(f"reconciled: {report.get('entries_replayed', 0)} anchored entries "
+    out.print(f"reconciled: {report.get('entries_replayed', 0)} anchored entries "
                   f"re-applied, {len(report.get('jobs_recharged') or [])} api jobs re-charged",
                   style="bold green", highlight=False)
 
 
 @app.command("anchor-status")
 @cli_errors
-def anchor_status(ctx: typer.Context) -> None:
-    """Show the ledger's chain head against its append-only anchor; exit 1 when the ledger
-    is behind or diverged (admissions are refused until reconcile-after-restore). Admin."""
+def anchor_status(ctx: typer.Context, json_: JsonFlag = False) -> None:
+    """admin, disaster recovery: the ledger's chain head against its append-only anchor.
+
+    Exits 1 when the ledger is behind or diverged (admissions are refused until
+    reconcile-after-restore). Admin scope; changes nothing.
+    """
     status = state_of(ctx).client().ledger_anchor()
-    print_json(status)
+    if json_:
+        print_json(status)
+    else:
+        console.print(anchor_line(status), highlight=False, soft_wrap=True)
     if status.get("behind") or status.get("diverged"):
         err_console.print("[bold red]the ledger is behind its anchor[/]: run `dpsynth ledger "
                           "reconcile-after-restore`", highlight=False)

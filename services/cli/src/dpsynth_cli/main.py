@@ -7,23 +7,26 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from dpsynth_cli import admin, evaluate, jobs, ledger, resources, samples
+from dpsynth_cli import admin, evaluate, jobs, ledger, models, resources, samples
 from dpsynth_cli.common import CliState, console, err_console, print_json, state_of
 from dpsynth_cli.config import resolve_home
+from dpsynth_cli.options import CliTyper, house_style
+from dpsynth_cli.runtime_dir import ensure_runtime_dir
 
-app = typer.Typer(help="dpsynth: differentially private synthetic data.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
+app = CliTyper(help="dpsynth: differentially private synthetic data. By default commands "
+               "print lines for a person; --json prints the api's JSON, --quiet only the "
+               "id of what was created.", pretty_exceptions_enable=False)
 app.add_typer(admin.app, name="admin")
 app.add_typer(resources.datasets, name="datasets")
-app.add_typer(resources.models, name="models")
+app.add_typer(models.app, name="models")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(ledger.app, name="ledger")
 app.command("budget")(resources.budget)
-app.command("download")(resources.download)
+app.command("download")(models.download)
 app.add_typer(evaluate.features, name="features")
 app.command("evaluate")(evaluate.evaluate)
 app.command("report")(evaluate.report)
@@ -43,6 +46,9 @@ def root(ctx: typer.Context,
 
 
 def _platform_home(ctx: typer.Context, home: Path | None) -> Path:
+    """The embedded platform's state folder; also makes ``XDG_RUNTIME_DIR`` fit for the
+    embedded PostgreSQL's lock before anything imports it (no RuntimeDirWarning)."""
+    ensure_runtime_dir(os.environ)
     return resolve_home(home or state_of(ctx).home, os.environ)
 
 
@@ -50,8 +56,10 @@ def _platform_home(ctx: typer.Context, home: Path | None) -> Path:
 def up(ctx: typer.Context, home: HomeOption = None,
        detach: Annotated[bool, typer.Option("--detach", "-d",
                                             help="return once ready, leave it running")] = False,
-       api_port: Annotated[int | None, typer.Option(help="default 8000 if free")] = None,
-       ledger_port: Annotated[int | None, typer.Option(help="default 8001 if free")] = None,
+       api_port: Annotated[int | None, typer.Option(
+           help="the api's port (default 8000 if free)")] = None,
+       ledger_port: Annotated[int | None, typer.Option(
+           help="the ledger's port (default 8001 if free)")] = None,
        workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 1) -> None:
     """Start the embedded platform (PostgreSQL, Redis, ledger, api, workers)."""
     from dpsynth_cli.embedded import EmbeddedPlatform, PlatformError
@@ -97,15 +105,42 @@ def down(ctx: typer.Context, home: HomeOption = None,
 
 
 @app.command("status")
-def status(ctx: typer.Context, home: HomeOption = None) -> None:
-    """The embedded platform's processes and readiness."""
+def status(ctx: typer.Context, home: HomeOption = None,
+           json_: Annotated[bool, typer.Option(
+               "--json", help="print the status as JSON")] = False) -> None:
+    """The embedded platform's processes and readiness; exits 3 when it is not running."""
     from dpsynth_cli.embedded import EmbeddedPlatform
 
     info = EmbeddedPlatform(_platform_home(ctx, home)).status()
-    print_json(info)
+    if json_:
+        print_json(info)
+    else:
+        for line in status_lines(info):
+            console.print(line, highlight=False, soft_wrap=True)
     if not info.get("running"):
         raise typer.Exit(3)
 
+
+def status_lines(info: dict[str, Any]) -> list[str]:
+    """``dpsynth status`` for a person: running or not, where, and each process."""
+    lines = [f"platform in {info.get('home', '-')}: "
+             + ("running" if info.get("running") else "not running (dpsynth up starts it)")]
+    ready = info.get("ready") or {}
+    for name in ("api", "ledger"):
+        if info.get(f"{name}_url"):
+            state = "ready" if ready.get(name) else "not ready"
+            lines.append(f"{name + ':':<12} {info[f'{name}_url']} ({state})")
+    if "postgres" in info:
+        lines.append(f"{'postgres:':<12} {'running' if info['postgres'] else 'stopped'}")
+    if info.get("credentials_file"):
+        lines.append(f"{'credentials:':<12} {info['credentials_file']}")
+    for name, proc in sorted((info.get("processes") or {}).items()):
+        state = "running" if proc.get("running") else "stopped"
+        lines.append(f"{name + ':':<12} pid {proc.get('pid')}, {state}, log {proc.get('log')}")
+    return lines
+
+
+house_style(app)  # last: every command registered above, whichever module made it
 
 if __name__ == "__main__":  # pragma: no cover
     app()

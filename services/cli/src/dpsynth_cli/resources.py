@@ -1,28 +1,56 @@
-"""``dpsynth datasets|models ...``, ``dpsynth budget`` and ``dpsynth download``."""
+"""``dpsynth datasets ...`` and ``dpsynth budget``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
 from dpsynth_cli.common import (
     cli_errors,
     console,
-    err_console,
     print_json,
     print_table,
     state_of,
 )
-from dpsynth_cli.views import budget_lines, model_privacy_lines
+from dpsynth_cli.options import (
+    CliTyper,
+    JsonFlag,
+    Output,
+    YesFlag,
+    confirm_irreversible,
+    output_mode,
+    print_id,
+)
+from dpsynth_cli.summaries import dataset_line
+from dpsynth_cli.views import budget_lines
 
-datasets = typer.Typer(help="Upload and inspect datasets; make-documents writes public "
-                       "synthetic documents with layout masks (public pretraining data).",
-                       no_args_is_help=True)
-models = typer.Typer(help="Upload and inspect models.", no_args_is_help=True)
+datasets = CliTyper(help="Upload and inspect datasets; make-documents writes public "
+                    "synthetic documents with layout masks (public pretraining data).")
+DatasetIdArg = Annotated[str, typer.Argument(help="a dataset id (ds_...)", show_default=False)]
+
+
+def print_created(body: dict[str, Any], mode: Output, id_key: str,
+                   line: Callable[[dict[str, Any]], str]) -> None:
+    """What an upload or derivation prints: the id alone (``--quiet``), the api's body
+    (``--json``) or a one-line summary."""
+    if mode is Output.QUIET:
+        print_id(body[id_key])
+    elif mode is Output.JSON:
+        print_json(body)
+    else:
+        console.print(line(body), highlight=False, soft_wrap=True)
+
+
+def _print_fields(body: dict[str, Any], fields: list[tuple[str, str]]) -> None:
+    """``label  value`` lines of the ``fields`` (label, key) the body has."""
+    rows = [(label, body[key]) for label, key in fields if body.get(key) not in (None, [], {})]
+    width = max((len(label) for label, _ in rows), default=0)
+    for label, value in rows:
+        text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+        console.print(f"{label:<{width}}  {text}", highlight=False, soft_wrap=True)
 
 
 def _split(csv: str | None) -> list[str] | None:
@@ -45,7 +73,10 @@ def _sizes(text: str | None) -> dict[str, int] | None:
 @datasets.command("upload")
 @cli_errors
 def upload_dataset(
-    ctx: typer.Context, path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(
+        exists=True, dir_okay=False, show_default=False,
+        help="the data: a zip/tar image folder, an .npz or a Parquet file")],
     name: Annotated[str, typer.Option(help="a display name")],
     visibility: Annotated[str, typer.Option(help="public | private (immutable)")],
     epsilon_limit: Annotated[float | None, typer.Option(help="private: the budget")] = None,
@@ -61,11 +92,14 @@ def upload_dataset(
         help="private, instead of --declared-size: N̂ is a DP count of the records, "
         "charged to the budget at this epsilon (N̂ ≥ the true count but for a 1e-9 chance; "
         "delta then defaults to 1e-6)")] = None,
-    partitions_disjoint: Annotated[bool | None, typer.Option(
-        "--partitions-disjoint/--partitions-overlap", show_default=False,
+    partitions_disjoint: Annotated[bool, typer.Option(
+        "--partitions-disjoint",
         help="private: every record (subject) is in one class, so per-label jobs compose in "
-        "parallel; checked at upload (default: disjoint for images, overlapping for "
-        "subjects)")] = None,
+        "parallel; checked at upload (the default for images)")] = False,
+    partitions_overlap: Annotated[bool, typer.Option(
+        "--partitions-overlap",
+        help="private: a record (subject) may be in several classes (the default for "
+        "subjects)")] = False,
     class_sizes: Annotated[str | None, typer.Option(
         help="private: public per-class sizes for per-label training, e.g. "
         "'cat=500,dog=400' (each ≥ the true count)")] = None,
@@ -88,13 +122,22 @@ def upload_dataset(
         "never trained on, excluded from N̂, the real test data of `dpsynth evaluate`")]
     = None,
     holdout_key: Annotated[str | None, typer.Option(
-        envvar="DPSYNTH_HOLDOUT_KEY", show_default=False,
+        envvar="DPSYNTH_HOLDOUT_KEY", show_default=False, show_envvar=False,
         help="write-only key of the held-out hash (≥ 16 characters; never stored or "
         "shown): the same key holds out the same records in every version of a dataset "
         "(default: one drawn by the api). Prefer the DPSYNTH_HOLDOUT_KEY variable to the "
         "command line")] = None,
+    json_: JsonFlag = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="print only the new dataset's id (for X=$(dpsynth ...))")]
+    = False,
 ) -> None:
-    """Upload a zip/tar image folder, .npz or Parquet file."""
+    """Upload a zip/tar image folder, .npz or Parquet file; prints the new dataset's id,
+    size, classes and budget."""
+    mode = output_mode(json_, quiet)
+    if partitions_disjoint and partitions_overlap:
+        raise typer.BadParameter("give one of --partitions-disjoint, --partitions-overlap",
+                                 param_hint="--partitions-overlap")
     if visibility not in {"public", "private"}:
         raise typer.BadParameter("must be public or private", param_hint="--visibility")
     if on_overlap not in {None, "refuse", "link"}:
@@ -115,11 +158,13 @@ def upload_dataset(
     result = state_of(ctx).client().upload_dataset(
         path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
         label_domain=_split(label_domain), declared_size=declared_size,
-        size_epsilon=size_epsilon, partitions_disjoint=partitions_disjoint,
+        size_epsilon=size_epsilon,
+        partitions_disjoint=True if partitions_disjoint else False if partitions_overlap
+        else None,
         class_sizes=_sizes(class_sizes), on_overlap=on_overlap, privacy_unit=privacy_unit,
         subject_column=subject_column, holdout_fraction=holdout_fraction,
         holdout_key=holdout_key, on_duplicate=on_duplicate)
-    print_json(result)
+    print_created(result, mode, "dataset_id", dataset_line)
 
 
 @datasets.command("make-documents")
@@ -155,37 +200,69 @@ def make_documents(
 
 @datasets.command("list")
 @cli_errors
-def list_datasets(ctx: typer.Context) -> None:
+def list_datasets(ctx: typer.Context, json_: JsonFlag = False) -> None:
     """Your datasets."""
-    print_table(state_of(ctx).client().list_datasets(),
-                ["dataset_id", "name", "visibility", "declared_size", "created_at"], "datasets")
+    rows = state_of(ctx).client().list_datasets()
+    if json_:
+        print_json(rows)
+        return
+    print_table(rows, ["dataset_id", "name", "visibility", "declared_size", "created_at"],
+                "datasets")
+
+
+DATASET_FIELDS = [("classes", "class_names"), ("class sizes", "class_sizes"),
+                  ("privacy unit", "privacy_unit"), ("delta", "delta"),
+                  ("derived from", "parent_id"), ("derivation", "derivation"),
+                  ("format", "source_format"), ("created", "created_at"),
+                  ("deleted", "deleted_at")]
 
 
 @datasets.command("show")
 @cli_errors
-def show_dataset(ctx: typer.Context, dataset_id: str) -> None:
-    """One dataset as JSON."""
-    print_json(state_of(ctx).client().get_dataset(dataset_id))
+def show_dataset(ctx: typer.Context, dataset_id: DatasetIdArg, json_: JsonFlag = False) -> None:
+    """One dataset: size, classes, budget, held-out part (`dpsynth budget` for the epsilons
+    spent)."""
+    body = state_of(ctx).client().get_dataset(dataset_id)
+    if json_:
+        print_json(body)
+        return
+    console.print(dataset_line(body), highlight=False, soft_wrap=True)
+    _print_fields(body, DATASET_FIELDS)
 
 
 @datasets.command("release-class-sizes")
 @cli_errors
 def release_class_sizes(
-    ctx: typer.Context, dataset_id: str,
+    ctx: typer.Context, dataset_id: DatasetIdArg,
     epsilon: Annotated[float, typer.Option("--epsilon", help="the release's epsilon, charged "
                                            "to the dataset's budget")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="show sigma and the budget "
                                           "impact; charge nothing")] = False,
+    json_: JsonFlag = False,
 ) -> None:
     """Release the class sizes (per-label training) through a charged DP histogram."""
-    print_json(state_of(ctx).client().release_class_sizes(dataset_id, epsilon=epsilon,
-                                                          dry_run=dry_run))
+    body = state_of(ctx).client().release_class_sizes(dataset_id, epsilon=epsilon,
+                                                      dry_run=dry_run)
+    if json_:
+        print_json(body)
+        return
+    verb = "would spend" if body.get("dry_run") else "spent"
+    console.print(f"class sizes release {verb} epsilon {body.get('epsilon')} (sigma "
+                  f"{body.get('sigma')}); dataset spent (RDP filter) "
+                  f"{body.get('dataset_epsilon_spent_before')} -> "
+                  f"{body.get('dataset_epsilon_spent_after')}, "
+                  f"{body.get('dataset_epsilon_remaining_after')} left", highlight=False,
+                  soft_wrap=True)
+    if body.get("class_sizes"):
+        console.print("class sizes: " + ", ".join(
+            f"{k}={v}" for k, v in body["class_sizes"].items()), highlight=False,
+            soft_wrap=True)
 
 
 @datasets.command("derive")
 @cli_errors
 def derive_dataset(
-    ctx: typer.Context, dataset_id: str,
+    ctx: typer.Context, dataset_id: DatasetIdArg,
     name: Annotated[str, typer.Option(help="the derived dataset's display name")],
     classes: Annotated[str | None, typer.Option(
         help="a class subset: the class names kept, comma separated")] = None,
@@ -197,9 +274,14 @@ def derive_dataset(
         help="the child's public size N̂ (≥ its true count; default: a bound from the "
         "parent's public sizes, the parent's N̂ for a split; a smaller one needs the owner "
         "scope)")] = None,
+    json_: JsonFlag = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="print only the new dataset's id (for X=$(dpsynth ...))")]
+    = False,
 ) -> None:
     """Derive a class subset or a train/holdout split (a selection, no copy; a private one
     charges its parent's budget, sampled at q = batch / N̂ of the child)."""
+    mode = output_mode(json_, quiet)
     if (classes is None) == (split is None):
         raise typer.BadParameter("give either --classes (a subset) or --split (a split)")
     if split is not None and part not in {"train", "holdout"}:
@@ -211,122 +293,75 @@ def derive_dataset(
     else:
         result = client.derive_dataset(dataset_id, name=name, kind="split", fraction=split,
                                        part=part, declared_size=declared_size)
-    print_json(result)
+    print_created(result, mode, "dataset_id", dataset_line)
 
 
 @datasets.command("holdout")
 @cli_errors
-def list_held_out(ctx: typer.Context, dataset_id: str) -> None:
-    """The upload's held-out records (owner scope) as JSON: each record's position in the
-    upload and its sha256 content hash, to reproduce an evaluation outside the platform."""
-    print_json({"items": state_of(ctx).client().list_held_out(dataset_id)})
+def list_held_out(ctx: typer.Context, dataset_id: DatasetIdArg, json_: JsonFlag = False
+                  ) -> None:
+    """The upload's held-out records (owner scope): each record's position in the upload
+    and its sha256 content hash, to reproduce an evaluation outside the platform."""
+    items = state_of(ctx).client().list_held_out(dataset_id)
+    if json_:
+        print_json({"items": items})
+        return
+    print_table(items, ["index", "record_hash"], f"{len(items)} held-out records")
 
 
 @datasets.command("delete")
 @cli_errors
 def delete_dataset(
-    ctx: typer.Context, dataset_id: str,
-    yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
+    ctx: typer.Context, dataset_id: DatasetIdArg,
+    yes: YesFlag = False,
+    json_: JsonFlag = False,
 ) -> None:
     """Delete a dataset's data (owner scope). Its budget, ledger entries and record hashes
-    remain: a re-upload of its records is still refused, or linked to the same budget."""
-    if not yes:
-        typer.confirm(f"Delete the data of dataset {dataset_id}?", abort=True)
-    print_json(state_of(ctx).client().delete_dataset(dataset_id))
+    remain: a re-upload of its records is still refused, or linked to the same budget.
+    Asks for confirmation; --yes skips it."""
+    confirm_irreversible(f"delete the data of dataset {dataset_id}", yes=yes)
+    body = state_of(ctx).client().delete_dataset(dataset_id)
+    if json_:
+        print_json(body)
+        return
+    console.print(f"deleted the data of dataset {body.get('dataset_id', dataset_id)} at "
+                  f"{body.get('deleted_at')}; its budget, ledger entries and record hashes "
+                  "remain", highlight=False, soft_wrap=True)
 
 
 @datasets.command("set-limit")
 @cli_errors
 def set_limit(
-    ctx: typer.Context, dataset_id: str,
+    ctx: typer.Context, dataset_id: DatasetIdArg,
     epsilon_limit: Annotated[float | None, typer.Option(
         help="the new, LOWER limit (a limit is never raised; below what is spent it only "
         "blocks new work)")] = None,
     warning_fraction: Annotated[float | None, typer.Option(
         help="warn when spent reaches this fraction of the limit (default 0.8)")] = None,
+    json_: JsonFlag = False,
 ) -> None:
     """Lower a private dataset's epsilon limit and/or set its warning fraction."""
     if epsilon_limit is None and warning_fraction is None:
         raise typer.BadParameter("give --epsilon-limit and/or --warning-fraction")
     body = state_of(ctx).client().update_budget(dataset_id, epsilon_limit=epsilon_limit,
                                                 warning_fraction=warning_fraction)
-    for label, value in budget_lines(body):
-        console.print(f"{label}: {value}", style="bold yellow" if label == "warning" else "",
-                      highlight=False, soft_wrap=True)
+    _print_budget(body, json_)
 
 
 @cli_errors
-def budget(ctx: typer.Context, dataset_id: str) -> None:
-    """A private dataset's privacy budget: limit, spent, tight figure, reserved, remaining."""
-    body = state_of(ctx).client().get_budget(dataset_id)
-    width = max(len(label) for label, _ in budget_lines(body))
-    for label, value in budget_lines(body):
+def budget(ctx: typer.Context, dataset_id: DatasetIdArg, json_: JsonFlag = False) -> None:
+    """A private dataset's privacy budget: limit, spent, tight figure, reserved, remaining
+    (docs/epsilons.md explains each)."""
+    _print_budget(state_of(ctx).client().get_budget(dataset_id), json_)
+
+
+def _print_budget(body: dict[str, Any], json_: bool) -> None:
+    if json_:
+        print_json(body)
+        return
+    rows = budget_lines(body)
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
         style = "bold yellow" if label == "warning" else ""
         console.print(f"{label:<{width}}  {value}", style=style, highlight=False,
                       soft_wrap=True)
-
-
-@models.command("list")
-@cli_errors
-def list_models(ctx: typer.Context) -> None:
-    """Your models."""
-    print_table(state_of(ctx).client().list_models(),
-                ["model_id", "name", "source", "created_at"], "models")
-
-
-@models.command("upload")
-@cli_errors
-def upload_model(ctx: typer.Context, path: Annotated[Path, typer.Argument(exists=True)],
-                 name: Annotated[str, typer.Option(help="a display name")]) -> None:
-    """Upload a diffusers save_pretrained folder (safetensors only) or its .tar."""
-    print_json(state_of(ctx).client().upload_model(path, name=name))
-
-
-@models.command("show")
-@cli_errors
-def show_model(ctx: typer.Context, model_id: str) -> None:
-    """One model as JSON; a DP model's privacy figures, each labelled, follow on stderr."""
-    body = state_of(ctx).client().get_model(model_id)
-    print_json(body)
-    for label, value in model_privacy_lines(body):
-        err_console.print(f"{label}: {value}", highlight=False, markup=False, soft_wrap=True)
-
-
-@models.command("download")
-@cli_errors
-def download_model(ctx: typer.Context, model_id: str,
-                   output: Annotated[Path | None, typer.Option(
-                       "-o", "--output", help="default: MODEL_ID.zip")] = None) -> None:
-    """Download a model as the zip of its diffusers folder (re-uploadable as is)."""
-    client = state_of(ctx).client()
-    path = _with_progress(model_id, lambda on_chunk: client.download_model(
-        model_id, output or Path(f"{model_id}.zip"), on_chunk=on_chunk))
-    console.print(f"saved {path} ({path.stat().st_size} bytes)", highlight=False)
-
-
-def _with_progress(label: str,
-                   fetch: Callable[[Callable[[int, int | None], None]], Path]) -> Path:
-    """Run a streamed download under a progress bar (total unknown until a length comes)."""
-    with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
-                  console=console) as progress:
-        task = progress.add_task(label, total=None)
-
-        def on_chunk(done: int, total: int | None) -> None:
-            progress.update(task, completed=done, total=total)
-
-        return fetch(on_chunk)
-
-
-@cli_errors
-def download(ctx: typer.Context, artifact_id: str,
-             output: Annotated[Path | None, typer.Option("-o", "--output")] = None) -> None:
-    """Download an artifact (streamed, with a progress bar)."""
-    client = state_of(ctx).client()
-    if output is None:
-        meta = client.get_artifact(artifact_id)
-        name = meta.get("filename") or Path(str(meta.get("key") or artifact_id)).name
-        output = Path(name)
-    target = output
-    path = _with_progress(artifact_id, lambda on_chunk: client.download_artifact(
-        artifact_id, target, on_chunk=on_chunk))
-    console.print(f"saved {path} ({path.stat().st_size} bytes)", highlight=False)

@@ -9,13 +9,17 @@ LOW_BUDGET_FRACTION = 0.1
 DEFAULT_WARNING_FRACTION = 0.8
 
 
-def _num(value: Any, fmt: str = ".4f") -> str:
+def number(value: Any, fmt: str = ".4f") -> str:
+    """``value`` formatted with ``fmt``; ``-`` for None, the text itself for a non-number."""
     if value is None:
         return "-"
     try:
         return format(float(value), fmt)
     except (TypeError, ValueError):
         return str(value)
+
+
+_num = number
 
 
 def budget_warning(budget: dict[str, Any]) -> str | None:
