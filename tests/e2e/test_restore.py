@@ -135,7 +135,7 @@ def test_restore_refuses_admissions_until_reconciled(tmp_path: Path, pg: Any,
         assert status.exit_code == 1, status.output
         assert "behind" in status.output
 
-        result = _cli(platform, "ledger", "reconcile-after-restore")
+        result = _cli(platform, "ledger", "reconcile-after-restore", "--yes")
         assert result.exit_code == 0, result.output
         assert "reconciled" in result.output
         with _ledger(platform) as ledger:

@@ -431,7 +431,8 @@ def test_the_cli_uploads_with_link_derives_and_deletes(api: Api, tmp_path: Path,
     path = tmp_path / "d.npz"
     path.write_bytes(_npz(images))
     upload = ["datasets", "upload", str(path), "--name", "p", "--visibility", "private",
-              "--epsilon-limit", "4", "--label-domain", "x,y,z", "--declared-size", "100"]
+              "--epsilon-limit", "4", "--label-domain", "x,y,z", "--declared-size", "100",
+              "--json"]
     first = runner.invoke(app, upload)
     assert first.exit_code == 0, first.output
     parent = json.loads(first.output)["dataset_id"]
@@ -441,13 +442,13 @@ def test_the_cli_uploads_with_link_derives_and_deletes(api: Api, tmp_path: Path,
     assert linked.exit_code == 0, linked.output
     assert json.loads(linked.output)["budget_id"] == parent
     split = runner.invoke(app, ["datasets", "derive", parent, "--name", "train",
-                                "--split", "0.5", "--part", "train"])
+                                "--split", "0.5", "--part", "train", "--json"])
     assert split.exit_code == 0, split.output
     assert json.loads(split.output)["derivation"]["kind"] == "split"
     subset = runner.invoke(app, ["datasets", "derive", parent, "--name", "xz",
-                                 "--classes", "x,z"])
+                                 "--classes", "x,z", "--json"])
     assert json.loads(subset.output)["class_names"] == ["x", "z"]
-    deleted = runner.invoke(app, ["datasets", "delete", parent, "--yes"])
+    deleted = runner.invoke(app, ["datasets", "delete", parent, "--yes", "--json"])
     assert deleted.exit_code == 0, deleted.output
     assert json.loads(deleted.output)["deleted_at"] is not None
 

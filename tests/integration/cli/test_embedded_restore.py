@@ -93,9 +93,9 @@ def test_up_after_a_restore_then_reconcile(tmp_path: Path) -> None:
                 "expected_batch_size": 600, "steps": 200})
             assert refused.status_code == 503, refused.text
             result = CliRunner().invoke(app, ["--home", str(home), "ledger",
-                                              "reconcile-after-restore"])
+                                              "reconcile-after-restore", "--yes", "--json"])
             assert result.exit_code == 0, result.output
-            report = json.loads(result.output[:result.output.rindex("}") + 1])
+            report = json.loads(result.stdout[:result.stdout.rindex("}") + 1])
             assert report["spent_after"][DATASET] >= before
             assert _spent(ledger) >= before
             assert httpx.get(f"{state.ledger_url}/readyz", timeout=5).status_code == 200

@@ -29,10 +29,10 @@ def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
 def test_release_class_sizes_sends_epsilon_and_dry_run(api: FakeApi, dry: bool) -> None:
     api.route("POST", "/v1/datasets/ds_1/class-sizes/release", lambda r: httpx.Response(
         200, json={"sent": json.loads(r.content), "sigma": 4.2}))
-    args = ["datasets", "release-class-sizes", "ds_1", "--epsilon", "0.1"]
+    args = ["datasets", "release-class-sizes", "ds_1", "--epsilon", "0.1", "--json"]
     result = runner.invoke(app, args + (["--dry-run"] if dry else []))
     assert result.exit_code == 0, result.output
-    body = json.loads(result.output)
+    body = json.loads(result.stdout)
     assert body["sent"] == {"target_epsilon": 0.1, "dry_run": dry} and body["sigma"] == 4.2
 
 

@@ -33,7 +33,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
 
 def test_models_show_labels_a_lineage_epsilon_beside_the_filter_figure(api: FakeApi) -> None:
     api.route("GET", "/v1/models/mdl_2", MODEL)
-    result = runner.invoke(app, ["models", "show", "mdl_2"])
+    result = runner.invoke(app, ["models", "show", "mdl_2", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["job_epsilon_label"] == LINEAGE_LABEL  # stdout: JSON
     assert "job epsilon: 1.2000  (PLD composition" in result.stderr

@@ -13,7 +13,7 @@ import typer
 
 from dpsynth_cli import admin, evaluate, jobs, ledger, models, resources, samples
 from dpsynth_cli.common import CliState, console, err_console, print_json, state_of
-from dpsynth_cli.config import resolve_home
+from dpsynth_cli.config import locate_home, remember_platform, resolve_home
 from dpsynth_cli.options import CliTyper, house_style
 from dpsynth_cli.runtime_dir import ensure_runtime_dir
 
@@ -32,8 +32,9 @@ app.command("evaluate")(evaluate.evaluate)
 app.command("report")(evaluate.report)
 app.add_typer(samples.app, name="samples")
 
-HomeOption = Annotated[Path | None, typer.Option("--home", help="state folder "
-                                                  "(default $DPSYNTH_HOME or ./.dpsynth)")]
+HomeOption = Annotated[Path | None, typer.Option("--home", help="state folder (default: "
+                                                  "$DPSYNTH_HOME, the nearest .dpsynth above, "
+                                                  "the last `dpsynth up`, else ./.dpsynth)")]
 
 
 @app.callback()
@@ -64,14 +65,20 @@ def up(ctx: typer.Context, home: HomeOption = None,
     """Start the embedded platform (PostgreSQL, Redis, ledger, api, workers)."""
     from dpsynth_cli.embedded import EmbeddedPlatform, PlatformError
 
-    platform = EmbeddedPlatform(_platform_home(ctx, home), api_port=api_port,
+    found = locate_home(home or state_of(ctx).home, os.environ)
+    platform = EmbeddedPlatform(found.path, api_port=api_port,
                                 ledger_port=ledger_port, workers=workers)
-    console.print(f"starting the platform in {platform.home} ...", highlight=False)
+    here = found.origin in {"--home", "DPSYNTH_HOME", "default"} \
+        or found.path.resolve() == (Path.cwd() / ".dpsynth").resolve()
+    where = "" if here else f" ({found.origin}; --home ./.dpsynth starts a new one here)"
+    console.print(f"starting the platform in {platform.home}{where} ...", highlight=False,
+                  soft_wrap=True)
     try:
         state = platform.start()
     except PlatformError as exc:
         err_console.print(f"[bold red]error[/] {exc}", highlight=False)
         raise typer.Exit(1) from None
+    remember_platform(platform.home, os.environ)  # found from any folder from now on
     console.print(f"api:         {state.api_url}\nledger:      {state.ledger_url}\n"
                   f"credentials: {platform.credentials_file}\n"
                   f"logs:        {platform.home / 'logs'}", highlight=False)

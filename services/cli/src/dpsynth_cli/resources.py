@@ -25,6 +25,7 @@ from dpsynth_cli.options import (
     print_id,
 )
 from dpsynth_cli.summaries import dataset_line
+from dpsynth_cli.uploads import check_labels, prepared_upload
 from dpsynth_cli.views import budget_lines
 
 datasets = CliTyper(help="Upload and inspect datasets; make-documents writes public "
@@ -75,8 +76,9 @@ def _sizes(text: str | None) -> dict[str, int] | None:
 def upload_dataset(
     ctx: typer.Context,
     path: Annotated[Path, typer.Argument(
-        exists=True, dir_okay=False, show_default=False,
-        help="the data: a zip/tar image folder, an .npz or a Parquet file")],
+        exists=True, show_default=False,
+        help="the data: a folder (zipped here before sending), a zip/tar image folder, an "
+        ".npz or a Parquet file (docs/datasets.md)")],
     name: Annotated[str, typer.Option(help="a display name")],
     visibility: Annotated[str, typer.Option(help="public | private (immutable)")],
     epsilon_limit: Annotated[float | None, typer.Option(help="private: the budget")] = None,
@@ -127,13 +129,20 @@ def upload_dataset(
         "shown): the same key holds out the same records in every version of a dataset "
         "(default: one drawn by the api). Prefer the DPSYNTH_HOLDOUT_KEY variable to the "
         "command line")] = None,
+    holdout_from: Annotated[str | None, typer.Option(
+        help="Hugging Face split folders (train/<label>/..., test/<label>/...): hold out "
+        "this split (test | validation), as you split it, instead of --holdout-fraction")]
+    = None,
+    label_column: Annotated[str | None, typer.Option(
+        help="metadata.csv / metadata.jsonl: the column holding the labels (default "
+        "'label')")] = None,
     json_: JsonFlag = False,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="print only the new dataset's id (for X=$(dpsynth ...))")]
     = False,
 ) -> None:
-    """Upload a zip/tar image folder, .npz or Parquet file; prints the new dataset's id,
-    size, classes and budget."""
+    """Upload a folder, zip/tar image folder, .npz or Parquet file; prints the new dataset's
+    id, size, classes and budget. The format and the labels are checked here first."""
     mode = output_mode(json_, quiet)
     if partitions_disjoint and partitions_overlap:
         raise typer.BadParameter("give one of --partitions-disjoint, --partitions-overlap",
@@ -148,6 +157,11 @@ def upload_dataset(
         raise typer.BadParameter("must be image or subject", param_hint="--privacy-unit")
     if holdout_fraction is not None and not 0 < holdout_fraction < 1:
         raise typer.BadParameter("must be in (0, 1)", param_hint="--holdout-fraction")
+    if holdout_from not in {None, "test", "validation"}:
+        raise typer.BadParameter("must be test or validation", param_hint="--holdout-from")
+    if holdout_from is not None and holdout_fraction is not None:
+        raise typer.BadParameter("give one of --holdout-from, --holdout-fraction",
+                                 param_hint="--holdout-from")
     if holdout_key is not None and holdout_fraction is None:
         raise typer.BadParameter("needs --holdout-fraction", param_hint="--holdout-key")
     if visibility == "private" and declared_size is None and size_epsilon is None:
@@ -155,15 +169,18 @@ def upload_dataset(
             "a private dataset states the size it makes public: --declared-size N (an upper "
             "bound on its records, or subjects, shown to every reader) or --size-epsilon E "
             "(a DP count of them, charged to its budget)", param_hint="--declared-size")
-    result = state_of(ctx).client().upload_dataset(
-        path, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
-        label_domain=_split(label_domain), declared_size=declared_size,
-        size_epsilon=size_epsilon,
-        partitions_disjoint=True if partitions_disjoint else False if partitions_overlap
-        else None,
-        class_sizes=_sizes(class_sizes), on_overlap=on_overlap, privacy_unit=privacy_unit,
-        subject_column=subject_column, holdout_fraction=holdout_fraction,
-        holdout_key=holdout_key, on_duplicate=on_duplicate)
+    check_labels(path, _split(label_domain), label_column=label_column)  # before any byte
+    with prepared_upload(path) as sent:  # a folder is zipped; another format is refused
+        result = state_of(ctx).client().upload_dataset(
+            sent, name=name, visibility=visibility, epsilon_limit=epsilon_limit, delta=delta,
+            label_domain=_split(label_domain), declared_size=declared_size,
+            size_epsilon=size_epsilon,
+            partitions_disjoint=True if partitions_disjoint else False if partitions_overlap
+            else None,
+            class_sizes=_sizes(class_sizes), on_overlap=on_overlap, privacy_unit=privacy_unit,
+            subject_column=subject_column, holdout_fraction=holdout_fraction,
+            holdout_key=holdout_key, on_duplicate=on_duplicate, holdout_from=holdout_from,
+            label_column=label_column)
     print_created(result, mode, "dataset_id", dataset_line)
 
 

