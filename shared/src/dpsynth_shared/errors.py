@@ -7,6 +7,9 @@ back into the same exception with :func:`error_from_problem`.
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -126,6 +129,19 @@ TITLES: dict[ErrorCode, str] = {
     ErrorCode.INVALID_TRANSITION: "Invalid job state transition",
 }
 
+# A ``privacy_budget_exhausted`` refusal keeps its stable code (clients and the worker act on
+# it) but says which case it is in its ``refusal`` member and title: a job that merely asks
+# for more than is admissible is not an exhausted budget (issue 15, item 3).
+REFUSAL_EXCEEDS = "exceeds_admissible"
+REFUSAL_RESERVED = "reserved"
+REFUSAL_EXHAUSTED = "exhausted"
+SMALLEST_TARGET = 1e-3  # = dpsynth_shared.text.MIN_EPSILON (which imports this module)
+REFUSAL_TITLES: dict[str, str] = {
+    REFUSAL_EXCEEDS: "Request exceeds the admissible privacy budget",
+    REFUSAL_RESERVED: "Privacy budget held by running jobs",
+    REFUSAL_EXHAUSTED: "Privacy budget exhausted",
+}
+
 
 class DpsynthError(Exception):
     """A domain error with a stable ``code`` and optional structured ``extensions``.
@@ -149,11 +165,20 @@ class DpsynthError(Exception):
             return HTTP_STATUS[self.code]
         return 500
 
+    @property
+    def title(self) -> str:
+        """The problem's title: per code, and per case of a budget refusal."""
+        code = str(self.code)
+        if not isinstance(self.code, ErrorCode):
+            return code
+        refusal = self.extensions.get("refusal")
+        if self.code == ErrorCode.PRIVACY_BUDGET_EXHAUSTED and refusal in REFUSAL_TITLES:
+            return REFUSAL_TITLES[refusal]
+        return TITLES.get(self.code, code.replace("_", " ").capitalize())
+
     def to_problem(self, instance: str | None = None) -> Problem:
         code = str(self.code)
-        title = TITLES.get(self.code, code.replace("_", " ").capitalize()) if isinstance(
-            self.code, ErrorCode
-        ) else code
+        title = self.title
         return Problem(
             type=f"https://dpsynth.dev/problems/{code.replace('_', '-')}",
             title=title,
@@ -199,6 +224,152 @@ def error_from_problem(body: dict[str, Any]) -> DpsynthError:
     return err
 
 
+_PYDANTIC_PREFIX = re.compile(r"^(Value error|Assertion failed), ")
+_PYDANTIC_URL = re.compile(r"\s*\[?\s*For further information visit https?://\S+\s*\]?\s*$")
+_TAG_TYPES = {"union_tag_invalid", "union_tag_not_found"}
+
+
+def clean_message(msg: str) -> str:
+    """A validation message without pydantic's ``Value error, `` prefix and help URL."""
+    return _PYDANTIC_URL.sub("", _PYDANTIC_PREFIX.sub("", str(msg))).strip()
+
+
+def field_errors(raw: Iterable[Mapping[str, Any]], *, tag: str | None = None,
+                 root: str = "body") -> list[dict[str, Any]]:
+    """A problem's per-field ``errors`` from pydantic's (never the input: it may be private).
+
+    Each entry keeps ``loc`` (the raw path) and ``type``, and carries ``field`` (the dotted
+    path the user wrote: without the ``root`` of a request body and the ``tag`` of a
+    discriminated union; ``type`` for a bad tag; "" for the object as a whole) and ``msg``
+    (:func:`clean_message`).
+    """
+    out: list[dict[str, Any]] = []
+    for e in raw:
+        loc = [p for p in e.get("loc", ()) if isinstance(p, str | int)]
+        path = list(loc)
+        if path and path[0] == root:
+            path = path[1:]
+        if tag is not None and path and path[0] == tag:
+            path = path[1:]
+        entry: dict[str, Any] = {"loc": loc, "field": ".".join(str(p) for p in path),
+                                 "msg": clean_message(str(e.get("msg", "")))}
+        if e.get("type"):
+            entry["type"] = str(e["type"])
+            if entry["type"] in _TAG_TYPES and not entry["field"]:
+                entry["field"] = "type"
+        out.append(entry)
+    return out
+
+
+def field_errors_detail(head: str, errors: list[dict[str, Any]]) -> str:
+    """A detail naming the invalid fields once (their messages are in ``errors`` only), then
+    the messages about the object as a whole (they have no field to name)."""
+    names = list(dict.fromkeys(e["field"] for e in errors if e.get("field")))
+    whole = list(dict.fromkeys(str(e["msg"]) for e in errors if not e.get("field")))
+    n = len(errors) - len([e for e in errors if not e.get("field")])
+    listed = f" ({n} field error{'s' if n != 1 else ''}: {', '.join(names)})" if names else ""
+    return head + listed + (": " + "; ".join(whole) if whole else "")
+
+
+def with_clean_field_errors(error: DpsynthError) -> DpsynthError:
+    """``error`` with its ``errors`` member cleaned (:func:`field_errors`) and its detail
+    not repeating them: a detail ``"invalid metadata: a: msg; b: msg"`` becomes
+    ``"invalid metadata (2 field errors: a, b)"`` (:func:`field_errors_detail`). Errors
+    without such a list are returned as they are."""
+    raw = error.extensions.get("errors")
+    if not isinstance(raw, list) or not raw or not all(
+            isinstance(e, Mapping) and "msg" in e for e in raw):
+        return error
+    if all("field" in e for e in raw):
+        return error  # already clean
+    errors = field_errors(raw)
+    head = error.detail
+    for e in raw:  # drop each "loc: msg" the producer appended to its detail
+        head = re.sub(r"(?:[\w.\[\]-]+: )?" + re.escape(str(e["msg"])), "", head)
+    head = re.sub(r"(?:;\s*)+", "; ", head).strip(" ;:") or "invalid request"
+    return DpsynthError(error.code, field_errors_detail(head, errors),
+                        **{**error.extensions, "errors": errors})
+
+
+def round_down(value: float, digits: int = 3) -> float:
+    """``value`` rounded DOWN to ``digits`` significant digits (never above ``value``)."""
+    if not math.isfinite(value) or value <= 0:
+        return value
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(value)))
+    units = math.floor(value * scale)
+    while units > 0 and units / scale > value:  # float rounding of the product or quotient
+        units -= 1
+    return units / scale
+
+
+def budget_refusal(numbers: Mapping[str, Any], *, best: float | None, computed: bool = True,
+                   held: bool = False, what: str = "job",
+                   field: str = "target_epsilon") -> BudgetExhausted:
+    """The filter's refusal of a job or release, saying first what the user can change.
+
+    Args:
+        numbers: the refusal's figures (``target_epsilon``, ``epsilon_limit``,
+            ``dataset_epsilon_spent``, ``dataset_epsilon_reserved``, ...), kept as members.
+        best: the largest target the filter admits now for this shape (None: none fits, or
+            not computed); shown rounded DOWN (:func:`round_down`), so that following the
+            advice is admitted, as ``suggested_target_epsilon``.
+        computed: False when ``best`` could not be computed (every heavy slot busy): the
+            detail says so rather than print a number.
+        held: whether the room is held by running jobs' reservations (when nothing fits:
+            "reserved", not "exhausted").
+        what: "job", or the release refused ("class-size histogram", ...).
+        field: the request's name of the target.
+    """
+    suggested = round_down(best) if best is not None else None
+    if (suggested is not None and suggested >= SMALLEST_TARGET) or not computed:
+        refusal = REFUSAL_EXCEEDS
+    else:
+        refusal = REFUSAL_RESERVED if held else REFUSAL_EXHAUSTED
+    ext = {**numbers, "refusal": refusal, "max_admissible_target_epsilon": best,
+           "suggested_target_epsilon": suggested if refusal == REFUSAL_EXCEEDS else None,
+           "field": field}
+    return BudgetExhausted(budget_refusal_detail(ext, field=field, what=what), **ext)
+
+
+def budget_refusal_detail(numbers: Mapping[str, Any], *, field: str = "target_epsilon",
+                          what: str = "job") -> str:
+    """The detail of a job's budget refusal, from its numbers; what the user can change first.
+
+    Args:
+        numbers: the refusal's members: ``refusal`` (``REFUSAL_*``), ``target_epsilon``,
+            ``suggested_target_epsilon`` (the largest admissible target rounded down; None
+            when it was not computed), ``epsilon_limit``, ``dataset_epsilon_spent``,
+            ``dataset_epsilon_reserved``, optionally ``partitions_over_budget``.
+        field: how the user names the target (``privacy.target_epsilon`` in a job spec).
+        what: "job", or the release refused.
+    """
+    def g(key: str) -> str:
+        value = numbers.get(key)
+        return f"{value:.4g}" if isinstance(value, int | float) else "?"
+
+    refusal = numbers.get("refusal", REFUSAL_EXCEEDS)
+    books = ", ".join(f"{label} {g(key)}" for label, key in (
+        ("limit ε", "epsilon_limit"), ("spent", "dataset_epsilon_spent"),
+        ("reserved by running jobs", "dataset_epsilon_reserved")) if key in numbers)
+    figures = f" ({books})" if books else ""
+    if refusal == REFUSAL_EXHAUSTED:
+        return ("this dataset's privacy budget is exhausted: no job can be admitted on it any "
+                f"more, and a limit is never raised{figures}")
+    if refusal == REFUSAL_RESERVED:
+        return (f"no {what} of this shape is admissible on this dataset now: the budget that is "
+                f"not spent is reserved by running jobs, and frees when they end{figures}")
+    classes = numbers.get("partitions_over_budget")
+    where = f" (over the budget of class(es) {', '.join(map(str, classes))})" if classes else ""
+    best = numbers.get("suggested_target_epsilon")
+    if not isinstance(best, int | float):
+        return (f"this {what} would need ε {g('target_epsilon')}, more than is admissible on this "
+                f"dataset now{where}; the ledger was too busy to compute the largest "
+                f"admissible {field}: a dry run (dry_run) names it{figures}")
+    return (f"this {what} would need ε {g('target_epsilon')}; at most {best:g} is admissible on "
+            f"this dataset now (lower {field} to ≤ {best:g}){where}. The dataset's privacy "
+            f"filter refuses it{figures}")
+
+
 def problem_schema_fields() -> dict[str, Any]:
     """OpenAPI description of the problem body, for route ``responses=``."""
     return {"model": Problem, "description": "RFC 9457 problem details"}
@@ -207,10 +378,22 @@ def problem_schema_fields() -> dict[str, Any]:
 __all__ = [
     "HTTP_STATUS",
     "PROBLEM_CONTENT_TYPE",
+    "REFUSAL_EXCEEDS",
+    "REFUSAL_EXHAUSTED",
+    "REFUSAL_RESERVED",
+    "REFUSAL_TITLES",
+    "SMALLEST_TARGET",
     "BudgetExhausted",
     "DpsynthError",
     "ErrorCode",
     "NotFound",
     "Problem",
+    "budget_refusal",
+    "budget_refusal_detail",
+    "clean_message",
     "error_from_problem",
+    "field_errors",
+    "field_errors_detail",
+    "round_down",
+    "with_clean_field_errors",
 ]

@@ -3,6 +3,10 @@
 Domain code raises :class:`DpsynthError`; its code's status comes from
 :data:`dpsynth_shared.errors.HTTP_STATUS` (the one table). FastAPI's validation errors become
 422 ``invalid_spec`` (job specs) or ``invalid_request``; Starlette's 404/405 become problems too.
+
+A problem with per-field ``errors`` lists each once, cleaned (``field``: the path the user
+wrote, ``msg`` without pydantic's prefixes and URLs), and its ``detail`` only names the fields
+(:func:`dpsynth_shared.errors.with_clean_field_errors`), so no message is printed twice.
 """
 
 from __future__ import annotations
@@ -10,7 +14,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dpsynth_shared.errors import PROBLEM_CONTENT_TYPE, DpsynthError, ErrorCode
+from dpsynth_shared.errors import (
+    PROBLEM_CONTENT_TYPE,
+    DpsynthError,
+    ErrorCode,
+    field_errors,
+    field_errors_detail,
+    with_clean_field_errors,
+)
 from dpsynth_shared.security_headers import ERROR_HEADERS
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -34,7 +45,8 @@ def problem_response(error: DpsynthError, request: Request | None = None, *,
                      status: int | None = None,
                      headers: dict[str, str] | None = None) -> JSONResponse:
     """The problem+json response of a domain error (``status`` overrides the table)."""
-    problem = error.to_problem(instance=request.url.path if request is not None else None)
+    instance = request.url.path if request is not None else None
+    problem = with_clean_field_errors(error).to_problem(instance=instance)
     body = problem.model_dump(mode="json", exclude_none=True)
     if status is not None:
         body["status"] = status
@@ -53,18 +65,21 @@ async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(exc, request, headers=headers or None)
 
 
-def _clean_errors(errors: Any) -> list[dict[str, Any]]:
-    # Never echo the submitted input back (it may be a private file's bytes or a key).
-    return [{k: v for k, v in e.items() if k in {"type", "loc", "msg"}} for e in errors]
+def _union_tag(body: Any) -> str | None:
+    """The discriminator a job spec's errors are nested under (``finetune``), left out of
+    the field path the user sees (``privacy.target_epsilon``)."""
+    tag = body.get("type") if isinstance(body, dict) else None
+    return tag if isinstance(tag, str) else None
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     is_spec = request.url.path.rstrip("/") == "/v1/jobs"
     code = ErrorCode.INVALID_SPEC if is_spec else ErrorCode.INVALID_REQUEST
-    errors = _clean_errors(exc.errors())
-    summary = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
-    error = DpsynthError(code, f"the request is invalid: {summary}", errors=errors)
+    # never echo the submitted input back (it may be a private file's bytes or a key)
+    errors = field_errors(exc.errors(), tag=_union_tag(exc.body) if is_spec else None)
+    head = "invalid job spec" if is_spec else "invalid request"
+    error = DpsynthError(code, field_errors_detail(head, errors), errors=errors)
     return problem_response(error, request, status=422)
 
 

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpsynth_shared.dp_events import DpSgdEvent
-from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.errors import (
+    REFUSAL_EXCEEDS,
+    REFUSAL_EXHAUSTED,
+    DpsynthError,
+    ErrorCode,
+    budget_refusal_detail,
+    round_down,
+)
 from dpsynth_shared.ids import new_job_id
 from dpsynth_shared.job_specs import (
     EvaluateSpec,
@@ -213,7 +220,7 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     if resolved.evaluate and resolved.dataset is not None:
         privacy = _authorise_evaluation(ledger, principal, resolved.dataset, job_id, spec)
     if resolved.reserve is not None and resolved.steps is not None:
-        reservation = ledger.reserve(resolved.reserve)  # before the row exists
+        reservation = _reserve(ledger, resolved.reserve)  # before the row exists
         reservation_id = reservation.reservation_id
         if reservation.plan is not None:
             privacy = privacy_block(reservation.plan, reservation_id=reservation_id,
@@ -236,6 +243,36 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
         raise
     _send(session, ledger=ledger, sender=sender, job=job)
     return job
+
+
+TARGET_FIELD = "privacy.target_epsilon"
+"""Where a job spec sets the target a budget refusal asks to lower."""
+
+
+def _reserve(ledger: LedgerPort, request: ReserveRequest) -> Reservation:
+    """The ledger's reservation; its budget refusal is told in the job spec's terms."""
+    try:
+        return ledger.reserve(request)
+    except DpsynthError as exc:
+        if exc.code != ErrorCode.PRIVACY_BUDGET_EXHAUSTED:
+            raise
+        raise spec_refusal(exc) from exc
+
+
+def spec_refusal(error: DpsynthError) -> DpsynthError:
+    """A budget refusal naming the spec key the user lowers (``privacy.target_epsilon``),
+    with the same numbers and code. A refusal without ``refusal`` (an older ledger) gets it
+    from its largest admissible target; one without the numbers is passed on as it is."""
+    ext = dict(error.extensions)
+    if "refusal" not in ext:
+        best = ext.get("max_admissible_target_epsilon")
+        if not isinstance(ext.get("target_epsilon"), int | float):
+            return error
+        usable = best if isinstance(best, int | float) and best > 0 else None
+        ext["refusal"] = REFUSAL_EXCEEDS if usable is not None else REFUSAL_EXHAUSTED
+        ext["suggested_target_epsilon"] = round_down(usable) if usable is not None else None
+    ext["field"] = TARGET_FIELD
+    return DpsynthError(error.code, budget_refusal_detail(ext, field=TARGET_FIELD), **ext)
 
 
 def _authorise_evaluation(ledger: LedgerPort, principal: Principal, dataset: Dataset,

@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
-from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound, budget_refusal
 from dpsynth_shared.ids import new_id
 from dpsynth_shared.release_contract import DpEvaluationRelease, DpEvaluationRequest
 from sqlalchemy.orm import Session
@@ -170,12 +170,11 @@ def release(session: Session, *, evaluation_id: str, request: DpEvaluationReques
         f = flt(budget)
         room = f.room(committed={HOLDOUT: accs[HOLDOUT].committed},
                       reserved={HOLDOUT: accs[HOLDOUT].reserved}, partitions=[HOLDOUT])
-        raise BudgetExhausted(
-            "the dataset's privacy filter refuses the DP evaluation: the held-out partition's "
-            f"committed + reserved + its RDP at order {budget.admission_order} would exceed "
-            "the budget",
-            **{k: v for k, v in numbers.items() if k != "accumulators"},
-            max_admissible_target_epsilon=max_admissible_histogram_target(budget, room, ctx))
+        raise budget_refusal({k: v for k, v in numbers.items() if k != "accumulators"},
+                             best=max_admissible_histogram_target(budget, room, ctx),
+                             held=f.room(committed={HOLDOUT: accs[HOLDOUT].committed},
+                                         reserved={}, partitions=[HOLDOUT]) > 0,
+                             what="DP evaluation (on the held-out partition)")
     rdp_delta = charge(accs, HOLDOUT, rdp)  # the held-out partition alone
     append_entry(session, dataset_id=budget.dataset_id, kind=RELEASED, payload={
         **details, "decision": "accepted", "rdp_delta": rdp_delta,

@@ -29,7 +29,7 @@ import math
 from typing import Any
 
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
-from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound, budget_refusal
 from dpsynth_shared.ids import new_id
 from dpsynth_shared.ledger_contract import BudgetView
 from dpsynth_shared.release_contract import HistogramRelease, HistogramRequest, SetClassSizes
@@ -182,11 +182,11 @@ def release_histogram(session: Session, *, dataset_id: str, request: HistogramRe
             "accumulators_after": snapshot(accs), "figures": figures(budget, accs)})
         session.commit()
         room = f.room(committed=committed, reserved=reserved, partitions=list(new))
-        raise BudgetExhausted(
-            "the dataset's privacy filter refuses the class-size histogram: committed + "
-            f"reserved + its RDP at order {budget.admission_order} would exceed the budget",
-            **{k: v for k, v in numbers.items() if k != "accumulators"},
-            max_admissible_target_epsilon=max_admissible_histogram_target(budget, room, ctx))
+        raise budget_refusal({k: v for k, v in numbers.items() if k != "accumulators"},
+                             best=max_admissible_histogram_target(budget, room, ctx),
+                             held=f.room(committed=committed, reserved={},
+                                         partitions=list(new)) > 0,
+                             what="class-size histogram")
     out = _release(budget, accs, event=event, epsilon=epsilon, target=request.target_epsilon)
     rdp_delta = charge(accs, WHOLE_DATASET, rdp)  # "*" and every label, once each
     append_entry(session, dataset_id=dataset_id, kind=RELEASED, payload={

@@ -10,7 +10,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.errors import (
+    BudgetExhausted,
+    DpsynthError,
+    ErrorCode,
+    NotFound,
+    budget_refusal,
+)
 from dpsynth_shared.ids import new_reservation_id
 from dpsynth_shared.ledger_contract import (
     CloseRequest,
@@ -158,13 +164,8 @@ def reserve(session: Session, *, request: ReserveRequest,
         write_entry(session, budget, res, "reservation_refused", decision="refused",
                     numbers=numbers, **details)
         session.commit()
-        raise BudgetExhausted(
-            "the dataset's privacy filter refuses this job: committed + reserved + new RDP at "
-            f"order {budget.admission_order} would exceed the budget"
-            + (" of a class it trains" if request.per_label is not None else ""),
-            **{k: v for k, v in numbers.items() if k != "accumulators"},
-            max_admissible_target_epsilon=_max_target_if_free(
-                budget, runs_, committed=committed, reserved=reserved, ctx=ctx))
+        raise _refusal(budget, runs_, numbers, committed=committed, reserved=reserved,
+                       partitions=list(new), ctx=ctx)
     repo.add(session, res)
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id),
                      disjoint_of(budget))
@@ -175,17 +176,32 @@ def reserve(session: Session, *, request: ReserveRequest,
     return view.model_copy(update={"plan": plan})
 
 
+def _refusal(budget: Budget, runs_: list[RunPlan], numbers: dict[str, object], *,
+             committed: dict[str, float], reserved: dict[str, float], partitions: list[str],
+             ctx: LedgerContext) -> BudgetExhausted:
+    """A job's refusal, saying first the largest target admitted now (issue 15, item 3);
+    ``refusal`` tells it from a budget held by running jobs (room comes back when they end)
+    or exhausted, under the stable code ``privacy_budget_exhausted`` clients act on."""
+    best, computed = _max_target_if_free(budget, runs_, committed=committed,
+                                         reserved=reserved, ctx=ctx)
+    held = flt(budget).room(committed=committed, reserved={}, partitions=partitions) > 0
+    return budget_refusal({k: v for k, v in numbers.items() if k != "accumulators"},
+                          best=best, computed=computed, held=held)
+
+
 def _max_target_if_free(budget: Budget, runs_: list[RunPlan], *,
                         committed: dict[str, float], reserved: dict[str, float],
-                        ctx: LedgerContext) -> float | None:
-    """A refusal's largest admissible target, in a heavy slot; None when every slot is
-    taken (the refusal itself must not turn into ``ledger_busy``)."""
+                        ctx: LedgerContext) -> tuple[float | None, bool]:
+    """A refusal's largest admissible target (None when no σ ≤ 1e4 fits), computed in a
+    heavy slot, and whether it was computed: not when every slot is taken (the refusal
+    itself must not turn into ``ledger_busy``)."""
     try:
         with ctx.heavy.slot("a refusal's largest admissible target"):
-            return max_target(budget, runs_, committed=committed, reserved=reserved, ctx=ctx)
+            return max_target(budget, runs_, committed=committed, reserved=reserved,
+                              ctx=ctx), True
     except DpsynthError as exc:
         if exc.code == ErrorCode.LEDGER_BUSY:
-            return None
+            return None, False
         raise
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
-from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
+from dpsynth_shared.errors import REFUSAL_EXCEEDS, BudgetExhausted, DpsynthError, ErrorCode
 from dpsynth_shared.ledger_contract import CreateBudget
 from dpsynth_shared.release_contract import SizeReleasePlan, SizeReleasePlanRequest
 from sqlalchemy.orm import Session
@@ -109,10 +109,14 @@ def check_size_release(request: CreateBudget, order: int, rdp_budget: float,
                            sigma_required=event.sigma)
     rdp = rdp_at_order(GaussianEvent(sigma=release.sigma, sensitivity=1.0), order)
     if rdp > rdp_budget:
+        # nothing is spent yet: the request exceeds what is admissible (issue 15, item 3)
         raise BudgetExhausted(
-            "the dataset's privacy filter refuses the DP count of its size: its RDP at order "
-            f"{order} exceeds the budget of the epsilon limit", rdp_requested=rdp,
-            rdp_budget=rdp_budget, target_epsilon=release.target_epsilon)
+            f"the DP count of the dataset's size at ε {release.target_epsilon:g} alone would "
+            f"exceed the epsilon limit {request.epsilon_limit:g} (its RDP at order {order} "
+            "exceeds the limit's budget): lower size_epsilon, raise epsilon_limit, or declare "
+            "declared_size", rdp_requested=rdp, rdp_budget=rdp_budget,
+            target_epsilon=release.target_epsilon, refusal=REFUSAL_EXCEEDS,
+            field="size_epsilon")
     return rdp
 
 
