@@ -37,7 +37,7 @@ __all__ = ["check_labels", "folder_files", "label_values", "prepare_upload",
 
 _HIDDEN_NAMES = frozenset({"__MACOSX", "thumbs.db", "desktop.ini"})
 _REPOSITORY_FILES = frozenset({"readme.md", "readme.txt", "readme", "license", "license.md",
-                               "license.txt"})  # sent, and ignored by the api
+                               "license.txt"})  # sent, and ignored by the api at the root
 _METADATA = ("metadata.csv", "metadata.jsonl")
 _SPLITS = ("train", "test", "validation")
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # every member's time: the same folder, the same zip
@@ -169,7 +169,7 @@ def label_values(path: Path, *, label_column: str | None = None) -> set[str] | N
         return None
     names, meta = found
     names = [n for n in names if not any(_hidden(p) for p in n.split("/"))
-             and n.rsplit("/", 1)[-1].lower() not in _REPOSITORY_FILES]
+             and not ("/" not in n and n.lower() in _REPOSITORY_FILES)]
     if any(n.rsplit("/", 1)[-1] in _METADATA for n in names):
         labels: set[str] = set()
         for name, data in meta.items():

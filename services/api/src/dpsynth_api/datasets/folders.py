@@ -59,8 +59,11 @@ HOLDOUT_SPLITS = ("test", "validation")
 SUBJECTS_CSV = "subjects.csv"
 """An image-folder archive's subject map at its root: header ``path,subject``."""
 _IGNORED_PARTS = ("__MACOSX",)
-_IGNORED_NAMES = frozenset({"readme.md", "readme.txt", "readme", "license", "license.md",
-                            "license.txt", "thumbs.db", "desktop.ini"})
+_IGNORED_NAMES = frozenset({"thumbs.db", "desktop.ini"})  # operating-system files, anywhere
+_REPOSITORY_FILES = frozenset({"readme.md", "readme.txt", "readme", "license", "license.md",
+                               "license.txt"})
+"""A dataset repository's own files, ignored at the archive's root only: inside a class
+folder a file that is no image is an error (``invalid_image``), not something to skip."""
 
 
 @dataclass(frozen=True)
@@ -79,10 +82,12 @@ class LayoutOptions:
 
 
 def visible(name: str) -> bool:
-    """Not a hidden file or folder, a macOS resource fork, or a repository file."""
+    """Not a hidden file or folder, a macOS resource fork, an operating-system file, or a
+    repository file (README, LICENSE) at the archive's root."""
     parts = name.split("/")
     return not (any(p.startswith(".") or p in _IGNORED_PARTS for p in parts)
-                or parts[-1].lower() in _IGNORED_NAMES)
+                or parts[-1].lower() in _IGNORED_NAMES
+                or (len(parts) == 1 and parts[0].lower() in _REPOSITORY_FILES))
 
 
 def strip_root(names: list[list[str]], *, min_depth: int = 3) -> list[list[str]]:
