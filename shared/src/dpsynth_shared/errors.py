@@ -57,6 +57,7 @@ class ErrorCode(StrEnum):
     FEATURE_NETWORK_REJECTED = "feature_network_rejected"
     INCEPTION_UNAVAILABLE = "inception_weights_unavailable"
     NO_HOLDOUT = "no_holdout"
+    HOLDOUT_TRAINED_ON = "holdout_trained_on"
     PRESIGN_REFUSED = "presign_refused"
     LEDGER_UNAVAILABLE = "ledger_unavailable"
     SERVICE_UNAVAILABLE = "service_unavailable"
@@ -107,6 +108,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.FEATURE_NETWORK_REJECTED: 422,
     ErrorCode.INCEPTION_UNAVAILABLE: 422,
     ErrorCode.NO_HOLDOUT: 422,
+    ErrorCode.HOLDOUT_TRAINED_ON: 409,
     ErrorCode.PRESIGN_REFUSED: 403,
     ErrorCode.LEDGER_UNAVAILABLE: 503,
     ErrorCode.SERVICE_UNAVAILABLE: 503,
@@ -127,6 +129,7 @@ TITLES: dict[ErrorCode, str] = {
     ErrorCode.FORBIDDEN: "Forbidden",
     ErrorCode.INVALID_SPEC: "Invalid job spec",
     ErrorCode.INVALID_TRANSITION: "Invalid job state transition",
+    ErrorCode.HOLDOUT_TRAINED_ON: "Held-out records were trained on",
 }
 
 # A ``privacy_budget_exhausted`` refusal keeps its stable code (clients and the worker act on

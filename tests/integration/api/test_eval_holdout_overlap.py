@@ -2,7 +2,7 @@
 (issue 15, item 8), through the api joined to the REAL ledger on real PostgreSQL.
 
 * a linked upload (``on_overlap: link``) holding some of the reference's held-out records,
-  fine-tuned on and sampled: the evaluation is refused (409 ``conflict``,
+  fine-tuned on and sampled: the evaluation is refused (409
   ``holdout_trained_on``) in the dry run and at submission, naming the dataset, job and model
   and, for the owner, how many records; the ledger records no read;
 * a derived subset of that upload without those records, or the reference's own training
@@ -140,7 +140,7 @@ def test_a_linked_upload_trained_on_the_held_out_records_is_refused(
         refused = _evaluate(api, owner, corpus, reference, dry_run=dry_run)
         assert refused.status_code == 409, refused.text
         body = refused.json()
-        assert body["code"] == "conflict" and body["conflict"] == "holdout_trained_on"
+        assert body["code"] == "holdout_trained_on" and body["status"] == 409
         assert refused.headers["content-type"].startswith("application/problem+json")
         [overlap] = body["overlaps"]
         assert overlap["dataset_id"] == linked["dataset_id"]

@@ -110,6 +110,14 @@ def test_a_public_reference_has_no_non_dp_line_and_missing_metrics_are_skipped()
                        "Inception FID (pinned pytorch-fid weights)"]
 
 
+def test_a_held_out_caveat_is_the_first_line() -> None:
+    caveat = "model mdl_up was uploaded: what it was trained on is unknown"
+    report = {**REPORT, "holdout_caveat": caveat}
+    EvaluationReport.model_validate(report)
+    assert report_header(report)[0] == f"HELD-OUT NOT VERIFIED: {caveat}"
+    assert not report_header(REPORT)[0].startswith("HELD-OUT")
+
+
 def test_report_prints_the_table_and_saves_both_files(api: FakeApi, tmp_path: Path) -> None:
     api.route("GET", "/v1/jobs/job_ev/report", lambda r: httpx.Response(
         200, content=b"<html>report</html>", headers={"content-type": "text/html"})

@@ -54,6 +54,7 @@ DOMAIN_CODES: dict[tuple[str, str], tuple[ErrorCode, ...]] = {
     ("POST", "/v1/jobs"): (
         C.INVALID_SPEC, C.VISIBILITY_MISMATCH, C.UNSUPPORTED_NEIGHBOURING,
         C.METHOD_NOT_OFFERED, C.PRIVATE_CONDITIONING_REFUSED, C.NO_HOLDOUT,
+        C.HOLDOUT_TRAINED_ON,
         C.PLAN_TOO_LARGE, C.PRIVACY_BUDGET_EXHAUSTED, C.NOT_PUBLISHABLE, C.DATASET_DELETED),
     ("POST", "/v1/jobs/{job_id}/cancel"): (C.INVALID_TRANSITION,),
     ("GET", "/v1/jobs/{job_id}/report"): (C.CONFLICT,),

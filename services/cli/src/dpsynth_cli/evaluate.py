@@ -85,7 +85,7 @@ def dp_release_lines(released: Any) -> list[str]:
 def print_report(report: dict[str, Any]) -> None:
     """The header lines (NON-DP in bold red when it applies) and the headline table."""
     for line in report_header(report):
-        style = "bold red" if line.startswith("NON-DP") else ""
+        style = "bold red" if line.startswith(("NON-DP", "HELD-OUT NOT VERIFIED")) else ""
         console.print(line, style=style, highlight=False, soft_wrap=True)
     table = Table(title="evaluation headline")
     for column in ("metric", "value", "compare with"):

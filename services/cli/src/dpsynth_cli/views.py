@@ -131,8 +131,12 @@ def _chance_of(report: dict[str, Any], classifier: str) -> Any:
 
 def report_header(report: dict[str, Any]) -> list[str]:
     """The lines above the headline table: what was evaluated against what, and the NON-DP
-    warning when the reference is private (the numbers come from private records)."""
-    lines = [f"evaluate job {report.get('job_id', '-')}: corpus "
+    warning when the reference is private (the numbers come from private records). A held-out
+    caveat (the platform could not verify the held-out records were never trained on) comes
+    first: every number below depends on it."""
+    caveat = report.get("holdout_caveat")
+    lines = [f"HELD-OUT NOT VERIFIED: {caveat}"] if caveat else []
+    lines += [f"evaluate job {report.get('job_id', '-')}: corpus "
              f"{report.get('corpus_artifact_id', '-')} (model {report.get('model_id') or '-'})"
              f" vs {report.get('reference_visibility', '?')} dataset "
              f"{report.get('dataset_id', '-')}"]

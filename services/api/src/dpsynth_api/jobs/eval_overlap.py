@@ -19,7 +19,7 @@ both the dry run and the submission), before the ledger records any read:
 * the overlap is one SQL join of the reference's held-out rows with those uploads' rows on
   (tenant, hash): only shared rows come back, never all the hashes of a dataset.
 
-Any shared record refuses the job: 409 ``conflict`` with ``conflict: holdout_trained_on``,
+Any shared record refuses the job: 409 ``holdout_trained_on``,
 naming the datasets, the jobs and models that trained on them; the counts only with the
 ``owner`` scope. Where the platform cannot decide (splits made before migration 0008 whose
 sides were not recorded; a caller without the owner scope, who may not learn anything of a
@@ -42,8 +42,6 @@ from sqlalchemy.orm import Session, aliased, object_session
 from dpsynth_api.datasets.derive import SELECTING_KINDS, selection_of
 from dpsynth_api.tables import Artifact, Dataset, Job, Model, RecordHash
 
-CONFLICT_KIND = "holdout_trained_on"
-"""The ``conflict`` extension of the refusal (a stable name for clients)."""
 
 _MAX_LINEAGE = 1000
 _CACHE = "dpsynth.holdout_overlap"  # Session.info key: the check, for the privacy block
@@ -252,13 +250,13 @@ def _refuse(reference: Dataset, artifact: Artifact, found: list[Shared], *,
         overlaps.append(view)
     how = "" if owner else " (an owner key is told how many)"
     return DpsynthError(
-        ErrorCode.CONFLICT,
+        ErrorCode.HOLDOUT_TRAINED_ON,
         f"the held-out records of dataset {reference.id} were trained on by the model "
         f"lineage of corpus {artifact.id}: {'; '.join(parts)}{how}. An evaluation against "
         "them would measure memorisation, not generalisation. Evaluate against a reference "
         "whose held-out records these models never saw, or a corpus of a model not trained "
         "on them",
-        conflict=CONFLICT_KIND, reference_dataset_id=reference.id,
+        reference_dataset_id=reference.id,
         corpus_artifact_id=artifact.id, overlaps=overlaps)
 
 
@@ -278,7 +276,7 @@ def check_holdout_not_trained_on(session: Session, *, reference: Dataset, artifa
         :func:`stored_check`).
 
     Raises:
-        DpsynthError: 409 ``conflict`` (``conflict: holdout_trained_on``).
+        DpsynthError: 409 ``holdout_trained_on``.
     """
     result = HoldoutCheck()
     trained, result.unknown_models = lineage(session, artifact)

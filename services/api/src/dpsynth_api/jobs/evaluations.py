@@ -11,7 +11,7 @@
   ``evaluation_authorised`` entry, no epsilon charged) before the job exists, its report is
   owner-only and labelled non-DP, and every later release of a corpus of the same budget
   lists it in its manifest (``artifacts/releases.py``).
-* ``evaluate`` is refused (409 ``conflict``, ``conflict: holdout_trained_on``) when the
+* ``evaluate`` is refused (409 ``holdout_trained_on``) when the
   reference's held-out records were trained on by the corpus's model or its lineage
   (``jobs/eval_overlap.py``; issue 15, item 8); where that cannot be decided, the privacy
   block's ``holdout_overlap`` carries the caveat for the report's headline.
@@ -121,7 +121,7 @@ def resolve_evaluate(session: Session, principal: Principal,
     Raises:
         DpsynthError: 404 (unknown ids or another tenant's), 410 ``dataset_deleted``, 422
             ``no_holdout`` / ``invalid_spec``, 403 ``forbidden`` (private reference without
-            the owner scope), 409 ``conflict`` (``holdout_trained_on``: the reference's
+            the owner scope), 409 ``holdout_trained_on`` (the reference's
             held-out records were trained on by the corpus's model lineage).
     """
     artifact = corpus_artifact(session, tenant_id=principal.tenant_id,
