@@ -42,7 +42,6 @@ from sqlalchemy.orm import Session, aliased, object_session
 from dpsynth_api.datasets.derive import SELECTING_KINDS, selection_of
 from dpsynth_api.tables import Artifact, Dataset, Job, Model, RecordHash
 
-
 _MAX_LINEAGE = 1000
 _CACHE = "dpsynth.holdout_overlap"  # Session.info key: the check, for the privacy block
 

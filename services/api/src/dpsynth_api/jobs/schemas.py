@@ -158,7 +158,8 @@ def job_out(job: Job, artifacts: list[Artifact], *, owner: bool) -> JobOut:
     """The view of a job; owner-only artifacts are listed only for owner keys."""
     error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
     return JobOut(
-        job_id=job.id, name=_spec_name(job.spec), tenant_id=job.tenant_id, type=job.type, state=JobState(job.state),
+        job_id=job.id, name=_spec_name(job.spec), tenant_id=job.tenant_id, type=job.type,
+        state=JobState(job.state),
         attempt=job.attempt, drained_attempts=job.drained_attempts, spec=job.spec,
         dataset_id=job.dataset_id, model_id=job.model_id,
         progress=Progress(step=job.progress_step, total=job.progress_total,
