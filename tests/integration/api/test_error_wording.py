@@ -183,3 +183,17 @@ def test_a_release_over_the_limit_names_the_flag_and_an_admitted_epsilon(
     assert f"  to follow it: --epsilon {m.group(1)}" in result.output
     result = runner.invoke(app, [*release, m.group(1)])
     assert result.exit_code == 0, result.output  # the advice, followed, is admitted
+
+
+def test_a_size_count_over_the_limit_says_what_to_change_and_that_nothing_was_spent(
+        api: Api) -> None:
+    _, token = api.tenant()
+    meta = {k: v for k, v in PRIVATE.items() if k != "declared_size"}
+    r = api.upload(token, b.digits_npz(12, k=3), {**meta, "epsilon_limit": 0.5,
+                                                  "size_epsilon": 2.0}, filename="d.npz")
+    assert r.status_code == 409, r.text
+    body = r.json()
+    assert body["code"] == "privacy_budget_exhausted"
+    assert body["refusal"] == "exceeds_admissible" and body["field"] == "size_epsilon"
+    assert body["title"] != "Privacy budget exhausted"
+    assert "lower size_epsilon" in body["detail"] and "nothing was spent" in body["detail"]

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import numpy as np
 from dpsynth_shared.dp_events import Neighbouring
-from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
+from dpsynth_shared.errors import REFUSAL_EXCEEDS, BudgetExhausted, DpsynthError, ErrorCode
 from dpsynth_shared.ids import new_id
 from dpsynth_shared.ledger_contract import PrivacyUnit
 from dpsynth_shared.release_contract import SizeRelease, SizeReleasePlanRequest
@@ -162,10 +162,13 @@ def release_size(ledger: LedgerPort, meta: DatasetMetadata, count: int) -> Relea
         epsilon_limit=meta.epsilon_limit, delta=delta, neighbouring=meta.neighbouring,
         target_epsilon=meta.size_epsilon))
     if not plan.admissible:
-        raise BudgetExhausted("the DP count of the dataset size alone exceeds the epsilon "
-                              "limit; lower size_epsilon or declare declared_size",
+        raise BudgetExhausted(f"the DP count of the dataset's size at ε {meta.size_epsilon:g} "
+                              f"alone does not fit the epsilon limit {meta.epsilon_limit:g}: "
+                              "lower size_epsilon, raise epsilon_limit, or give "
+                              "declared_size instead (nothing was spent)",
                               rdp_requested=plan.rdp_charge, rdp_budget=plan.rdp_budget,
-                              target_epsilon=meta.size_epsilon)
+                              target_epsilon=meta.size_epsilon,
+                              refusal=REFUSAL_EXCEEDS, field="size_epsilon")
     sigma = plan.event.sigma
     release = SizeRelease(release_id=new_id("release"), target_epsilon=meta.size_epsilon,
                           sigma=sigma, margin_z=SIZE_MARGIN_Z,
