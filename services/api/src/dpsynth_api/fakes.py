@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dpsynth_shared.dp_events import GENESIS_HASH, DpSgdEvent, GaussianEvent, ParallelEvent
-from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode, NotFound
+from dpsynth_shared.errors import (
+    BudgetExhausted,
+    DpsynthError,
+    ErrorCode,
+    NotFound,
+    budget_refusal,
+)
 from dpsynth_shared.ids import new_id, new_reservation_id
 from dpsynth_shared.ledger_contract import (
     AnchorStatus,
@@ -178,11 +184,12 @@ class FakeLedger:
         with self._lock:
             plan = self.plan(request)
             if not plan.admissible:
-                raise BudgetExhausted(
-                    f"target_epsilon {request.target_epsilon} exceeds the remaining budget",
-                    dataset_epsilon_spent=plan.dataset_epsilon_spent_before,
-                    epsilon_limit=self.budgets[request.dataset_id].epsilon_limit,
-                    max_admissible_target_epsilon=plan.max_admissible_target_epsilon)
+                # the real ledger's wording (dpsynth_shared.errors.budget_refusal)
+                raise budget_refusal(
+                    {"target_epsilon": request.target_epsilon,
+                     "dataset_epsilon_spent": plan.dataset_epsilon_spent_before,
+                     "epsilon_limit": self.budgets[request.dataset_id].epsilon_limit},
+                    best=plan.max_admissible_target_epsilon)
             labels = None if plan.per_label is None else {
                 name: LabelReservation(
                     event=lp.event, expected_batch_size=lp.expected_batch_size,
