@@ -134,6 +134,15 @@ def test_submit_prints_one_line_and_lists_show_the_name(api: FakeApi, tmp_path: 
     assert [w for w in header.split() if w.isidentifier()][:2] == ["job_id", "name"]
 
 
+def test_a_list_on_a_narrow_terminal_shows_every_id_whole(api: FakeApi) -> None:
+    job_id = "job_ad361bed4fd04bcbb3c0ffee12345678"
+    api.route("GET", "/v1/jobs", {"items": [job_body(job_id, "feature_net", name="a-name")],
+                                  "next_cursor": None})
+    listed = runner.invoke(app, ["jobs", "list"], env={"COLUMNS": "80"})
+    assert listed.exit_code == 0, listed.output
+    assert job_id in listed.stdout and "…" not in listed.stdout
+
+
 def test_generate_watch_ends_with_the_corpus_and_its_download_command(api: FakeApi,
                                                                       tmp_path: Path) -> None:
     api.route("POST", "/v1/jobs", lambda r: httpx.Response(

@@ -122,13 +122,19 @@ def print_json(data: Any) -> None:
 
 
 def print_table(rows: Iterable[dict[str, Any]], columns: list[str], title: str) -> int:
-    """A table of ``columns`` from ``rows``; returns the number of rows."""
+    """A table of ``columns`` from ``rows``; returns the number of rows.
+
+    Ids (columns named ``*_id``) are never shortened or broken, so a user can copy them from
+    the list (the other columns wrap when the terminal is narrow)."""
+    cells = [["" if row.get(c) is None else str(row.get(c)) for c in columns] for row in rows]
     table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    n = 0
-    for row in rows:
-        table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
-        n += 1
+    for i, col in enumerate(columns):
+        if col.endswith("_id"):
+            width = max([len(col), *(len(r[i]) for r in cells)])
+            table.add_column(col, no_wrap=True, min_width=width)
+        else:
+            table.add_column(col, overflow="fold")
+    for r in cells:
+        table.add_row(*r)
     console.print(table)
-    return n
+    return len(cells)
