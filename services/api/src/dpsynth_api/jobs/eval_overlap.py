@@ -37,13 +37,12 @@ from typing import Any, Literal
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.record_splits import LEGACY_RULE, in_first_part
 from sqlalchemy import and_, select
-from sqlalchemy.orm import Session, aliased, object_session
+from sqlalchemy.orm import Session, aliased
 
 from dpsynth_api.datasets.derive import SELECTING_KINDS, selection_of
 from dpsynth_api.tables import Artifact, Dataset, Job, Model, RecordHash
 
 _MAX_LINEAGE = 1000
-_CACHE = "dpsynth.holdout_overlap"  # Session.info key: the check, for the privacy block
 
 
 @dataclass(frozen=True)
@@ -271,8 +270,7 @@ def check_holdout_not_trained_on(session: Session, *, reference: Dataset, artifa
             and the refusal carries no counts.
 
     Returns:
-        What was checked and what could not be (also kept in ``session.info`` for
-        :func:`stored_check`).
+        What was checked and what could not be (the job's privacy block carries it).
 
     Raises:
         DpsynthError: 409 ``holdout_trained_on``.
@@ -300,15 +298,4 @@ def check_holdout_not_trained_on(session: Session, *, reference: Dataset, artifa
                                  "why": "which of its records were trained on is not "
                                         "recorded (a split made before migration 0008)"})
     result.checked = [t.dataset.id for t in visible]
-    session.info.setdefault(_CACHE, {})[(reference.id, artifact.id)] = result
     return result
-
-
-def stored_check(reference: Dataset, corpus_artifact_id: str) -> HoldoutCheck | None:
-    """The check made for this reference and corpus in the reference's session (the job's
-    privacy block is built after its resolution, from the dataset row only), or None."""
-    session = object_session(reference)
-    if session is None:
-        return None
-    found = session.info.get(_CACHE, {}).get((reference.id, corpus_artifact_id))
-    return found if isinstance(found, HoldoutCheck) else None

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.derive import check_not_deleted, selection_of
 from dpsynth_api.datasets.service import get_dataset
-from dpsynth_api.jobs.eval_overlap import check_holdout_not_trained_on, stored_check
+from dpsynth_api.jobs.eval_overlap import HoldoutCheck, check_holdout_not_trained_on
 from dpsynth_api.models.service import get_model
 from dpsynth_api.tables import Artifact, Dataset, Job, Model
 from dpsynth_api.tenants.security import Principal, Scope
@@ -115,8 +115,10 @@ def feature_dataset(session: Session, model: Model) -> Dataset:
 
 
 def resolve_evaluate(session: Session, principal: Principal,
-                     spec: EvaluateSpec) -> tuple[Dataset, Artifact, Model | None]:
-    """The reference dataset, the corpus and the feature network of an evaluate job.
+                     spec: EvaluateSpec
+                     ) -> tuple[Dataset, Artifact, Model | None, HoldoutCheck]:
+    """The reference dataset, the corpus, the feature network of an evaluate job, and the
+    check that the reference's held-out records were not trained on (for its privacy block).
 
     Raises:
         DpsynthError: 404 (unknown ids or another tenant's), 410 ``dataset_deleted``, 422
@@ -138,15 +140,15 @@ def resolve_evaluate(session: Session, principal: Principal,
                            f"dataset {dataset.id} is private: evaluating against it reads its "
                            "records outside any DP mechanism, which only the data's owner "
                            "may do; the 'owner' scope is required", required_scope="owner")
-    check_holdout_not_trained_on(session, reference=dataset, artifact=artifact,
-                                 owner=principal.has(Scope.OWNER))
+    check = check_holdout_not_trained_on(session, reference=dataset, artifact=artifact,
+                                         owner=principal.has(Scope.OWNER))
     if spec.dp is not None:
         check_dp_reference(dataset)
     model = None
     if spec.feature_model_id is not None:
         model = feature_model(session, principal, spec.feature_model_id)
         feature_dataset(session, model)
-    return dataset, artifact, model
+    return dataset, artifact, model, check
 
 
 def check_dp_reference(dataset: Dataset) -> None:
@@ -206,13 +208,12 @@ def dp_plan(dataset: Dataset, spec: EvaluateSpec) -> dict[str, Any] | None:
     }
 
 
-def evaluation_privacy(dataset: Dataset, evaluation_id: str | None,
-                       spec: object = None) -> dict[str, Any]:
+def evaluation_privacy(dataset: Dataset, evaluation_id: str | None, spec: object = None, *,
+                       check: HoldoutCheck | None = None) -> dict[str, Any]:
     """The privacy block of an evaluate job (shown by ``dry_run`` and on the job); ``dp``
-    is the DP release's plan for an evaluate spec with ``dp``."""
+    is the DP release's plan for an evaluate spec with ``dp``; ``check`` the held-out check
+    :func:`resolve_evaluate` made (its caveat leads the notes and the report)."""
     private = dataset.visibility == "private"
-    check = stored_check(dataset, spec.corpus_artifact_id) \
-        if isinstance(spec, EvaluateSpec) else None
     block: dict[str, Any] = {
         "dp": dp_plan(dataset, spec) if isinstance(spec, EvaluateSpec) else None,
         "epsilon_charged": 0.0,
@@ -234,7 +235,7 @@ def evaluation_privacy(dataset: Dataset, evaluation_id: str | None,
         ]),
     }
     if check is not None:
-        # the check made at resolution (jobs/eval_overlap.py): its caveat leads the notes
+        # the check made at resolution (resolve_evaluate): its caveat leads the notes
         block["holdout_overlap"] = check.block()
         if check.caveat():
             block["notes"].insert(0, check.caveat())

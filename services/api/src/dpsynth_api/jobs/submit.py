@@ -39,6 +39,7 @@ from dpsynth_api.datasets.derive import check_not_deleted
 from dpsynth_api.datasets.service import get_dataset
 from dpsynth_api.jobs import evaluations
 from dpsynth_api.jobs import repository as repo
+from dpsynth_api.jobs.eval_overlap import HoldoutCheck
 from dpsynth_api.jobs.layouts import layout_record, resolve_layout_source
 from dpsynth_api.jobs.options import check_finetune_options
 from dpsynth_api.jobs.schemas import DryRun, privacy_block
@@ -62,6 +63,7 @@ class _Resolved:
     layout: Dataset | Model | None = None  # generate: the public dataset of the layout
     # masks, or the layout generator that draws them
     evaluate: bool = False  # evaluate: a private reference needs the ledger's authorisation
+    holdout_check: HoldoutCheck | None = None  # evaluate: the held-out overlap check
 
 
 def _require_visibility(dataset: Dataset, wanted: str, job_type: str) -> None:
@@ -89,8 +91,8 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str,
     if isinstance(spec, FeatureNetSpec):
         return _Resolved(dataset=evaluations.resolve_feature_net(session, principal, spec))
     if isinstance(spec, EvaluateSpec):
-        reference, _, _ = evaluations.resolve_evaluate(session, principal, spec)
-        return _Resolved(dataset=reference, evaluate=True)
+        reference, _, _, check = evaluations.resolve_evaluate(session, principal, spec)
+        return _Resolved(dataset=reference, evaluate=True, holdout_check=check)
     if isinstance(spec, PretrainSpec):
         dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
         check_not_deleted(dataset)
@@ -195,7 +197,8 @@ def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     resolved = _resolve(session, principal, spec, new_job_id(), limits or PlanLimits())
     plan: dict[str, Any] | None = None
     if resolved.evaluate and resolved.dataset is not None:
-        plan = evaluations.evaluation_privacy(resolved.dataset, None, spec)
+        plan = evaluations.evaluation_privacy(resolved.dataset, None, spec,
+                                              check=resolved.holdout_check)
     if resolved.reserve is not None and resolved.steps is not None:
         plan = privacy_block(ledger.plan(resolved.reserve), reservation_id=None,
                              steps=resolved.steps)
@@ -218,7 +221,8 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     privacy = None
     reservation_id = None
     if resolved.evaluate and resolved.dataset is not None:
-        privacy = _authorise_evaluation(ledger, principal, resolved.dataset, job_id, spec)
+        privacy = _authorise_evaluation(ledger, principal, resolved.dataset, job_id, spec,
+                                        resolved.holdout_check)
     if resolved.reserve is not None and resolved.steps is not None:
         reservation = _reserve(ledger, resolved.reserve)  # before the row exists
         reservation_id = reservation.reservation_id
@@ -276,7 +280,8 @@ def spec_refusal(error: DpsynthError) -> DpsynthError:
 
 
 def _authorise_evaluation(ledger: LedgerPort, principal: Principal, dataset: Dataset,
-                          job_id: str, spec: AnySpec) -> dict[str, Any]:
+                          job_id: str, spec: AnySpec,
+                          check: HoldoutCheck | None) -> dict[str, Any]:
     """An evaluate job's privacy block; on a PRIVATE reference the ledger first records the
     non-DP read (before the job row exists: a read is never unrecorded, at worst an
     authorisation is recorded for a job that never ran)."""
@@ -287,7 +292,7 @@ def _authorise_evaluation(ledger: LedgerPort, principal: Principal, dataset: Dat
             dataset_id=budget_id, job_id=job_id, reference_dataset_id=dataset.id,
             requested_by=principal.key_id))
         evaluation_id = evaluation.evaluation_id
-    return evaluations.evaluation_privacy(dataset, evaluation_id, spec)
+    return evaluations.evaluation_privacy(dataset, evaluation_id, spec, check=check)
 
 
 def _reservation_block(reservation: Reservation, steps: int) -> dict[str, Any]:
