@@ -250,6 +250,10 @@ def test_the_dry_run_line_counts_reservations_refusals_and_free_jobs() -> None:
         "admissible": False, "max_admissible_target_epsilon": 0.4}}, budget)
     assert refused.startswith("this job would spend 1.5 of 8, but only 0.5 is left: it "
                               "would be refused (lower target_epsilon to ≤ 0.4)")
+    rounded = dry_run_line({"type": "finetune", "plan": {
+        **PLAN, "dataset_epsilon_spent_before": 6.5, "dataset_epsilon_spent_after": 9.0,
+        "admissible": False, "max_admissible_target_epsilon": 1.7558}}, budget)
+    assert "(lower target_epsilon to ≤ 1.75)" in rounded  # down, never up to 1.76
     assert dry_run_line({"type": "generate", "plan": None}, None).startswith(
         "this job spends no privacy budget: sampling")
     assert "public" in dry_run_line({"type": "pretrain", "plan": None}, None)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsynth_shared.errors import round_down
+
 from dpsynth_cli.views import number as _num
 
 MODEL_JOBS = frozenset({"pretrain", "finetune", "feature_net"})
@@ -223,7 +225,9 @@ def dry_run_line(result: dict[str, Any], budget: dict[str, Any] | None) -> str:
         left = max(0.0, float(limit) - before - reserved)
         return (f"this job would spend {_eps(spends)} of {_eps(limit)}, but only "
                 f"{_eps(left)} is left: it would be refused"
-                + (f" (lower target_epsilon to ≤ {_eps(best)})" if best is not None else "")
+                # rounded DOWN (as the ledger's refusal): following the advice is admitted
+                + (f" (lower target_epsilon to ≤ {round_down(float(best)):g})"
+                   if best is not None else "")
                 + f" {what}")
     left = max(0.0, float(limit) - float(after))
     return f"this job spends {_eps(spends)} of {_eps(limit)}; {_eps(left)} left {what}"
