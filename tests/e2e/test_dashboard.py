@@ -16,8 +16,6 @@ Without the browser the test FAILS (CI installs it in ``.ci/run``); set
 from __future__ import annotations
 
 import math
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,48 +26,19 @@ from dpsynth_client import Client
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.e2e.conftest import CLASSES, finetune_spec
+from tests.support.browser import ARTIFACTS, chromium
 from tests.support.models import tiny_model_archive
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 KEY_NAME = "dpsynth.dashboard.apiKey"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 BUDGET_FIELDS = ("epsilon_limit", "dataset_epsilon_spent", "dataset_tight_epsilon",
                  "dataset_epsilon_reserved", "dataset_epsilon_remaining")
 CHARGE_KINDS = ("lease_granted", "histogram_released")
 
 
-def _browser_paths() -> tuple[str, str]:
-    if os.environ.get("DPSYNTH_SKIP_BROWSER") == "1":
-        pytest.skip("DPSYNTH_SKIP_BROWSER=1: the dashboard's browser test is skipped")
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if shutil.which(p) is None]
-    if missing:
-        pytest.fail(f"{', '.join(missing)} missing: install Debian's chromium and "
-                    "chromium-driver (.ci/run does), or set DPSYNTH_SKIP_BROWSER=1 to skip")
-    return CHROMIUM, CHROMEDRIVER
-
-
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory) -> Iterator[Any]:
-    chromium, chromedriver = _browser_paths()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                "--disable-background-networking", "--disable-quic", "--no-first-run",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                "--window-size=1400,1100",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with chromium(tmp_path_factory.mktemp("chromium-profile"), what="dashboard's") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,7 @@ tests/e2e/test_dashboard.py. Without the browser the test FAILS (CI installs it 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,50 +29,19 @@ from dpsynth_client import Client
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.e2e.conftest import CLASSES, digits_npz, make_platform
+from tests.support.browser import ARTIFACTS, OFFLINE_FLAGS, chromium
 from tests.support.platform import ServicePlatform
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
 BUDGET_PATH = "/v1/datasets/{dataset_id}/budget"
-# Nothing but loopback: names do not resolve, and anything else goes to a dead proxy.
-OFFLINE_FLAGS = ("--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-                 "--proxy-server=http://127.0.0.1:9", "--proxy-bypass-list=127.0.0.1")
-
-
-def _browser_paths() -> tuple[str, str]:
-    if os.environ.get("DPSYNTH_SKIP_BROWSER") == "1":
-        pytest.skip("DPSYNTH_SKIP_BROWSER=1: the docs' browser test is skipped")
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if shutil.which(p) is None]
-    if missing:
-        pytest.fail(f"{', '.join(missing)} missing: install Debian's chromium and "
-                    "chromium-driver (.ci/run does), or set DPSYNTH_SKIP_BROWSER=1 to skip")
-    return CHROMIUM, CHROMEDRIVER
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    chromium, chromedriver = _browser_paths()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                "--disable-background-networking", "--disable-quic", "--no-first-run",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                "--window-size=1400,1100", *OFFLINE_FLAGS,
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(arg)
     # The network log (every request, every failure) and the console (CSP violations).
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    with chromium(tmp_path_factory.mktemp("chromium-profile"), what="docs'",
+                  extra_args=OFFLINE_FLAGS,
+                  logging={"performance": "ALL", "browser": "ALL"}) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture(scope="module")
