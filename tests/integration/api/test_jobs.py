@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from tests.integration.api.conftest import Api, auth
+from tests.unit.api import builders as b
 
 FORBIDDEN_KEYS = ("loss", "grad", "clip")
 
@@ -267,3 +268,25 @@ def test_a_job_carries_the_name_its_spec_gives_it(api: Api) -> None:
     r = api.client.post("/v1/jobs", json={"type": "pretrain", "dataset_id": public,
                                           "name": "two\nlines"}, headers=auth(token))
     assert r.status_code == 422 and r.json()["code"] == "invalid_spec"
+
+
+def test_the_dry_run_warns_when_a_finetune_would_relearn_the_base_models_classes(
+        api: Api) -> None:
+    _, token = api.tenant()
+    model = api.model(token)  # pretrained on classes "a" and "b"
+    r = api.upload(token, b.digits_npz(12, k=2, size=10), {  # other images than below
+        "name": "ab", "visibility": "private", "epsilon_limit": 10.0, "declared_size": 12,
+        "label_domain": ["a", "b"]}, filename="d.npz")
+    assert r.status_code == 201, r.text
+    same = r.json()["dataset_id"]
+    (warning,) = api.finetune(token, same, model, dry_run=True).json()["warnings"]
+    assert "training.class_map" in warning and '"a": "a"' in warning
+    other = api.private_dataset(token)  # classes x, y, z: a new table is what is meant
+    assert api.finetune(token, other, model, dry_run=True).json()["warnings"] == []
+    spec = {"type": "finetune", "dataset_id": same, "base_model_id": model,
+            "privacy": {"target_epsilon": 1.0},
+            "training": {"expected_batch_size": 4, "epochs": 2,
+                         "class_map": {"a": "a", "b": "b"}}}
+    kept = api.client.post("/v1/jobs?dry_run=true", json=spec, headers=auth(token))
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["warnings"] == []

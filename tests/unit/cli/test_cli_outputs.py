@@ -236,6 +236,9 @@ def test_the_dry_run_says_first_what_the_job_spends(api: FakeApi, tmp_path: Path
     assert any("noise multiplier" in line and "1.1000" in line for line in lines)
     as_json = runner.invoke(app, ["jobs", "submit", str(spec), "--dry-run", "--json"])
     assert json.loads(as_json.stdout) == dry
+    api.route("POST", "/v1/jobs", {**dry, "warnings": ["set training.class_map"]})
+    warned = runner.invoke(app, ["jobs", "submit", str(spec), "--dry-run"], env=WIDE)
+    assert "warning: set training.class_map" in warned.stderr
 
 
 def test_the_dry_run_line_counts_reservations_refusals_and_free_jobs() -> None:

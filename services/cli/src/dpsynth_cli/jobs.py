@@ -103,6 +103,9 @@ def _print_dry_run(client: Client, spec: dict[str, Any], result: dict[str, Any],
         return
     budget = _dataset_budget(client, spec)
     console.print(dry_run_line(result, budget), highlight=False, soft_wrap=True)
+    for text in result.get("warnings") or []:  # would run, probably not as meant
+        err_console.print(f"warning: {text}", style="bold yellow", highlight=False,
+                          soft_wrap=True)
     if mode is Output.QUIET:
         return
     rows = dry_run_rows(result)

@@ -107,6 +107,10 @@ class DryRun(BaseModel):
     plan: dict[str, Any] | None = None
     spec: dict[str, Any] = Field(default_factory=dict, description="the validated spec with "
                                  "every default filled in: exactly what would run")
+    warnings: list[str] = Field(default_factory=list, description="settings that would run "
+                                "but probably not as the user means (e.g. a finetune that "
+                                "learns its class table afresh where the base model's "
+                                "already fits); nothing is refused")
 
 
 def privacy_block(plan: Plan, *, reservation_id: str | None, steps: int) -> dict[str, Any]:

@@ -4,7 +4,7 @@ and send the worker task after the commit (docs/architecture.md "Job flow" 1).""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dpsynth_shared.dp_events import DpSgdEvent
@@ -64,6 +64,7 @@ class _Resolved:
     # masks, or the layout generator that draws them
     evaluate: bool = False  # evaluate: a private reference needs the ledger's authorisation
     holdout_check: HoldoutCheck | None = None  # evaluate: the held-out overlap check
+    warnings: list[str] = field(default_factory=list)  # shown by the dry run
 
 
 def _require_visibility(dataset: Dataset, wanted: str, job_type: str) -> None:
@@ -148,7 +149,27 @@ def _resolve(session: Session, principal: Principal, spec: AnySpec, job_id: str,
                              target_epsilon=spec.privacy.target_epsilon,
                              expected_batch_size=batch, steps=steps, population_size=population)
     check_plan_size(reserve, limits)  # the ledger's bounds (api setting), refused early
-    return _Resolved(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve)
+    return _Resolved(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve,
+                     warnings=_class_table_warnings(dataset, base, spec))
+
+
+def _class_table_warnings(dataset: Dataset, base: Model, spec: FinetuneSpec) -> list[str]:
+    """A finetune without ``class_map`` learns the class table afresh under DP; when the
+    base model was pretrained on classes of the same names, keeping its table is almost
+    always meant (a short DP run learns a fresh one poorly: near-chance samples). Public
+    facts only: the dataset's declared class names and the model's."""
+    training = spec.training
+    base_names = (base.info or {}).get("class_names") or []
+    if training.class_map is not None or not training.class_conditional or not base_names:
+        return []
+    same = [name for name in dataset.class_names if name in base_names]
+    if len(same) != len(dataset.class_names):
+        return []
+    example = ", ".join(f'"{n}": "{n}"' for n in same[:3]) + (", ..." if len(same) > 3 else "")
+    return [f"the base model {base.id} was pretrained on the same classes, but without "
+            "training.class_map this job learns a fresh class table under DP, which a short "
+            "DP run does poorly (samples near chance); to keep the base model's table set "
+            f"training.class_map {{{example}}} (each class to its own name)"]
 
 
 def budget_terms(dataset: Dataset) -> tuple[str, int | None]:
@@ -205,7 +226,7 @@ def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
         plan.pop("reservation_id")
     return DryRun(type=spec.type, dataset_id=resolved.dataset.id if resolved.dataset else None,
                   model_id=resolved.model_id, steps=resolved.steps, plan=plan,
-                  spec=spec.model_dump(mode="json"))
+                  spec=spec.model_dump(mode="json"), warnings=resolved.warnings)
 
 
 def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
