@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dpsynth_api.datasets.service import noisy_class_sizes
+from dpsynth_api.datasets.class_sizes import noisy_class_sizes
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.release_contract import HistogramRequest, SetClassSizes
 

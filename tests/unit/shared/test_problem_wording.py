@@ -15,12 +15,10 @@ from dpsynth_shared.errors import (
     ErrorCode,
     budget_refusal,
     budget_refusal_detail,
-    clean_message,
     error_from_problem,
-    field_errors,
     round_down,
-    with_clean_field_errors,
 )
+from dpsynth_shared.field_errors import clean_message, field_errors, with_clean_field_errors
 from dpsynth_shared.text import MIN_EPSILON
 from pydantic import BaseModel, ValidationError, model_validator
 

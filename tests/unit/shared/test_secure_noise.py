@@ -55,7 +55,7 @@ def test_no_numpy_generator_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_releases_use_it_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """The api's DP count and class-size histogram, the worker's DP evaluation."""
-    from dpsynth_api.datasets.service import noisy_class_sizes
+    from dpsynth_api.datasets.class_sizes import noisy_class_sizes
     from dpsynth_api.datasets.units import noisy_size
     from dpsynth_ml.evaluation.dp import release_accuracies
     from dpsynth_worker.runners.evaluate_dp import os_generator

@@ -6,7 +6,7 @@ Domain code raises :class:`DpsynthError`; its code's status comes from
 
 A problem with per-field ``errors`` lists each once, cleaned (``field``: the path the user
 wrote, ``msg`` without pydantic's prefixes and URLs), and its ``detail`` only names the fields
-(:func:`dpsynth_shared.errors.with_clean_field_errors`), so no message is printed twice.
+(:func:`dpsynth_shared.field_errors.with_clean_field_errors`), so no message is printed twice.
 """
 
 from __future__ import annotations
@@ -14,14 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dpsynth_shared.errors import (
-    PROBLEM_CONTENT_TYPE,
-    DpsynthError,
-    ErrorCode,
-    field_errors,
-    field_errors_detail,
-    with_clean_field_errors,
-)
+from dpsynth_shared.errors import PROBLEM_CONTENT_TYPE, DpsynthError, ErrorCode
+from dpsynth_shared.field_errors import field_errors, field_errors_detail, with_clean_field_errors
 from dpsynth_shared.security_headers import ERROR_HEADERS
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder

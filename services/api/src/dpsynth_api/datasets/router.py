@@ -8,7 +8,7 @@ from dpsynth_shared.upload_formats import accepted_sentence
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
-from dpsynth_api.datasets import derive, holdout, service
+from dpsynth_api.datasets import class_sizes, deletion, derive, holdout, service
 from dpsynth_api.datasets.schemas import (
     ClassSizesReleaseIn,
     ClassSizesReleaseOut,
@@ -83,7 +83,7 @@ def release_class_sizes(dataset_id: str, body: ClassSizesReleaseIn, ctx: Context
                         session: SessionDep, principal: SubmitterDep) -> ClassSizesReleaseOut:
     """Release the dataset's public class sizes through a Gaussian histogram charged to its
     budget (per-label training); ``dry_run`` shows sigma and the budget impact only."""
-    return service.release_class_sizes(session, principal=principal, ledger=ctx.ledger,
+    return class_sizes.release_class_sizes(session, principal=principal, ledger=ctx.ledger,
                                        dataset_id=dataset_id, body=body)
 
 
@@ -103,6 +103,6 @@ def delete_dataset(dataset_id: str, ctx: ContextDep, session: SessionDep,
     """Delete the dataset's stored data (409 while a job on it runs). The row, its budget,
     its ledger entries and its record hashes remain: a re-upload of its records is still
     refused or linked to the same, still-charged budget."""
-    dataset = service.delete_dataset(session, principal=principal, store=ctx.store,
+    dataset = deletion.delete_dataset(session, principal=principal, store=ctx.store,
                                      dataset_id=dataset_id)
     return dataset_out(dataset, owner=True)

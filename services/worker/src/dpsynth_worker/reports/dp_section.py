@@ -1,8 +1,10 @@
-"""The report's DP evaluation and selection sections (issue 13, item 6).
+"""The report's privacy sections: the DP evaluation and selection sections (issue 13, item
+6), the held-out caveat and the note on which ε is the guarantee (issue 15, items 4 and 8).
 
-A DP evaluation's released numbers (labelled DP, with ε, δ, σ and the public N̂_h) come
-first; then the selection caveat of a report on private data: its non-DP numbers are not
-covered by the released epsilon if a corpus is chosen by them.
+A held-out caveat (the held-out records could not all be checked against the model
+lineage's training data) comes first; then a DP evaluation's released numbers (labelled DP,
+with ε, δ, σ and the public N̂_h); then the selection caveat of a report on private data: its
+non-DP numbers are not covered by the released epsilon if a corpus is chosen by them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ def dp_section(doc: Mapping[str, Any]) -> str:
             f"{terms}<small>{escape(str(dp.get('statement', '')))}</small></div>"
             "<table><thead><tr><th>metric</th><th>released (DP)</th><th>clipped to [0, 1]"
             f"</th></tr></thead><tbody>{rows}</tbody></table></section>")
+
+
+EPSILON_NOTE = ('<p class="note"><small>Which ε is the guarantee: the dataset\'s spent '
+                '(filter) figure. The job ε is the model\'s standalone figure and the tight '
+                "figure is not a guarantee under adaptive use; every ε is explained in "
+                "dpsynth's docs/epsilons.md.</small></p>")
+"""Under the privacy cards: which figure to rely on, and where each is explained."""
 
 
 def holdout_section(doc: Mapping[str, Any]) -> str:
