@@ -332,7 +332,6 @@ class EvaluateSpec(_Spec):
 
 JobSpec = Annotated[PretrainSpec | FinetuneSpec | GenerateSpec | FeatureNetSpec | EvaluateSpec,
                     Field(discriminator="type")]
-JobType = Literal["pretrain", "finetune", "generate", "feature_net", "evaluate"]
 
 
 def steps_for(*, epochs: float, expected_batch_size: int, declared_size: int) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsynth_shared.job_states import JobState
+from dpsynth_shared.job_types import JobType
 
 
 class _Body(BaseModel):
@@ -85,16 +86,13 @@ class CorpusRef(BaseModel):
     budget_id: str | None = Field(None, description="a DP model's budget (its dataset's)")
 
 
-JobKind = Literal["pretrain", "finetune", "generate", "feature_net", "evaluate"]
-
-
 class Claim(BaseModel):
     """Everything a worker needs to run one attempt of a job."""
 
     job_id: str
     tenant_id: str
     attempt: int
-    type: JobKind
+    type: JobType
     spec: dict[str, Any]
     dataset: DatasetInfo | None = None
     base_model: ModelRef | None = None

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from dpsynth_shared.evaluation import EvaluationReport
 from dpsynth_shared.job_specs import JobSpec
 from dpsynth_shared.job_states import JobState
+from dpsynth_shared.job_types import JobType
 from fastapi import APIRouter, Body, Query, Response
 from fastapi.responses import StreamingResponse
 
@@ -47,8 +48,7 @@ def submit_job(spec: Annotated[JobSpec, Body()], response: Response, session: Se
 def list_jobs(session: SessionDep, principal: ReaderDep,
               limit: Annotated[int, Query(ge=1, le=200)] = 50, cursor: str | None = None,
               state: JobState | None = None,
-              type: Literal["pretrain", "finetune", "generate", "feature_net",
-                            "evaluate"] | None = None) -> JobPage:
+              type: JobType | None = None) -> JobPage:
     """The tenant's jobs, newest first, filtered by state and type."""
     jobs, artifacts = service.list_jobs(session, principal=principal, limit=limit, cursor=cursor,
                                         state=state, job_type=type)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.job_types import JobType
 from dpsynth_shared.logging import job_id_var
 from dpsynth_shared.object_store import ObjectStore
 from dpsynth_shared.worker_contract import Claim
@@ -34,9 +35,10 @@ from dpsynth_worker.runners.pretrain import run_pretrain
 
 log = logging.getLogger(__name__)
 
-RUNNERS: dict[str, Callable[[JobContext], Outcome]] = {
-    "pretrain": run_pretrain, "finetune": run_finetune, "generate": run_generate,
-    "feature_net": run_feature_net, "evaluate": run_evaluate}
+RUNNERS: dict[JobType, Callable[[JobContext], Outcome]] = {
+    JobType.PRETRAIN: run_pretrain, JobType.FINETUNE: run_finetune,
+    JobType.GENERATE: run_generate, JobType.FEATURE_NET: run_feature_net,
+    JobType.EVALUATE: run_evaluate}
 
 #: Failures of an evaluation on private data whose detail concerns only public inputs (the
 #: feature network's check on its public validation records, the worker's Inception weights).
