@@ -97,3 +97,16 @@ def model_body(model_id: str = "mdl_1", **fields: Any) -> dict[str, Any]:
         "size_bytes": 4321, "created_at": CREATED_AT}
     body.update(fields)
     return body
+
+
+def use_fake_api(monkeypatch: Any) -> FakeApi:
+    """A :class:`FakeApi` that every CLI command of the test talks to (the CLI's client is
+    built on the fake's transport)."""
+    from dpsynth_cli import common
+    from dpsynth_client import Client
+
+    fake = FakeApi()
+    monkeypatch.setattr(common.CliState, "client",
+                        lambda self: Client("http://api.test", fake.key,
+                                            transport=fake.transport()))
+    return fake

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dpsynth_cli import common
 from dpsynth_cli.main import app
 from dpsynth_cli.views import budget_lines, budget_warning, progress_text
-from dpsynth_client import Client
 from typer.testing import CliRunner
 
 from tests.unit.cli.fake_api import FakeApi, problem
@@ -19,15 +17,6 @@ BUDGET = {"dataset_id": "ds_1", "epsilon_limit": 8.0, "delta": 1e-6,
           "dataset_epsilon_spent": 3.5, "dataset_tight_epsilon": 2.9,
           "dataset_epsilon_reserved": 1.0, "dataset_epsilon_remaining": 3.5,
           "admission_order": 12, "accountant": "rdp-filter"}
-
-
-@pytest.fixture()
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
-    return fake
 
 
 runner = CliRunner()

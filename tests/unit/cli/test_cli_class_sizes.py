@@ -6,23 +6,12 @@ import json
 
 import httpx
 import pytest
-from dpsynth_cli import common
 from dpsynth_cli.main import app
-from dpsynth_client import Client
 from typer.testing import CliRunner
 
 from tests.unit.cli.fake_api import FakeApi, problem
 
 runner = CliRunner()
-
-
-@pytest.fixture()
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
-    return fake
 
 
 @pytest.mark.parametrize("dry", [True, False])

@@ -10,7 +10,6 @@ import pytest
 from dpsynth_cli import common, resources
 from dpsynth_cli.flags import ALIASES, UPLOAD_FLAGS, Vocabulary
 from dpsynth_cli.main import app
-from dpsynth_client import Client
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -33,15 +32,6 @@ OVER_LIMIT = {
     "target_epsilon": 8.0, "max_admissible_target_epsilon": 1.7599, "epsilon_limit": 2.0,
     "suggested_target_epsilon": 1.75, "rdp_after": 35.3, "rdp_budget": 1.05,
     "admission_order": 12}
-
-
-@pytest.fixture()
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
-    return fake
 
 
 def _answer(api: FakeApi, method: str, path: str, status: int, code: str,

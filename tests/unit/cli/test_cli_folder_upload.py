@@ -10,25 +10,13 @@ from email.policy import HTTP
 from pathlib import Path
 
 import httpx
-import pytest
-from dpsynth_cli import common
 from dpsynth_cli.main import app
-from dpsynth_client import Client
 from PIL import Image
 from typer.testing import CliRunner
 
 from tests.unit.cli.fake_api import FakeApi, dataset_body
 
 runner = CliRunner()
-
-
-@pytest.fixture()
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
-    return fake
 
 
 def _png() -> bytes:

@@ -7,11 +7,8 @@ import json
 from pathlib import Path
 
 import httpx
-import pytest
-from dpsynth_cli import common
 from dpsynth_cli.main import app
 from dpsynth_cli.views import model_privacy_lines
-from dpsynth_client import Client
 from dpsynth_shared.ledger_contract import LINEAGE_LABEL
 from typer.testing import CliRunner
 
@@ -20,15 +17,6 @@ from tests.unit.cli.fake_api import FakeApi
 runner = CliRunner()
 MODEL = {"model_id": "mdl_2", "dp": True, "job_ids": ["job_1", "job_2"], "job_epsilon": 1.2,
          "job_epsilon_label": LINEAGE_LABEL, "dataset_epsilon_spent": 2.6, "delta": 1e-6}
-
-
-@pytest.fixture()
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
-    return fake
 
 
 def test_models_show_labels_a_lineage_epsilon_beside_the_filter_figure(api: FakeApi) -> None:

@@ -14,25 +14,14 @@ import pytest
 from dpsynth_api.datasets.schemas import DatasetOut
 from dpsynth_api.jobs.schemas import DryRun, JobOut
 from dpsynth_api.models.schemas import ModelOut
-from dpsynth_cli import common
 from dpsynth_cli.main import app
 from dpsynth_cli.summaries import dry_run_line
-from dpsynth_client import Client
 from typer.testing import CliRunner
 
 from tests.unit.cli.fake_api import FakeApi, dataset_body, job_body, model_body
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "200"}
-
-
-@pytest.fixture()
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
-    return fake
 
 
 @pytest.fixture()

@@ -9,14 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
-from dpsynth_cli import common
 from dpsynth_cli.main import app
-from dpsynth_client import Client
 from rich.cells import cell_len
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from tests.unit.cli.fake_api import FakeApi
+from tests.unit.cli.fake_api import FakeApi, use_fake_api
 
 runner = CliRunner()
 
@@ -55,10 +53,7 @@ def test_the_disaster_recovery_commands_say_so_first() -> None:
 
 @pytest.fixture()
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
+    fake = use_fake_api(monkeypatch)
     fake.route("POST", "/v1/admin/ledger/reconcile", lambda r: httpx.Response(200, json={
         "ok": True, "spent_before": {"ds_1": 1.0}, "spent_after": {"ds_1": 2.5},
         "entries_replayed": 3, "jobs_recharged": ["job_1"], "notes": []}))

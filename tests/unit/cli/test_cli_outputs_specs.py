@@ -9,13 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 import typer
-from dpsynth_cli import common
 from dpsynth_cli.main import app
 from dpsynth_cli.specs import apply_overrides, parse_override
-from dpsynth_client import Client
 from typer.testing import CliRunner
 
-from tests.unit.cli.fake_api import FakeApi, job_body
+from tests.unit.cli.fake_api import FakeApi, job_body, use_fake_api
 
 runner = CliRunner()
 RECIPE = """name: digits-dp-finetune
@@ -52,10 +50,7 @@ def test_a_malformed_pair_is_refused(pair: str) -> None:
 
 @pytest.fixture()
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
+    fake = use_fake_api(monkeypatch)
     fake.route("POST", "/v1/jobs", lambda r: httpx.Response(201, json=job_body(
         "job_1", "finetune", spec=json.loads(r.content))))
     return fake

@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx
 import pytest
-from dpsynth_cli import common
 from dpsynth_cli.main import app
 from dpsynth_cli.views import (
     FD_NAME,
@@ -49,15 +48,6 @@ REPORT: dict[str, Any] = {
                       "median_ratio": 0.93}],
     "notes": ["classifier hyperparameters fixed in advance"],
 }
-
-
-@pytest.fixture()
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
-    return fake
 
 
 runner = CliRunner()

@@ -14,12 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from dpsynth_cli import common
 from dpsynth_cli.ledger import verify_export
 from dpsynth_cli.main import app
 from dpsynth_cli.views import budget_lines, spent_after_warning
-from dpsynth_client import Client
 from dpsynth_shared.dp_events import GENESIS_HASH, chain_hash
 from dpsynth_shared.grants import generate_signing_key, key_id_of, public_key_of, sign_message
 from dpsynth_shared.ledger_contract import signed_message
@@ -61,15 +58,6 @@ def signed_export(key: str = KEY) -> dict[str, Any]:
 
 SERVER_OK = {"ok": True, "entries": 4, "head": "h" * 64, "problems": [], "details": {},
              "signatures_checked": 6}
-
-
-@pytest.fixture()
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
-    return fake
 
 
 def test_an_untouched_export_verifies_locally() -> None:

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dpsynth_cli import common
 from dpsynth_cli.main import app
 from dpsynth_client import Client
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from typer.testing import CliRunner
 
-from tests.unit.cli.fake_api import FakeApi, problem
+from tests.unit.cli.fake_api import FakeApi, problem, use_fake_api
 
 runner = CliRunner()
 PAYLOAD = b"PK\x03\x04" + bytes(range(256)) * 8000
@@ -20,15 +19,12 @@ PAYLOAD = b"PK\x03\x04" + bytes(range(256)) * 8000
 
 @pytest.fixture()
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
+    fake = use_fake_api(monkeypatch)
     fake.route("GET", "/v1/models/mdl_1/download",
                lambda r: httpx.Response(200, content=PAYLOAD,
                                         headers={"content-type": "application/zip"}))
     fake.route("GET", "/v1/models/mdl_t/download", lambda r: problem(
         409, "not_publishable", "trained with an injected test generator", rng="test"))
-    monkeypatch.setattr(common.CliState, "client",
-                        lambda self: Client("http://api.test", fake.key,
-                                            transport=fake.transport()))
     return fake
 
 
