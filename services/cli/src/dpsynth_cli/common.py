@@ -116,6 +116,17 @@ def cli_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def print_rows(rows: Iterable[tuple[str, str]], *, indent: str = "",
+               styles: dict[str, str] | None = None) -> None:
+    """Label / value lines with the values aligned (the human view of one object: a job, a
+    budget, a model, a dry run's plan); ``styles`` by label, e.g. the budget's warning."""
+    rows = list(rows)
+    width = max((len(label) for label, _ in rows), default=0)
+    for label, value in rows:
+        console.print(f"{indent}{label:<{width}}  {value}", style=(styles or {}).get(label, ""),
+                      highlight=False, markup=False, soft_wrap=True)
+
+
 def print_json(data: Any) -> None:
     """Pretty JSON on stdout."""
     console.print_json(json.dumps(data, default=str))

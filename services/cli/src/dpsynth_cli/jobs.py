@@ -10,7 +10,15 @@ import yaml
 from dpsynth_client import Client
 from dpsynth_shared.errors import DpsynthError
 
-from dpsynth_cli.common import cli_errors, console, err_console, print_json, print_table, state_of
+from dpsynth_cli.common import (
+    cli_errors,
+    console,
+    err_console,
+    print_json,
+    print_rows,
+    print_table,
+    state_of,
+)
 from dpsynth_cli.follow import watch_job
 from dpsynth_cli.options import (
     CliTyper,
@@ -108,10 +116,7 @@ def _print_dry_run(client: Client, spec: dict[str, Any], result: dict[str, Any],
                           soft_wrap=True)
     if mode is Output.QUIET:
         return
-    rows = dry_run_rows(result)
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        console.print(f"  {label:<{width}}  {value}", highlight=False, soft_wrap=True)
+    print_rows(dry_run_rows(result), indent="  ")
     if result.get("spec"):
         console.print("the spec as it would run (defaults filled in):", highlight=False)
         console.print(yaml.safe_dump(result["spec"], sort_keys=False).rstrip(),
@@ -155,10 +160,7 @@ def show(ctx: typer.Context, job_id: JobIdArg, json_: JsonFlag = False) -> None:
     if json_:
         print_json(job)
         return
-    rows = job_rows(job)
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        console.print(f"{label:<{width}}  {value}", highlight=False, soft_wrap=True)
+    print_rows(job_rows(job))
 
 
 @app.command("cancel")

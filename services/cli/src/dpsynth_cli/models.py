@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
-from dpsynth_cli.common import cli_errors, console, err_console, print_json, print_table, state_of
+from dpsynth_cli.common import (
+    cli_errors,
+    console,
+    err_console,
+    print_json,
+    print_rows,
+    print_table,
+    state_of,
+)
 from dpsynth_cli.options import CliTyper, JsonFlag, output_mode
 from dpsynth_cli.resources import print_created
 from dpsynth_cli.summaries import model_line
@@ -68,10 +76,7 @@ def show_model(ctx: typer.Context, model_id: ModelIdArg, json_: JsonFlag = False
             ("publishable", "yes" if body.get("publishable") else "no"),
             ("sha256", str(body.get("sha256") or "-")),
             ("created", str(body.get("created_at") or "-"))]
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        console.print(f"{label:<{width}}  {value}", highlight=False, markup=False,
-                      soft_wrap=True)
+    print_rows(rows)
 
 
 @app.command("download")

@@ -12,6 +12,7 @@ from dpsynth_cli.common import (
     cli_errors,
     console,
     print_json,
+    print_rows,
     print_table,
     state_of,
 )
@@ -376,9 +377,4 @@ def _print_budget(body: dict[str, Any], json_: bool) -> None:
     if json_:
         print_json(body)
         return
-    rows = budget_lines(body)
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
-        style = "bold yellow" if label == "warning" else ""
-        console.print(f"{label:<{width}}  {value}", style=style, highlight=False,
-                      soft_wrap=True)
+    print_rows(budget_lines(body), styles={"warning": "bold yellow"})
