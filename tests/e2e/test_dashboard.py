@@ -114,11 +114,13 @@ def _disjoint_digits(tmp: Path, sizes: tuple[int, ...]) -> list[Path]:
 
 def _wait(driver: Any, view: str, timeout: float = 60) -> None:
     def loaded(d: Any) -> bool:
-        body = d.find_element("tag name", "body")
-        state = body.get_attribute("data-ready")
+        # Both attributes in ONE read: read one by one, a poll could see the old view's
+        # "ready" and the new view's name and act on rows the new render then replaces.
+        shown, state = d.execute_script(
+            "return [document.body.dataset.view, document.body.dataset.ready];")
         if state == "error":
             raise AssertionError(d.find_element("id", "status").text)
-        return body.get_attribute("data-view") == view and state == "true"
+        return bool(shown == view and state == "true")
 
     WebDriverWait(driver, timeout).until(loaded)
 
