@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import dpsynth_ml
@@ -18,8 +17,8 @@ from dpsynth_ml.checkpoint import read_trainer_state
 from dpsynth_ml.model_io import load_model
 from dpsynth_ml.trainable import lora_target_names, plain_unet, trainable_parameter_names
 from dpsynth_shared.job_specs import FinetuneSpec
-from dpsynth_shared.worker_contract import DatasetInfo, ModelRef
-from dpsynth_worker.runners import finetune as runner
+from dpsynth_shared.worker_contract import DatasetInfo
+from dpsynth_worker.runners.training_specs import finetune_training_spec
 from pydantic import ValidationError
 
 from tests.unit.worker.fakes import FakeLedger, FakeReservation
@@ -177,9 +176,9 @@ TRAININGS: list[dict[str, Any]] = [
 @pytest.mark.parametrize("training", TRAININGS)
 def test_the_worker_builds_a_dp_spec_from_every_finetune_job(
         training: dict[str, Any], pretrained: TrainingResult) -> None:
-    """``dpsynth_worker.runners.finetune.training_spec`` is the only place the worker turns
-    a finetune job into a TrainingSpec: it never passes ``nonprivate`` (so the default False
-    holds) and always passes the reservation's DpSpec (or per-label DpSpecs)."""
+    """``dpsynth_worker.runners.training_specs.finetune_training_spec`` is the only place the
+    worker turns a finetune job into a TrainingSpec: it never passes ``nonprivate`` (so the
+    default False holds) and always passes the reservation's DpSpec (or per-label DpSpecs)."""
     ledger = FakeLedger()
     reservation = ledger.add(FakeReservation(
         reservation_id=f"res_{uuid.uuid4().hex}", job_id="job_x", dataset_id="ds_x",
@@ -190,13 +189,11 @@ def test_the_worker_builds_a_dp_spec_from_every_finetune_job(
         "privacy": {"target_epsilon": 1.0, "max_grad_norm": 1.0},
         "training": {"expected_batch_size": 8, **training}})
     names = [f"digit {i}" for i in range(10)]
-    inputs = runner._Inputs(
-        spec=spec, reservation=ledger.get_reservation(reservation.reservation_id),
+    built = finetune_training_spec(
+        spec, reservation=ledger.get_reservation(reservation.reservation_id),
         dataset=DatasetInfo(dataset_id="ds_x", visibility="private", object_key="k",
                             class_names=names, declared_size=NUM_RECORDS, delta=1e-5),
-        base=ModelRef(model_id="mdl_x", object_key="m"), base_dir=pretrained.model_dir,
-        data_path=Path("unused.npz"), resume_dir=None, ancestors=[])
-    built = runner.training_spec(SimpleNamespace(ml=dpsynth_ml), inputs)  # type: ignore[arg-type]
+        base=dpsynth_ml.read_model_info(pretrained.model_dir))
     assert isinstance(built, TrainingSpec)
     assert built.nonprivate is False
     # (epsilon, delta): the job's, for the fixed per-step work (dpsynth_ml.dp.padding)

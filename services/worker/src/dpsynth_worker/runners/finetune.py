@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import FinetuneSpec
 from dpsynth_shared.job_states import JobState
@@ -31,6 +30,7 @@ from dpsynth_worker.runners.hooks import LeasedHooks
 from dpsynth_worker.runners.outcome import Outcome, close_reservation, fail, propose, stopped
 from dpsynth_worker.runners.publish import publish_model
 from dpsynth_worker.runners.selection import fetch_dataset
+from dpsynth_worker.runners.training_specs import finetune_training_spec
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,10 @@ class _Inputs:
 def run_finetune(ctx: JobContext) -> Outcome:
     """Run one attempt of a DP finetune; see ``docs/architecture.md`` ("Job flow")."""
     inputs = _fetch_inputs(ctx)
-    training = training_spec(ctx, inputs)  # bad specs fail before private data is touched
+    # bad specs fail before private data is touched
+    training = finetune_training_spec(inputs.spec, reservation=inputs.reservation,
+                                      dataset=inputs.dataset,
+                                      base=ctx.ml.read_model_info(inputs.base_dir))
     ctx.ml.check_training(training, inputs.base_dir)
     _fetch_private_data(ctx, inputs)
     hooks = LeasedHooks(ctx, inputs.reservation.reservation_id)
@@ -120,115 +123,6 @@ def _dp_ancestors(base: ModelRef, dataset: DatasetInfo, base_dir: Path) -> list[
     if provenance.get("dataset_id") != base.dataset_id or not provenance.get("reservation_ids"):
         raise DpsynthError(ErrorCode.INVALID_MODEL, "the base model's DP provenance is missing")
     return [str(r) for r in provenance["reservation_ids"]]
-
-
-def planned_steps(reservation: Reservation) -> int:
-    """The job's training length as planned at admission (stable across extensions)."""
-    if reservation.steps_planned is not None:
-        return reservation.steps_planned
-    event = reservation.plan.event if reservation.plan else reservation.event
-    if not isinstance(event, DpSgdEvent):
-        raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label reservation has no single "
-                           "training length; see its per-class runs")
-    return event.steps
-
-
-def per_label_dp(inputs: _Inputs) -> dict[str, Any]:
-    """Each class's DpSpec, verbatim from the reservation's per-class runs.
-
-    σ_c, q_c = batch_c / N̂_c and the expected batch size are the ledger's (never recomputed
-    here); the length is the class's steps as planned at admission (stable across
-    extensions, like :func:`planned_steps`).
-
-    Raises:
-        DpsynthError: ``invalid_spec`` when the reservation is not per-label or does not run
-            exactly the dataset's classes.
-    """
-    from dpsynth_ml import DpSpec
-
-    parts = inputs.reservation.per_label
-    if parts is None:
-        raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label finetune needs a per-label "
-                           "reservation")
-    if set(parts) != set(inputs.dataset.class_names):
-        raise DpsynthError(ErrorCode.INVALID_SPEC, "the per-label reservation does not run "
-                           "exactly the dataset's classes")
-    return {name: DpSpec(noise_multiplier=part.event.noise_multiplier,
-                         sample_rate=part.event.sample_rate,
-                         expected_batch_size=part.expected_batch_size,
-                         max_grad_norm=inputs.spec.privacy.max_grad_norm,
-                         steps=part.steps_planned, **_padding_terms(inputs))
-            for name, part in sorted(parts.items())}
-
-
-def _padding_terms(inputs: _Inputs) -> dict[str, float | None]:
-    """The (epsilon, delta) that size the fixed per-step work making every step cost the
-    same (dpsynth_ml.dp.padding; docs/privacy.md, item 5). Both are public. epsilon is the
-    larger of the job's target and the dataset's limit: the filter keeps every figure of the
-    dataset at or below its limit, so the timing channel's (1 + e^ε)·η stays ≤ 1e-3·δ at the
-    dataset's figure too, not only at the job's own."""
-    plan = inputs.reservation.plan
-    delta = inputs.dataset.delta if inputs.dataset.delta is not None else (
-        plan.delta if plan is not None else None)
-    epsilon = inputs.spec.privacy.target_epsilon
-    limit = inputs.dataset.epsilon_limit
-    if epsilon is not None and limit is not None:
-        epsilon = max(epsilon, limit)
-    return {"epsilon": epsilon, "delta": delta}
-
-
-def map_classes(private_names: list[str], base_names: list[str],
-                class_map: dict[str, str]) -> dict[int, int]:
-    """Private class index -> base-model class index, from a name -> name map.
-
-    Raises:
-        DpsynthError: ``invalid_spec`` when a private class is unmapped or a target unknown.
-    """
-    unmapped = [n for n in private_names if n not in class_map]
-    unknown = sorted({t for t in class_map.values() if t not in base_names})
-    if unmapped or unknown:
-        raise DpsynthError(ErrorCode.INVALID_SPEC, "class_map must map every dataset class to "
-                           "a base-model class", unmapped=unmapped, unknown_targets=unknown)
-    return {i: base_names.index(class_map[n]) for i, n in enumerate(private_names)}
-
-
-def training_spec(ctx: JobContext, inputs: _Inputs) -> Any:
-    """The trainer's spec: shape from the base model, DP parameters from the reservation."""
-    from dpsynth_ml import DpSpec, TrainingSpec
-
-    base = ctx.ml.read_model_info(inputs.base_dir)
-    t, event = inputs.spec.training, inputs.reservation.event
-    class_map, num_classes = None, len(inputs.dataset.class_names)
-    if t.class_map is not None:
-        class_map = map_classes(inputs.dataset.class_names, list(base.class_names), t.class_map)
-        num_classes = base.num_classes
-    dp, by_label = None, None
-    if t.per_label:
-        by_label = per_label_dp(inputs)
-    elif not isinstance(event, DpSgdEvent) or inputs.reservation.expected_batch_size is None:
-        raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label reservation needs "
-                           "training.per_label")
-    else:
-        dp = DpSpec(noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate,
-                    expected_batch_size=inputs.reservation.expected_batch_size,
-                    max_grad_norm=inputs.spec.privacy.max_grad_norm,
-                    steps=planned_steps(inputs.reservation), **_padding_terms(inputs))
-    return TrainingSpec(kind="finetune", preset=base.preset, image_size=base.image_size,
-                        channels=base.channels, class_conditional=t.class_conditional,
-                        num_classes=num_classes, trainable=t.trainable,
-                        blocks=tuple(t.blocks) if t.blocks else None,
-                        lora_rank=t.lora_rank, lora_alpha=t.lora_alpha,
-                        train_embedder=t.train_embedder,
-                        noise_multiplicity=t.noise_multiplicity, ema_decay=t.ema_decay,
-                        warmup_steps=t.warmup_steps,
-                        learning_rate=t.learning_rate, label_dropout=t.label_dropout,
-                        max_physical_batch_size=t.max_physical_batch_size,
-                        class_map=class_map, checkpoint_every=t.checkpoint_every, dp=dp,
-                        per_label_dp=by_label, target=t.target,
-                        # the dataset's unit (from its row, via the claim): 'subject' trains
-                        # user-level DP-SGD; q and the batch size then count subjects
-                        privacy_unit=inputs.dataset.privacy_unit,
-                        max_images_per_subject=t.max_images_per_subject)
 
 
 def _upload_private_stats(ctx: JobContext, hooks: LeasedHooks) -> None:

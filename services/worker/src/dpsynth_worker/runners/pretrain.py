@@ -13,15 +13,13 @@ from dpsynth_worker.runners.hooks import PlainHooks
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
 from dpsynth_worker.runners.publish import publish_model
 from dpsynth_worker.runners.selection import fetch_dataset
+from dpsynth_worker.runners.training_specs import pretrain_training_spec
 
 log = logging.getLogger(__name__)
 
 
 def run_pretrain(ctx: JobContext) -> Outcome:
     """Download the public dataset, train, publish the model, propose ``succeeded``."""
-    from dpsynth_ml import TrainingSpec
-    from dpsynth_ml.spec import Architecture
-
     spec = PretrainSpec.model_validate(ctx.claim.spec)
     dataset = ctx.claim.dataset
     if dataset is None or dataset.visibility != "public":
@@ -29,18 +27,7 @@ def run_pretrain(ctx: JobContext) -> Outcome:
     ctx.heartbeat.phase("downloading dataset")
     data_path = ctx.work_dir / "data.npz"
     fetch_dataset(ctx, dataset, data_path)  # public data, with a derived dataset's selection
-    arch = spec.architecture
-    training = TrainingSpec(kind="pretrain", preset=spec.preset, image_size=spec.image_size,
-                            architecture=Architecture(unet_class=arch.unet_class,
-                                                      unet=dict(arch.unet), vae=dict(arch.vae))
-                            if arch is not None else None,
-                            layout_conditioning=spec.layout_conditioning,
-                            target=spec.target,
-                            channels=spec.channels, class_conditional=spec.class_conditional,
-                            num_classes=len(dataset.class_names),
-                            learning_rate=spec.learning_rate, epochs=spec.epochs,
-                            batch_size=spec.batch_size, label_dropout=spec.label_dropout,
-                            seed=spec.seed)
+    training = pretrain_training_spec(spec, dataset)
     ctx.heartbeat.phase("training")
     result = ctx.ml.train(training, dataset_path=data_path, out_dir=ctx.work_dir / "out",
                           hooks=PlainHooks(ctx))
