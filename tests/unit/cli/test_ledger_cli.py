@@ -197,3 +197,10 @@ def test_admin_set_policy(api: FakeApi) -> None:
     assert json.loads(api.requests[-1].content) == {"max_dataset_epsilon_limit": 4.0}
     result = runner.invoke(app, ["admin", "tenant", "set-policy", "ten_1", "--clear"])
     assert json.loads(api.requests[-1].content) == {"max_dataset_epsilon_limit": None}
+
+
+def test_an_entry_without_an_integer_seq_is_named_not_a_crash() -> None:
+    export = signed_export()
+    export["entries"][2]["seq"] = "4"  # a string, as a hand-edited export might carry
+    problems, _ = verify_export(export)
+    assert "entry 4: malformed (its seq is not an integer)" in problems

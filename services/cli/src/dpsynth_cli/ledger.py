@@ -115,6 +115,9 @@ def verify_export(export: dict[str, Any], *, public_key: str | None = None,
     spent = 0.0
     for e in entries:
         seq = e.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            problems.append(f"entry {seq}: malformed (its seq is not an integer)")
+            continue
         try:
             if entry_hash(e) != e.get("hash"):
                 problems.append(f"entry {seq}: hash mismatch (content altered)")

