@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dpsynth_api.jobs.evaluations import check_dp_reference, dp_plan, evaluation_privacy
+from dpsynth_api.jobs.kinds.evaluate import check_dp_reference, dp_plan, evaluation_privacy
 from dpsynth_api.tables import Dataset
 from dpsynth_shared.errors import DpsynthError
 from dpsynth_shared.evaluation import SELECTION_CAVEAT

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dpsynth_api.jobs.evaluations import check_dp_reference
+from dpsynth_api.jobs.kinds.evaluate import check_dp_reference
 from dpsynth_api.tables import Dataset
 from dpsynth_shared.errors import DpsynthError
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from dpsynth_shared.job_states import (
-    TERMINAL_STATES,
-    TRANSITIONS,
-    Actor,
-    Decision,
-    JobState,
-    decide_transition,
-)
+from dpsynth_api.jobs.states import TRANSITIONS, Actor, Decision, decide_transition
+from dpsynth_shared.job_states import TERMINAL_STATES, JobState
 
 S, A = JobState, Actor
 # The expected table, written out independently of TRANSITIONS.

@@ -203,7 +203,7 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
     if model_target(meta) == "masks":
         info["target"] = "masks"  # a layout generator (GenerateSpec.layout_source.model_id)
     if job.type == "feature_net":
-        # a feature network (jobs/evaluations.py): usable only as an evaluate job's
+        # a feature network (jobs/kinds/feature_net.py): usable only as an evaluate job's
         # feature_model_id, never as a diffusion base or a sampled model
         info["model_kind"] = "feature_net"
         feature = meta.get("feature_net")

@@ -9,7 +9,7 @@ from typing import Any
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.ids import new_artifact_id
-from dpsynth_shared.job_states import Actor, JobState, is_terminal
+from dpsynth_shared.job_states import JobState, is_terminal
 from dpsynth_shared.worker_contract import (
     Claim,
     ClaimRequest,
@@ -27,6 +27,7 @@ from dpsynth_api.internal.lineage import build_claim, register_model
 from dpsynth_api.jobs import repository as jobs_repo
 from dpsynth_api.jobs.schemas import result_keys
 from dpsynth_api.jobs.service import refuse, transition
+from dpsynth_api.jobs.states import Actor
 from dpsynth_api.settings import ApiSettings
 from dpsynth_api.tables import Artifact, Dataset, Job
 

@@ -5,7 +5,7 @@ corpus's model never saw. When some of them ARE training records of that model (
 linked with ``on_overlap: link`` that shares records with the reference, a dataset derived
 from one, a base model pretrained on a public dataset holding them), the report measures
 memorisation, not generalisation, and its accuracies and distances read better than they
-are. The check runs where evaluate specs are resolved (``evaluations.resolve_evaluate``:
+are. The check runs where evaluate specs are resolved (``kinds.evaluate.resolve_evaluate``:
 both the dry run and the submission), before the ledger records any read:
 
 * the LINEAGE of a corpus: the model its generate job sampled and the layout generator that

@@ -1,7 +1,8 @@
 """The reaper: finds jobs whose worker was lost and requeues or ends them.
 
 1. ``running`` / ``cancelling`` jobs whose heartbeat is older than ``lease_ttl_s`` become
-   ``interrupted`` / ``cancelled`` (the latter closes the ledger reservation ``cancelled``).
+   ``interrupted`` / ``cancelled`` (the latter closes the ledger reservation ``cancelled``:
+   an effect of the transition, ``jobs/states.py``).
 2. ``interrupted`` jobs are requeued with attempt + 1 (a new task is sent after the commit),
    or end ``failed`` (``too_many_attempts``, reservation closed ``failed``) after
    ``max_attempts`` lost attempts or ``max_drained_attempts`` drains. A drain is an attempt
@@ -15,7 +16,9 @@
    claim is fenced, exactly one claim of an attempt wins and the other is refused.
 
 Each job is handled in its own transaction, picked with ``FOR UPDATE SKIP LOCKED``, through
-the one transition function with actor REAPER, so several api replicas can reap at once.
+the one transition function with actor REAPER, so several api replicas can reap at once. A
+ledger error while a transition closes a reservation rolls that job's transaction back and
+is logged; the pass goes on with the next job, and the next pass tries that one again.
 
 After each pass (also one cut short by an error) the report's counts go to ``on_pass``: the
 app counts them in ``dpsynth_api_jobs_resent_total`` and
@@ -29,14 +32,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal
 
-from dpsynth_shared.job_states import WORKER_SHUTDOWN, Actor, JobState
+from dpsynth_shared.job_states import WORKER_SHUTDOWN, JobState
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpsynth_api.db import utcnow
 from dpsynth_api.jobs import repository as repo
 from dpsynth_api.jobs.service import transition
+from dpsynth_api.jobs.states import Actor
 from dpsynth_api.ports import LedgerPort, TaskSender
 
 log = logging.getLogger(__name__)
@@ -111,11 +114,6 @@ class Reaper:
                     log.exception("reaper pass callback failed")
         return report
 
-    def _close(self, reservation_id: str | None,
-               outcome: Literal["failed", "cancelled"]) -> None:
-        if reservation_id:
-            self.ledger.close_reservation(reservation_id, outcome)
-
     def _expire_lapsed(self, report: ReapReport) -> None:
         tried: set[str] = set()
         cutoff = utcnow() - timedelta(seconds=self.lease_ttl_s)
@@ -137,15 +135,15 @@ class Reaper:
         assert job is not None
         cancelling = job.state == JobState.CANCELLING
         target = JobState.CANCELLED if cancelling else JobState.INTERRUPTED
-        outcome = transition(session, job_id=job_id, to_state=target, actor=Actor.REAPER)
+        # cancelling -> cancelled closes the reservation 'cancelled' (jobs/states.py)
+        outcome = transition(session, job_id=job_id, to_state=target, actor=Actor.REAPER,
+                             ledger=self.ledger)
         if not outcome.accepted:
             session.rollback()
             return
         outcome.job.error_code = "worker_lost"
         outcome.job.error_message = (f"no heartbeat for {self.lease_ttl_s}s during attempt "
                                      f"{outcome.job.attempt}")
-        if cancelling:
-            self._close(outcome.job.reservation_id, "cancelled")
         session.commit()
         (report.cancelled if cancelling else report.interrupted).append(job_id)
         log.warning("job lost its worker", extra={"job_id": job_id, "state": str(target)})
@@ -176,7 +174,9 @@ class Reaper:
         lost = job.attempt - drained
         give_up = lost >= self.max_attempts or drained >= self.max_drained_attempts
         target = JobState.FAILED if give_up else JobState.QUEUED
-        outcome = transition(session, job_id=job_id, to_state=target, actor=Actor.REAPER)
+        # interrupted -> failed closes the reservation 'failed' (jobs/states.py)
+        outcome = transition(session, job_id=job_id, to_state=target, actor=Actor.REAPER,
+                             ledger=self.ledger)
         if not outcome.accepted:
             session.rollback()
             return None
@@ -189,7 +189,6 @@ class Reaper:
                 if lost >= self.max_attempts else
                 f"the job's worker was shut down {drained} times "
                 f"(max_drained_attempts {self.max_drained_attempts})")
-            self._close(job.reservation_id, "failed")
             session.commit()
             report.failed.append(job_id)
             return None

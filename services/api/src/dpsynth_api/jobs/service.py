@@ -1,8 +1,10 @@
 """Job use cases: the ONE transition function, reading, cancelling.
 
 Every job state change in the api goes through :func:`transition`: it locks the job row
-(``SELECT … FOR UPDATE``) and asks the state table
-(:func:`dpsynth_shared.job_states.decide_transition`, Prefect-style ACCEPT / REJECT / ABORT).
+(``SELECT … FOR UPDATE``), asks the state table
+(:func:`dpsynth_api.jobs.states.decide_transition`, Prefect-style ACCEPT / REJECT / ABORT)
+and applies the accepted transition's declared effects (:data:`dpsynth_api.jobs.states.EFFECTS`:
+closing the ledger reservation of a job cancelled or failed by a user or the reaper).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
-from dpsynth_shared.job_states import Actor, Decision, JobState, decide_transition, is_terminal
+from dpsynth_shared.job_states import JobState, is_terminal
 from sqlalchemy.orm import Session
 
 from dpsynth_api.db import utcnow
 from dpsynth_api.jobs import repository as repo
+from dpsynth_api.jobs.states import Actor, Decision, decide_transition, effects_of
 from dpsynth_api.ports import LedgerPort
 from dpsynth_api.tables import Artifact, Job
 from dpsynth_api.tenants.security import Principal
@@ -32,8 +35,10 @@ class TransitionOutcome:
 
 
 def transition(session: Session, *, job_id: str, to_state: JobState, actor: Actor,
-               attempt: int | None = None) -> TransitionOutcome:
-    """Lock the job and apply ``to_state`` when the state table accepts it (flush only).
+               attempt: int | None = None,
+               ledger: LedgerPort | None = None) -> TransitionOutcome:
+    """Lock the job and apply ``to_state`` when the state table accepts it (flush only),
+    then the transition's declared effects, still under the row lock and before the commit.
 
     Args:
         session: the caller's session; the caller commits.
@@ -41,9 +46,14 @@ def transition(session: Session, *, job_id: str, to_state: JobState, actor: Acto
         to_state: the proposed state.
         actor: who proposes it (user, worker or reaper).
         attempt: when given, the proposer's attempt; another attempt gets 409 ``stale_attempt``.
+        ledger: the ledger the effects close reservations at; required of a caller whose
+            transition can have one (a user's cancel, the reaper, a failed send).
 
     Returns:
         The decision, the state before, and the (locked) job; on REJECT / ABORT nothing changed.
+
+    Raises:
+        DpsynthError: an effect's ledger error (the caller rolls back: nothing changed).
     """
     job = repo.lock(session, job_id)
     if job is None:
@@ -55,6 +65,10 @@ def transition(session: Session, *, job_id: str, to_state: JobState, actor: Acto
     previous = JobState(job.state)
     decision = decide_transition(previous, to_state, actor)
     if decision is Decision.ACCEPT:
+        effects = effects_of(previous, to_state, actor)
+        if effects and ledger is None:
+            raise TypeError(f"the transition {previous} -> {to_state} by the {actor} has "
+                            "effects at the ledger: pass the ledger")
         now = utcnow()
         job.state = str(to_state)
         job.updated_at = now
@@ -63,6 +77,9 @@ def transition(session: Session, *, job_id: str, to_state: JobState, actor: Acto
         if is_terminal(to_state):
             job.finished_at = now
         session.flush()
+        if ledger is not None:  # never None when there are effects (checked above)
+            for effect in effects:
+                effect(job, ledger)
     return TransitionOutcome(decision, previous, job)
 
 
@@ -107,15 +124,16 @@ def cancel_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     """
     job = get_job(session, principal=principal, job_id=job_id)
     target = JobState.CANCELLING if job.state == JobState.RUNNING else JobState.CANCELLED
-    outcome = transition(session, job_id=job.id, to_state=target, actor=Actor.USER)
+    # queued / interrupted -> cancelled closes the reservation (an effect of the transition,
+    # jobs/states.py) under the row lock, before the commit: no worker can claim the job
+    # while the ledger releases it.
+    outcome = transition(session, job_id=job.id, to_state=target, actor=Actor.USER,
+                         ledger=ledger)
     if not outcome.accepted:
         if outcome.previous is JobState.CANCELLING:
             session.rollback()
             return outcome.job  # already being cancelled: idempotent
         session.rollback()
         raise refuse(outcome, target)
-    if target is JobState.CANCELLED and outcome.job.reservation_id:
-        # Under the row lock no worker can claim the job while the ledger releases it.
-        ledger.close_reservation(outcome.job.reservation_id, "cancelled")
     session.commit()
     return outcome.job

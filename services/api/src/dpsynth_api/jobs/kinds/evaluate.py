@@ -1,77 +1,71 @@
-"""The inputs and rules of ``feature_net`` and ``evaluate`` jobs (issue 5, item 2).
+"""Admitting an ``evaluate`` job (issue 5, item 2).
 
-* ``feature_net`` trains a feature network WITHOUT privacy, so it accepts PUBLIC datasets
-  only (422 ``visibility_mismatch``); the model it registers carries
-  ``model_kind: feature_net`` and can be used only as an evaluate job's ``feature_model_id``
-  (never as a finetune base or a generate model: 422 ``invalid_spec``).
-* ``evaluate`` compares a corpus artifact of the tenant (404 otherwise) with a reference
-  dataset's held-out records (422 ``no_holdout`` without them; 410 when deleted). On a
-  PRIVATE reference it reads private data outside any DP mechanism: it needs the ``owner``
-  scope (403), the ledger records the read (``POST /v1/evaluations``: an
-  ``evaluation_authorised`` entry, no epsilon charged) before the job exists, its report is
-  owner-only and labelled non-DP, and every later release of a corpus of the same budget
-  lists it in its manifest (``artifacts/releases.py``).
-* ``evaluate`` is refused (409 ``holdout_trained_on``) when the
-  reference's held-out records were trained on by the corpus's model or its lineage
-  (``jobs/eval_overlap.py``; issue 15, item 8); where that cannot be decided, the privacy
-  block's ``holdout_overlap`` carries the caveat for the report's headline.
+An evaluate job compares a corpus artifact of the tenant (404 otherwise) with a reference
+dataset's held-out records (422 ``no_holdout`` without them; 410 when deleted), optionally
+through a feature network of the tenant (``kinds/feature_net.py``). On a PRIVATE reference
+it reads private data outside any DP mechanism: it needs the ``owner`` scope (403), the
+ledger records the read (``POST /v1/evaluations``: an ``evaluation_authorised`` entry, no
+epsilon charged) before the job exists, its report is owner-only and labelled non-DP, and
+every later release of a corpus of the same budget lists it in its manifest
+(``artifacts/releases.py``).
+
+It is refused (409 ``holdout_trained_on``) when the reference's held-out records were
+trained on by the corpus's model or its lineage (``jobs/eval_overlap.py``; issue 15, item
+8); where that cannot be decided, the privacy block's ``holdout_overlap`` carries the caveat
+for the report's headline.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.evaluation import SELECTION_CAVEAT
-from dpsynth_shared.job_specs import EvaluateSpec, FeatureNetSpec, public_holdout_size
+from dpsynth_shared.job_specs import EvaluateSpec, public_holdout_size
+from dpsynth_shared.job_types import JobType
+from dpsynth_shared.release_contract import EvaluationRequest
 from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.derive import check_not_deleted, selection_of
 from dpsynth_api.datasets.service import get_dataset
 from dpsynth_api.jobs.eval_overlap import HoldoutCheck, check_holdout_not_trained_on
+from dpsynth_api.jobs.kinds.base import Admission, AdmitContext, budget_terms
+from dpsynth_api.jobs.kinds.feature_net import is_feature_net
 from dpsynth_api.models.service import get_model
+from dpsynth_api.ports import LedgerPort
 from dpsynth_api.tables import Artifact, Dataset, Job, Model
 from dpsynth_api.tenants.security import Principal, Scope
 
-FEATURE_NET = "feature_net"
-"""``Model.info["model_kind"]`` of a feature network (set only from a feature_net job)."""
 
-
-def is_feature_net(model: Model) -> bool:
-    """Whether a model is a feature network (not a diffusion model)."""
-    return (model.info or {}).get("model_kind") == FEATURE_NET
-
-
-def refuse_feature_net(model: Model, role: str) -> None:
-    """A feature network cannot be a diffusion model's base or be sampled.
+def admit(ctx: AdmitContext, spec: EvaluateSpec) -> Admission:
+    """The reference dataset of an evaluate job, its privacy block, and, on submission, the
+    ledger's record of the read (:func:`authorise`).
 
     Raises:
-        DpsynthError: 422 ``invalid_spec``.
+        DpsynthError: the refusals of :func:`resolve_evaluate`.
     """
-    if is_feature_net(model):
-        raise DpsynthError(ErrorCode.INVALID_SPEC,
-                           f"model {model.id} is a feature network (a feature_net job's "
-                           f"classifier), not a diffusion model: it cannot be the {role}; use "
-                           "it as an evaluate job's feature_model_id", model_id=model.id)
+    reference, _, _, check = resolve_evaluate(ctx.session, ctx.principal, spec)
+    return Admission(dataset=reference,
+                     plan=evaluation_privacy(reference, None, spec, check=check),
+                     authorise=partial(authorise, principal=ctx.principal, dataset=reference,
+                                       job_id=ctx.job_id, spec=spec, check=check))
 
 
-def resolve_feature_net(session: Session, principal: Principal,
-                        spec: FeatureNetSpec) -> Dataset:
-    """The public dataset a feature_net job trains on.
-
-    Raises:
-        DpsynthError: 404, 410 ``dataset_deleted``, 422 ``visibility_mismatch``.
-    """
-    dataset = get_dataset(session, principal=principal, dataset_id=spec.dataset_id)
-    check_not_deleted(dataset)
-    if dataset.visibility != "public":
-        raise DpsynthError(ErrorCode.VISIBILITY_MISMATCH,
-                           f"dataset {dataset.id} is {dataset.visibility}: feature_net jobs "
-                           "train without differential privacy, so they only accept PUBLIC "
-                           "datasets", dataset_visibility=dataset.visibility,
-                           job_type="feature_net")
-    return dataset
+def authorise(ledger: LedgerPort, *, principal: Principal, dataset: Dataset, job_id: str,
+              spec: EvaluateSpec, check: HoldoutCheck | None) -> dict[str, Any]:
+    """An evaluate job's privacy block; on a PRIVATE reference the ledger first records the
+    non-DP read (before the job row exists: a read is never unrecorded, at worst an
+    authorisation is recorded for a job that never ran)."""
+    evaluation_id = None
+    if dataset.visibility == "private":
+        budget_id, _ = budget_terms(dataset)
+        evaluation = ledger.authorise_evaluation(EvaluationRequest(
+            dataset_id=budget_id, job_id=job_id, reference_dataset_id=dataset.id,
+            requested_by=principal.key_id))
+        evaluation_id = evaluation.evaluation_id
+    return evaluation_privacy(dataset, evaluation_id, spec, check=check)
 
 
 def corpus_artifact(session: Session, *, tenant_id: str, artifact_id: str) -> Artifact:
@@ -90,7 +84,7 @@ def feature_model(session: Session, principal: Principal, model_id: str) -> Mode
     """
     model = get_model(session, principal=principal, model_id=model_id)
     producer = session.get(Job, model.produced_by_job_id) if model.produced_by_job_id else None
-    if not is_feature_net(model) or producer is None or producer.type != FEATURE_NET:
+    if not is_feature_net(model) or producer is None or producer.type != JobType.FEATURE_NET:
         raise DpsynthError(ErrorCode.INVALID_SPEC,
                            f"model {model.id} is not a feature network: feature_model_id takes "
                            "the model of a feature_net job", model_id=model.id)
@@ -208,14 +202,14 @@ def dp_plan(dataset: Dataset, spec: EvaluateSpec) -> dict[str, Any] | None:
     }
 
 
-def evaluation_privacy(dataset: Dataset, evaluation_id: str | None, spec: object = None, *,
+def evaluation_privacy(dataset: Dataset, evaluation_id: str | None, spec: EvaluateSpec, *,
                        check: HoldoutCheck | None = None) -> dict[str, Any]:
     """The privacy block of an evaluate job (shown by ``dry_run`` and on the job); ``dp``
     is the DP release's plan for an evaluate spec with ``dp``; ``check`` the held-out check
     :func:`resolve_evaluate` made (its caveat leads the notes and the report)."""
     private = dataset.visibility == "private"
     block: dict[str, Any] = {
-        "dp": dp_plan(dataset, spec) if isinstance(spec, EvaluateSpec) else None,
+        "dp": dp_plan(dataset, spec),
         "epsilon_charged": 0.0,
         "non_dp_read": private,
         "reference_visibility": dataset.visibility,

@@ -1,4 +1,9 @@
-"""Where a generate job's layout masks come from (DP-DocLDM layout conditioning).
+"""Admitting a ``generate`` job, and where its layout masks come from (DP-DocLDM layout
+conditioning).
+
+A generate job samples a diffusion model of the tenant; never a feature network
+(``kinds/feature_net.py``) and never a model trained with a test random generator (its noise
+is predictable: no DP guarantee, so its samples are never released; docs/privacy.md).
 
 Only PUBLIC masks may condition sampling: a public dataset (such as the synthetic documents
 of :mod:`dpsynth_shared.documents`) or masks their uploader declared public (the dataset
@@ -22,10 +27,36 @@ from dpsynth_shared.job_specs import GenerateSpec
 from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.service import get_dataset
+from dpsynth_api.jobs.kinds.base import Admission, AdmitContext
+from dpsynth_api.jobs.kinds.feature_net import refuse_feature_net
 from dpsynth_api.models.conditioning import check_layout_generator, layout_channels
 from dpsynth_api.models.service import get_model
 from dpsynth_api.tables import Dataset, Model
 from dpsynth_api.tenants.security import Principal
+
+
+def admit(ctx: AdmitContext, spec: GenerateSpec) -> Admission:
+    """The model a generate job samples and its layout source, recorded in the job's result
+    (the public dataset and who declared it public, or the layout generator).
+
+    Raises:
+        DpsynthError: 404 for a model the tenant does not have; 422 ``invalid_spec`` for a
+            feature network; 409 ``not_publishable`` for a test-rng model; the layout
+            source's refusals (:func:`resolve_layout_source`).
+    """
+    model = get_model(ctx.session, principal=ctx.principal, model_id=spec.model_id)
+    refuse_feature_net(model, "model a generate job samples")
+    if model.rng == "test":
+        # docs/privacy.md: a model trained with a test-injected seeded generator has
+        # predictable noise; its outputs carry no DP guarantee and are never released.
+        raise DpsynthError(ErrorCode.NOT_PUBLISHABLE,
+                           f"model {model.id} was trained with a test random generator "
+                           "(rng: test); its samples can never be published")
+    layout = resolve_layout_source(ctx.session, principal=ctx.principal, spec=spec, model=model)
+    result: dict[str, Any] = {}
+    if spec.layout_source and layout:
+        result["layout_source"] = layout_record(layout, per_class=spec.layout_source.per_class)
+    return Admission(model_id=model.id, result=result)
 
 
 def resolve_layout_source(session: Session, *, principal: Principal, spec: GenerateSpec,
