@@ -4,11 +4,13 @@ For each trainable set (``full``, ``attention``, ``lora``) the same pretrained m
 examples and the same batch are finetuned twice through the ML core's real entry point,
 :func:`dpsynth_ml.train`:
 
-* **DP**: ``TrainingSpec(dp=DpSpec(...))``, the path every finetune job takes: opacus
+* **DP**: ``FinetuneTraining(privacy=RecordLevel(DpSpec(...)))``, the path every finetune
+  job takes: opacus
   ``GradSampleModule`` per-example gradients, per-example clipping to C, one Gaussian draw
   per logical step, AdamW (``dpsynth_ml.dp.DpSgdEngine``).
-* **non-DP**: ``TrainingSpec(nonprivate=True)`` (benchmarks only): the same trainable set,
-  loss, optimiser and data, the plain gradient of the minibatch's mean loss.
+* **non-DP**: :func:`benchmarks.nonprivate_finetune.train_nonprivate` (benchmarks only,
+  never reachable from the product): the same trainable set, loss, optimiser and data, the
+  plain gradient of the minibatch's mean loss.
 
 The dataset has exactly ``batch`` records and the DP sample rate is q = 1, so every DP step's
 Poisson batch IS the whole dataset: both modes process exactly ``batch`` examples per step
@@ -152,29 +154,32 @@ class TimingHooks:
 def _child(config: dict[str, Any]) -> dict[str, Any]:
     """Run ONE configuration (mode, dp or not) and return its measurements."""
     import torch
-    from dpsynth_ml import DpSpec, TrainingSpec, train
+    from dpsynth_ml import DpSpec, FinetuneTraining, RecordLevel, train
+
+    from benchmarks.nonprivate_finetune import NonprivateFinetune, train_nonprivate
 
     if config["threads"]:
         torch.set_num_threads(int(config["threads"]))
     steps = int(config["warmup"]) + int(config["measured"])
     batch = int(config["batch"])
     common: dict[str, Any] = dict(
-        kind="finetune", preset=config["preset"], image_size=config["image_size"],
-        channels=1, num_classes=10, trainable=config["mode"], lora_rank=config["lora_rank"],
-        learning_rate=1e-4, batch_size=batch, max_physical_batch_size=batch,
+        image_size=config["image_size"], channels=1, num_classes=10, trainable=config["mode"],
+        lora_rank=config["lora_rank"], learning_rate=1e-4, max_physical_batch_size=batch,
         checkpoint_every=steps, label_dropout=0.1)
-    if config["dp"]:
-        spec = TrainingSpec(**common, dp=DpSpec(
-            noise_multiplier=NOISE_MULTIPLIER, sample_rate=1.0, expected_batch_size=batch,
-            max_grad_norm=MAX_GRAD_NORM, steps=steps))
-    else:
-        spec = TrainingSpec(**common, nonprivate=True, epochs=steps)
     hooks = TimingHooks(steps)
     with tempfile.TemporaryDirectory(prefix="dp-overhead-") as out:
-        result = train(spec, dataset_path=Path(config["data"]), out_dir=Path(out),
-                       hooks=hooks, base_model_dir=Path(config["base_model"]),
-                       _test_generator=torch.Generator().manual_seed(0) if config["dp"]
-                       else None)
+        if config["dp"]:
+            spec = FinetuneTraining(**common, privacy=RecordLevel(DpSpec(
+                noise_multiplier=NOISE_MULTIPLIER, sample_rate=1.0, expected_batch_size=batch,
+                max_grad_norm=MAX_GRAD_NORM, steps=steps)))
+            result = train(spec, dataset_path=Path(config["data"]), out_dir=Path(out),
+                           hooks=hooks, base_model_dir=Path(config["base_model"]),
+                           _test_generator=torch.Generator().manual_seed(0))
+        else:
+            result = train_nonprivate(
+                NonprivateFinetune(**common, batch_size=batch, epochs=steps),
+                dataset_path=Path(config["data"]), out_dir=Path(out), hooks=hooks,
+                base_model_dir=Path(config["base_model"]))
     measured = hooks.step_s[int(config["warmup"]):]
     measured_cpu = hooks.cpu_s[int(config["warmup"]):]
     peak_delta = (None if hooks.peak_kib is None or hooks.rss_before_kib is None
@@ -222,10 +227,10 @@ def _write_digits(path: Path, n: int, offset: int) -> Path:
 def _pretrain(cfg: dict[str, Any], work: Path) -> Path:
     """A base model to finetune: one short seeded pretrain on public digits. Its quality
     does not matter for step time or memory, only its architecture does."""
-    from dpsynth_ml import TrainingSpec, train
+    from dpsynth_ml import PretrainTraining, train
 
     data = _write_digits(work / "public.npz", cfg["pretrain_records"], offset=0)
-    spec = TrainingSpec(kind="pretrain", preset=cfg["preset"], image_size=cfg["image_size"],
+    spec = PretrainTraining(preset=cfg["preset"], image_size=cfg["image_size"],
                         epochs=1, batch_size=64, learning_rate=1e-3, seed=0)
     return train(spec, dataset_path=data, out_dir=work / "pretrain").model_dir
 
@@ -288,7 +293,8 @@ def run(scale: str) -> dict[str, Any]:
                                          "lora_rank", "threads")}
         | {"noise_multiplier": NOISE_MULTIPLIER, "max_grad_norm": MAX_GRAD_NORM,
            "sample_rate": 1.0, "dataset": "sklearn digits (public), batch-sized",
-           "path": "dpsynth_ml.train (DP: DpSgdEngine/opacus; non-DP: nonprivate=True)",
+           "path": "dpsynth_ml.train (DP: DpSgdEngine/opacus); "
+                   "non-DP: benchmarks.nonprivate_finetune",
            "timing": "median step wall time (and process CPU time) after warm-up, from "
                      "the training hooks",
            "memory": "RSS high-water delta over the training steps, fresh process each"},

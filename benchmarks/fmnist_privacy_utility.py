@@ -14,7 +14,7 @@ directly, as the worker would, without the REST platform:
    ``q = B / N``, a fixed number of steps; the noise multiplier is the ledger's own calibration
    ``dpsynth_ledger.accounting.calibrate_noise_multiplier(ε, q, steps, δ)`` with the platform's
    default ``δ = min(1e-6, 1 / (10 N))``), then sample it;
-4. **ε = ∞**: the same fine-tune without clipping or noise (``TrainingSpec(nonprivate=True)``,
+4. **ε = ∞**: the same fine-tune without clipping or noise (``benchmarks.nonprivate_finetune``,
    benchmarks only), then sample it;
 5. for every corpus, the downstream CNN of the evaluation library (``train_classifier``, fixed
    hyperparameters) is trained on the synthetic images and tested on the official Fashion-MNIST
@@ -241,7 +241,7 @@ def save_npz(path: Path, images: np.ndarray, labels: np.ndarray,
 def read_corpus(out_dir: Path, model_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """The PNGs ``sample`` wrote, as uint8 [N, H, W, 1] images and their class indices."""
     from dpsynth_ml import read_model_info
-    from dpsynth_ml.generate import _class_dirs
+    from dpsynth_ml.sampling.generate import _class_dirs
     from PIL import Image
 
     info = read_model_info(model_dir)
@@ -275,16 +275,13 @@ def calibrated_sigma(epsilon: float, sample_rate: float, steps: int, delta: floa
 
 
 def nonprivate_supported() -> bool:
-    """Whether the ML core has the benchmark-only non-private finetune mode."""
-    from dpsynth_ml import TrainingSpec
-
+    """Whether the benchmark-only non-private finetune is at hand (it lives in
+    ``benchmarks.nonprivate_finetune``, outside the ML core)."""
     try:
-        TrainingSpec(kind="finetune", dp=None, nonprivate=True)  # type: ignore[call-arg]
-    except TypeError:
+        from benchmarks.nonprivate_finetune import train_nonprivate
+    except ImportError:
         return False
-    except Exception:  # noqa: BLE001 - any validation error still means the field exists
-        return True
-    return True
+    return callable(train_nonprivate)
 
 
 def cnn_accuracy(images: np.ndarray, labels: np.ndarray, test: tuple[np.ndarray, np.ndarray],
@@ -496,7 +493,9 @@ def _second_process(cfg: dict[str, Any], work_root: str) -> tuple[dict[str, Any]
 def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: FeatureSpace,
                 clock: _Clock, work_root: Path) -> dict[str, Any]:
     """Pretrain on one public source, then every row of that source (all seeds)."""
-    from dpsynth_ml import DpSpec, TrainingSpec, sample, train
+    from dpsynth_ml import DpSpec, FinetuneTraining, PretrainTraining, RecordLevel, sample, train
+
+    from benchmarks.nonprivate_finetune import NonprivateFinetune, train_nonprivate
 
     src = data["sources"][key]
     size = cfg["image_size"]
@@ -508,7 +507,7 @@ def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: Feature
     print(f"== source {key}", flush=True)
     pre_dir = work_root / key / "pretrain"
     pre = clock.run("pretrain", lambda: train(
-        TrainingSpec(kind="pretrain", preset=cfg["preset"], image_size=size, channels=1,
+        PretrainTraining(preset=cfg["preset"], image_size=size, channels=1,
                      num_classes=10, epochs=src["epochs"],
                      batch_size=cfg["pretrain_batch_size"],
                      learning_rate=cfg["pretrain_learning_rate"], seed=0),
@@ -534,14 +533,18 @@ def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: Feature
     def finetune(seed: int, dp: Any, nonprivate: bool, out: Path) -> Path:
         # the same number of steps as the DP runs, over whole epochs of the private set
         epochs = max(1, round(steps * q))
-        extra = {"nonprivate": True, "epochs": epochs,
-                 "batch_size": math.ceil(n_private * epochs / steps)} if nonprivate else {}
-        spec = TrainingSpec(kind="finetune", image_size=size, channels=1, num_classes=10,
-                            trainable=cfg["trainable"], class_map=class_map,
-                            learning_rate=cfg["finetune_learning_rate"],
-                            max_physical_batch_size=256, checkpoint_every=10**6,
-                            seed=seed, dp=dp, **extra)
-        return train(spec, dataset_path=data["private_path"], out_dir=out,
+        common: dict[str, Any] = dict(
+            image_size=size, channels=1, num_classes=10, trainable=cfg["trainable"],
+            class_map=class_map, learning_rate=cfg["finetune_learning_rate"],
+            max_physical_batch_size=256, checkpoint_every=10**6)
+        if nonprivate:
+            return train_nonprivate(
+                NonprivateFinetune(**common, seed=seed, epochs=epochs,
+                                   batch_size=math.ceil(n_private * epochs / steps)),
+                dataset_path=data["private_path"], out_dir=out,
+                base_model_dir=pre.model_dir).model_dir
+        return train(FinetuneTraining(**common, privacy=RecordLevel(dp)),
+                     dataset_path=data["private_path"], out_dir=out,
                      base_model_dir=pre.model_dir).model_dir
 
     for seed in seeds:

@@ -97,8 +97,8 @@ def _vae_roundtrip(model_dir: Path, images: np.ndarray) -> np.ndarray:
     """Real images encoded and decoded by the model's VAE (no diffusion): the best any
     sampler of this model could do, since every sample is decoded by the same VAE."""
     import torch
-    from dpsynth_ml.model_io import load_model
-    from dpsynth_ml.models import encode_images
+    from dpsynth_ml.models.architectures import encode_images
+    from dpsynth_ml.models.model_io import load_model
 
     bundle, info = load_model(model_dir)
     latents = encode_images(bundle.vae, images, image_size=info.image_size,
@@ -112,7 +112,7 @@ def _vae_roundtrip(model_dir: Path, images: np.ndarray) -> np.ndarray:
 def run(scale: str) -> dict[str, Any]:
     """Pretrain, train the feature network, sample with every configuration; see above."""
     import torch
-    from dpsynth_ml import TrainingSpec, sample, train
+    from dpsynth_ml import PretrainTraining, sample, train
     from dpsynth_ml.evaluation import (
         extract_features,
         frechet_distance,
@@ -142,7 +142,7 @@ def run(scale: str) -> dict[str, Any]:
         data = work / "public.npz"
         np.savez(data, images=x_pub, labels=y_pub, class_names=np.array(FMNIST_CLASSES))
         t0 = time.perf_counter()
-        spec = TrainingSpec(kind="pretrain", preset=cfg["preset"], image_size=size,
+        spec = PretrainTraining(preset=cfg["preset"], image_size=size,
                             epochs=int(cfg["pretrain_epochs"]),
                             batch_size=int(cfg["pretrain_batch"]),
                             learning_rate=float(cfg["pretrain_lr"]), seed=0)

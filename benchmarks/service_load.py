@@ -132,8 +132,8 @@ def _tiny_model_archive(work: Path) -> Path:
     """A real diffusers folder (the ML core's ``tiny`` preset, one epoch on noise), tarred."""
     import tarfile
 
-    from dpsynth_ml import TrainingSpec, train
-    from dpsynth_ml.hooks import NullHooks
+    from dpsynth_ml import PretrainTraining, train
+    from dpsynth_ml.training.hooks import NullHooks
 
     class StopAtOnce(NullHooks):
         """Veto every step: the untrained model is saved as is (no job here trains on it,
@@ -142,7 +142,7 @@ def _tiny_model_archive(work: Path) -> Path:
         def should_stop(self) -> bool:
             return True
 
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=16, channels=1,
+    spec = PretrainTraining(preset="tiny", image_size=16, channels=1,
                         num_classes=len(CLASSES), epochs=1, batch_size=32)
     model_dir = train(spec, dataset_path=_npz(work / "noise.npz", 80, seed=1, class_names=True),
                       out_dir=work / "tiny-model", hooks=StopAtOnce()).model_dir

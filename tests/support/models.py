@@ -10,7 +10,7 @@ import numpy as np
 
 
 def tiny_model_dir(workdir: Path, *, class_names: list[str], image_size: int = 16) -> Path:
-    from dpsynth_ml import TrainingSpec, train
+    from dpsynth_ml import PretrainTraining, train
 
     workdir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -18,8 +18,8 @@ def tiny_model_dir(workdir: Path, *, class_names: list[str], image_size: int = 1
     npz = workdir / "data.npz"
     np.savez(npz, images=rng.integers(0, 255, (n, image_size, image_size, 1), dtype=np.uint8),
              labels=np.arange(n) % len(class_names), class_names=np.array(class_names))
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=image_size, channels=1,
-                        num_classes=len(class_names), epochs=1, batch_size=32)
+    spec = PretrainTraining(preset="tiny", image_size=image_size, channels=1,
+                            num_classes=len(class_names), epochs=1, batch_size=32)
     return train(spec, dataset_path=npz, out_dir=workdir / "out").model_dir
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dpsynth_ml import TrainingResult, TrainingSpec, train
+from dpsynth_ml import PretrainTraining, TrainingResult, train
 
 from .support import IMAGE_SIZE, write_digits
 
@@ -20,6 +20,6 @@ def digits_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def pretrained(tmp_path_factory: pytest.TempPathFactory, digits_path: Path) -> TrainingResult:
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=IMAGE_SIZE, epochs=2,
-                        batch_size=25, learning_rate=1e-3, seed=0)
+    spec = PretrainTraining(preset="tiny", image_size=IMAGE_SIZE, epochs=2, batch_size=25,
+                            learning_rate=1e-3, seed=0)
     return train(spec, dataset_path=digits_path, out_dir=tmp_path_factory.mktemp("pretrain"))

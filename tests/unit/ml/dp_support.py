@@ -15,6 +15,7 @@ import pytest
 import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 from dpsynth_ml.dp import DpSgdEngine
+from dpsynth_ml.dp.noise import NoiseKind, NoiseSource
 from torch import nn
 
 LATENT_CHANNELS, LATENT_SIZE, NUM_CLASSES, CONTEXT = 2, 4, 3, 8
@@ -94,12 +95,29 @@ def draw_loss(module: nn.Module, ex: Examples, rows: torch.Tensor, k: int) -> to
     return (module(noisy, t, ex.labels[rows]) - noise).pow(2).flatten(1).mean(dim=1)
 
 
+@dataclass
+class ZeroNoise:
+    """A DELIBERATELY BROKEN noise source (test code only): it adds no noise at all, so a
+    test can compare the clipped sum exactly. The product cannot build one: no spec allows
+    sigma = 0, and only an injected object (``DpSgdEngine(_test_noise=...)``) replaces the
+    ChaCha20 source."""
+
+    kind: NoiseKind = "test"
+    draws: int = 0
+
+    def gaussian(self, shape: torch.Size | tuple[int, ...], std: float, *,
+                 device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        self.draws += 1
+        return torch.zeros(shape, device=device, dtype=dtype)
+
+
 def make_engine(model: nn.Module, *, sigma: float, clip: float, expected: int,
-                seed: int = 0) -> DpSgdEngine:
+                seed: int = 0, noise: NoiseSource | None = None) -> DpSgdEngine:
+    """An engine with a seeded (replayable) noise key, or the injected ``noise`` source."""
     params = [p for p in model.parameters() if p.requires_grad]
     return DpSgdEngine(model, torch.optim.SGD(params, lr=0.1), noise_multiplier=sigma,
                        max_grad_norm=clip, expected_batch_size=expected,
-                       generator=torch.Generator().manual_seed(seed))
+                       generator=torch.Generator().manual_seed(seed), _test_noise=noise)
 
 
 def noisy_sum(engine: DpSgdEngine, ex: Examples, rows: torch.Tensor, *, draws: int,

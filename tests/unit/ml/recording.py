@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import pytest
 import torch
-from dpsynth_ml import finetune as finetune_module
 from dpsynth_ml.dp import DpSgdEngine, PoissonSampler
+from dpsynth_ml.training.finetune import setup as ft_setup
 
 
 class RecordingSampler(PoissonSampler):
@@ -66,8 +66,8 @@ class RecordingEngine(DpSgdEngine):
 def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Patch the recording engine and sampler into the trainer."""
     RecordingEngine.instances, RecordingSampler.instances = [], []
-    monkeypatch.setattr(finetune_module, "DpSgdEngine", RecordingEngine)
-    monkeypatch.setattr(finetune_module, "PoissonSampler", RecordingSampler)
+    monkeypatch.setattr(ft_setup, "DpSgdEngine", RecordingEngine)
+    monkeypatch.setattr(ft_setup, "PoissonSampler", RecordingSampler)
     yield
 
 

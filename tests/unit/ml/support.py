@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from dpsynth_ml import DpSpec, NullHooks, TrainingSpec
+from dpsynth_ml import DpSpec, FinetuneTraining, NullHooks, RecordLevel, SubjectLevel
 
 IMAGE_SIZE = 16
 NUM_RECORDS = 100
@@ -25,17 +25,21 @@ def write_digits(path: Path, n: int = NUM_RECORDS) -> Path:
     return path
 
 
-def finetune_spec(**overrides: object) -> TrainingSpec:
-    """A 20-step tiny DP finetune; ``dp_*`` keys override DpSpec fields."""
+def finetune_spec(**overrides: object) -> FinetuneTraining:
+    """A 20-step tiny record-level DP finetune; ``dp_*`` keys override DpSpec fields and
+    ``privacy_unit="subject"`` (with ``max_images_per_subject``) makes it user-level."""
     dp_fields: dict[str, object] = dict(noise_multiplier=1.0, sample_rate=0.16,
                                         expected_batch_size=16, max_grad_norm=1.0, steps=20)
     for key in [k for k in overrides if k.startswith("dp_")]:
         dp_fields[key[3:]] = overrides.pop(key)
-    fields: dict[str, object] = dict(kind="finetune", preset="tiny", image_size=IMAGE_SIZE,
-                                     max_physical_batch_size=8, checkpoint_every=5,
-                                     learning_rate=1e-3, dp=DpSpec(**dp_fields))  # type: ignore[arg-type]
+    dp = DpSpec(**dp_fields)  # type: ignore[arg-type]
+    cap = overrides.pop("max_images_per_subject", 8)
+    subject = overrides.pop("privacy_unit", "image") == "subject"
+    privacy = SubjectLevel(dp, max_images_per_subject=cap) if subject else RecordLevel(dp)  # type: ignore[arg-type]
+    fields: dict[str, object] = dict(image_size=IMAGE_SIZE, max_physical_batch_size=8,
+                                     checkpoint_every=5, learning_rate=1e-3, privacy=privacy)
     fields.update(overrides)
-    return TrainingSpec(**fields)  # type: ignore[arg-type]
+    return FinetuneTraining(**fields)  # type: ignore[arg-type]
 
 
 def seeded(seed: int = 1234) -> torch.Generator:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from diffusers import UNet2DConditionModel, UNet2DModel
-from dpsynth_ml import InvalidSpecError, TrainingResult, TrainingSpec, read_model_info, train
-from dpsynth_ml.model_io import load_model, save_model
-from dpsynth_ml.models import ConditionalDenoiser, build_bundle, plan_model
+from dpsynth_ml import InvalidSpecError, PretrainTraining, TrainingResult, read_model_info, train
+from dpsynth_ml.models.architectures import ConditionalDenoiser, build_bundle, plan_model
+from dpsynth_ml.models.model_io import load_model, save_model
+from dpsynth_ml.models.trainable import trainable_parameter_names
 from dpsynth_ml.spec import Architecture
-from dpsynth_ml.trainable import trainable_parameter_names
 
 from .support import IMAGE_SIZE, finetune_spec, seeded, write_digits
 
@@ -25,21 +25,21 @@ VAE = {"block_out_channels": [16, 32], "down_block_types": ["DownEncoderBlock2D"
        "mid_block_add_attention": False}
 
 
-def _pretrain_spec(**overrides: object) -> TrainingSpec:
-    fields: dict[str, object] = dict(kind="pretrain", preset="custom", image_size=IMAGE_SIZE,
+def _pretrain_spec(**overrides: object) -> PretrainTraining:
+    fields: dict[str, object] = dict(preset="custom", image_size=IMAGE_SIZE,
                                      epochs=1, batch_size=20, learning_rate=1e-3,
                                      architecture=Architecture(unet_class="UNet2DModel",
                                                                unet=UNET2D, vae=VAE))
     fields.update(overrides)
-    return TrainingSpec(**fields)  # type: ignore[arg-type]
+    return PretrainTraining(**fields)  # type: ignore[arg-type]
 
 
 def test_base_preset_is_a_30m_denoiser_for_32_or_64_latents() -> None:
-    spec = TrainingSpec(kind="pretrain", preset="base", image_size=128, channels=3,
+    spec = PretrainTraining(preset="base", image_size=128, channels=3,
                         num_classes=16)
     plan = plan_model(spec)
     assert plan.unet_config["sample_size"] == 32
-    large = plan_model(TrainingSpec(kind="pretrain", preset="base", image_size=256,
+    large = plan_model(PretrainTraining(preset="base", image_size=256,
                                     channels=3, num_classes=16))
     assert large.unet_config["sample_size"] == 64
     bundle = build_bundle(plan, num_classes=16)
@@ -77,7 +77,7 @@ def test_custom_unet2dmodel_takes_the_class_through_the_timestep_embedding(
 
 def test_custom_unet2dmodel_finetunes_and_round_trips(
         unet2d_model: TrainingResult, small_digits: Path, tmp_path: Path) -> None:
-    spec = finetune_spec(preset="custom", trainable="attention", class_map=None, dp_steps=2,
+    spec = finetune_spec(trainable="attention", class_map=None, dp_steps=2,
                          dp_sample_rate=0.2, checkpoint_every=10)
     result = train(spec, dataset_path=small_digits, out_dir=tmp_path / "ft",
                    base_model_dir=unet2d_model.model_dir, _test_generator=seeded())

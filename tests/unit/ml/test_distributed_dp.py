@@ -17,14 +17,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from dpsynth_ml.distributed import (
-    Placement,
-    free_port,
-    parse_devices,
-    same_on_all_ranks,
-    start_rank,
-    stop_rank,
-)
 from dpsynth_ml.dp import DpSgdEngine
 from dpsynth_ml.dp.distributed import (
     DistributedDpSgdEngine,
@@ -32,8 +24,18 @@ from dpsynth_ml.dp.distributed import (
     ShardedSubjectPoissonSampler,
     shard_of,
 )
+from dpsynth_ml.parallel.distributed import (
+    Placement,
+    free_port,
+    parse_devices,
+    same_on_all_ranks,
+    start_rank,
+    stop_rank,
+)
 from scipy import stats
 from torch import nn
+
+from .dp_support import ZeroNoise
 
 WORLD = 2
 DIM_IN, DIM_OUT = 6, 4
@@ -111,7 +113,7 @@ def _agreement(placement: Placement) -> dict[str, Any]:
 
 def _sampling(rank: int) -> dict[str, Any]:
     """(a) each rank draws its shard at rate q with its OWN OS-seeded generator."""
-    from dpsynth_ml.training import os_seeded_generator
+    from dpsynth_ml.training.entry import os_seeded_generator
 
     sampler = ShardedPoissonSampler(N_SAMPLE, Q_SAMPLE, os_seeded_generator(), rank=rank,
                                     world_size=WORLD)
@@ -148,20 +150,23 @@ def _exactness(rank: int) -> dict[str, Any]:
     indices = torch.cat(union)
     out["union"] = indices
 
-    # (c) sigma = 0: the distributed gradient vs one process on the union of the samples
+    # (c) no noise (an injected zero source, test code only): the distributed gradient vs
+    # one process on the union of the samples
     model = _model()
-    engine = DistributedDpSgdEngine(model, _sgd(model), noise_multiplier=0.0,
+    engine = DistributedDpSgdEngine(model, _sgd(model), noise_multiplier=1.0,
                                     max_grad_norm=0.5, expected_batch_size=E_DATA,
-                                    generator=torch.Generator().manual_seed(0))
+                                    generator=torch.Generator().manual_seed(0),
+                                    _test_noise=ZeroNoise())
     _accumulate(engine, x[mine], y[mine])
     engine.privatize()
     out["grad"] = _flat_grad(engine)
     engine.close()
     if rank == 0:
         single_model = _model()
-        single = DpSgdEngine(single_model, _sgd(single_model), noise_multiplier=0.0,
+        single = DpSgdEngine(single_model, _sgd(single_model), noise_multiplier=1.0,
                              max_grad_norm=0.5, expected_batch_size=E_DATA,
-                             generator=torch.Generator().manual_seed(0))
+                             generator=torch.Generator().manual_seed(0),
+                             _test_noise=ZeroNoise())
         _accumulate(single, x[indices], y[indices], micro=3)
         single.privatize()
         out["single_grad"] = _flat_grad(single)
@@ -374,7 +379,7 @@ def test_a_two_rank_finetune_obeys_rank_zeros_lease_and_only_rank_zero_writes(
     """This process is rank 0 (with the hooks), one spawned rank follows; 3 of 4 steps leased."""
     import json
 
-    from dpsynth_ml.ranks import train_on_ranks
+    from dpsynth_ml.parallel.ranks import train_on_ranks
 
     from .support import RecordingHooks, finetune_spec
 

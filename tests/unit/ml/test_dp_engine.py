@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from dpsynth_ml.dp import DpSgdEngine
+from dpsynth_ml.dp.noise import NoiseSource
 from torch import nn
+
+from .dp_support import ZeroNoise
 
 DIM_IN, DIM_OUT = 6, 4
 
@@ -19,11 +23,13 @@ def _model() -> nn.Module:
 
 
 def _engine(model: nn.Module, *, sigma: float, clip: float, expected: int,
-            generator: torch.Generator | None = None) -> DpSgdEngine:
+            generator: torch.Generator | None = None,
+            noise: NoiseSource | None = None) -> DpSgdEngine:
     params = [p for p in model.parameters() if p.requires_grad]
     return DpSgdEngine(model, torch.optim.SGD(params, lr=0.1), noise_multiplier=sigma,
                        max_grad_norm=clip, expected_batch_size=expected,
-                       generator=generator or torch.Generator().manual_seed(0))
+                       generator=generator or torch.Generator().manual_seed(0),
+                       _test_noise=noise)
 
 
 def _batch(n: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,7 +68,7 @@ def test_each_clipped_example_has_norm_at_most_c() -> None:
     x, y = _batch()
     raw_norms = _true_per_sample_grads(model, x, y).norm(dim=1)
     assert (raw_norms > 10 * clip).all()  # so clipping is really exercised
-    engine = _engine(model, sigma=0.0, clip=clip, expected=1)
+    engine = _engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=1)
     for i in range(len(x)):
         clipped = _private_sum(engine, x[i:i + 1], y[i:i + 1])
         assert clipped.norm() <= clip + 1e-6
@@ -76,7 +82,7 @@ def test_clipped_sum_matches_manual_clipping_and_is_normalised_by_expected_size(
     grads = _true_per_sample_grads(model, x, y)
     factors = (clip / (grads.norm(dim=1) + 1e-6)).clamp(max=1.0)
     manual = (grads * factors[:, None]).sum(dim=0)
-    engine = _engine(model, sigma=0.0, clip=clip, expected=expected)
+    engine = _engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=expected)
     engine.accumulate(_per_sample_loss(engine, x, y))
     engine.privatize()
     grad = torch.cat([p.grad.flatten() for p in engine.params])
@@ -88,7 +94,7 @@ def test_removing_one_example_moves_clipped_sum_by_at_most_c() -> None:
     clip = 0.3
     model = _model()
     x, y = _batch(6)
-    engine = _engine(model, sigma=0.0, clip=clip, expected=4)
+    engine = _engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=4)
     full = _private_sum(engine, x, y)
     for i in range(len(x)):
         keep = [j for j in range(len(x)) if j != i]
@@ -100,7 +106,7 @@ def test_noise_on_summed_gradient_has_std_sigma_c() -> None:
     sigma, clip, draws = 0.8, 0.5, 120
     model = _model()
     x, y = _batch(5)
-    noiseless = _engine(model, sigma=0.0, clip=clip, expected=5)
+    noiseless = _engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=5)
     clean = _private_sum(noiseless, x, y)
     noiseless.close()
     engine = _engine(model, sigma=sigma, clip=clip, expected=5,
@@ -127,3 +133,16 @@ def test_empty_logical_batch_is_pure_noise() -> None:
     assert abs(grads.std().item() - sigma * clip) < 5 * sigma * clip / math.sqrt(2 * grads.numel())
     engine.apply_update()
     assert any(not torch.equal(b, p) for b, p in zip(before, engine.params))
+
+
+def test_noise_cannot_be_turned_off_by_a_spec_or_an_argument() -> None:
+    """sigma = 0 is refused by the spec and by the engine: a noiseless mechanism exists only
+    as an object test code injects (``_test_noise``, e.g. dp_support.ZeroNoise)."""
+    from dpsynth_ml import DpSpec, InvalidSpecError
+
+    for sigma in (0.0, -1.0):
+        with pytest.raises(InvalidSpecError, match="noise_multiplier"):
+            DpSpec(noise_multiplier=sigma, sample_rate=0.1, expected_batch_size=4,
+                   max_grad_norm=1.0, steps=1)
+        with pytest.raises(ValueError, match="noise_multiplier"):
+            _engine(_model(), sigma=sigma, clip=1.0, expected=4)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from dpsynth_ml import TrainingResult, train
-from dpsynth_ml import finetune as finetune_module
+from dpsynth_ml.training.finetune import checkpoints as ft_checkpoints
 from safetensors.torch import load_file
 
 from .dp_support import one_thread
@@ -85,13 +85,13 @@ def test_resume_restores_model_optimizer_ema_and_schedule_exactly(
     # hand the resumed attempt the very randomness the uninterrupted run used next. The
     # trainer itself never saves or restores randomness.
     states: dict[int, torch.Tensor] = {}
-    real_checkpoint = finetune_module._checkpoint
+    real_checkpoint = ft_checkpoints.checkpoint
 
     def checkpoint(run, step, hooks):  # type: ignore[no-untyped-def]
         states[step] = run.generator.get_state()
         real_checkpoint(run, step, hooks)
 
-    monkeypatch.setattr(finetune_module, "_checkpoint", checkpoint)
+    monkeypatch.setattr(ft_checkpoints, "checkpoint", checkpoint)
     train(_spec(), dataset_path=digits_path, out_dir=tmp_path / "a",
           base_model_dir=pretrained.model_dir, _test_generator=seeded(1))
     uninterrupted = RecordingEngine.instances[-1]

@@ -19,8 +19,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from dpsynth_ml import DpSpec, TrainingResult, TrainingSpec, train
-from dpsynth_ml import finetune as finetune_module
+from dpsynth_ml import (
+    DpSpec,
+    FinetuneTraining,
+    PerLabel,
+    RecordLevel,
+    TrainingResult,
+    train,
+)
 from dpsynth_ml.data import load_dataset
 from dpsynth_ml.dp.padding import (
     FixedBatch,
@@ -28,12 +34,16 @@ from dpsynth_ml.dp.padding import (
     mask_losses,
     unit_cap,
 )
-from dpsynth_ml.model_io import read_model_info
-from dpsynth_ml.per_label import _class_subset
+from dpsynth_ml.models.model_io import read_model_info
+from dpsynth_ml.training.finetune import checkpoints as ft_checkpoints
+from dpsynth_ml.training.finetune import loop as ft_loop
+from dpsynth_ml.training.finetune import setup as ft_setup
+from dpsynth_ml.training.per_label import _class_subset
 
 from .dp_support import (
     NUM_CLASSES,
     Examples,
+    ZeroNoise,
     draw_loss,
     examples,
     make_engine,
@@ -105,9 +115,11 @@ def test_a_padded_step_releases_exactly_the_unpadded_clipped_sum(draws: int) -> 
     rows = torch.arange(len(padded_ex))
     real = rows < len(ex)
     released: dict[str, torch.Tensor] = {}
-    for name, sigma in (("sum", 0.0), ("noised", 1.0)):
+    # "sum": no noise at all (an injected zero source, test code only)
+    for name, noise in (("sum", ZeroNoise), ("noised", None)):
         for padded in (False, True):
-            engine = make_engine(model, sigma=sigma, clip=0.05, expected=4, seed=11)
+            engine = make_engine(model, sigma=1.0, clip=0.05, expected=4, seed=11,
+                                 noise=noise() if noise is not None else None)
             use = rows if padded else rows[real]
             for start in range(0, len(use), 3):
                 chunk = use[start:start + 3]
@@ -141,7 +153,7 @@ def test_the_trainer_s_padded_steps_release_the_unpadded_updates(
     # rate 1.0 with B = 16 declares N̂ = 16 < the 100 records: every step overflows and is
     # processed whole in extra padded chunks (7 x 16 rows), never truncated.
     runs = {}
-    real_fixed = finetune_module.fixed_batch
+    real_fixed = ft_setup.fixed_batch
     for padded in (True, False):
         def fixed(**kwargs: Any) -> FixedBatch:
             public = real_fixed(**kwargs)
@@ -150,8 +162,8 @@ def test_the_trainer_s_padded_steps_release_the_unpadded_updates(
             return FixedBatch(public.population, 1, 1, public.overflow_bound, None)
 
         draws = KeyedDraws()
-        monkeypatch.setattr(finetune_module, "fixed_batch", fixed)
-        monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", draws)
+        monkeypatch.setattr(ft_setup, "fixed_batch", fixed)
+        monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", draws)
         spec = finetune_spec(dp_steps=steps, dp_sample_rate=rate, label_dropout=0.0,
                              class_map={i: i for i in range(10)}, checkpoint_every=steps,
                              max_physical_batch_size=8, noise_multiplicity=2)
@@ -185,7 +197,7 @@ class RowCounter:
     """The real diffusion loss, counting the rows of every forward pass per named run."""
 
     def __init__(self) -> None:
-        self.real = finetune_module.per_sample_diffusion_loss
+        self.real = ft_loop.per_sample_diffusion_loss
         self.current = ""
         self.rows: dict[str, int] = {}
 
@@ -194,12 +206,12 @@ class RowCounter:
         return self.real(*args, **kwargs)  # type: ignore[no-any-return]
 
 
-def _prepared(spec: TrainingSpec, pretrained: TrainingResult, out_dir: Path, *,
+def _prepared(spec: FinetuneTraining, pretrained: TrainingResult, out_dir: Path, *,
               dataset_path: Path, dataset: Any = None, seed: int) -> Any:
-    run = finetune_module._prepare(spec, dataset_path=dataset_path, out_dir=out_dir,
+    run = ft_setup.prepare(spec, dataset_path=dataset_path, out_dir=out_dir,
                                    base_model_dir=pretrained.model_dir, resume_from=None,
                                    generator=seeded(seed), rng="test", dataset=dataset)
-    finetune_module._attach_schedule_and_ema(run, None)
+    ft_checkpoints.attach_schedule_and_ema(run, None)
     return run
 
 
@@ -213,7 +225,7 @@ def _interleaved(runs: dict[str, Any], steps: int, counter: RowCounter
         for name in names[i % len(names):] + names[:i % len(names)]:
             counter.current, counter.rows[name] = name, 0
             start = time.perf_counter()
-            finetune_module._logical_step(runs[name])
+            ft_loop.logical_step(runs[name])
             times[name].append(time.perf_counter() - start)
             rows[name].append(counter.rows[name])
     return times, rows
@@ -227,7 +239,7 @@ def test_per_step_rows_and_time_do_not_depend_on_the_true_size(
         pretrained: TrainingResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """N̂ = 2,000 declared; true N = 2,000 vs 500."""
     counter = RowCounter()
-    monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", counter)
+    monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", counter)
     spec = finetune_spec(dp_sample_rate=BATCH / DECLARED, dp_expected_batch_size=BATCH,
                          dp_steps=1000, max_physical_batch_size=64, num_classes=10)
     runs = {}
@@ -259,20 +271,20 @@ def per_label_data(tmp_path: Path) -> Path:
                           CLASS_NAMES)
 
 
-def _per_label_spec(steps: int = CLASS_STEPS) -> TrainingSpec:
+def _per_label_spec(steps: int = CLASS_STEPS) -> FinetuneTraining:
     same = DpSpec(noise_multiplier=1.0, sample_rate=CLASS_BATCH / CLASS_DECLARED,
                   expected_batch_size=CLASS_BATCH, max_grad_norm=1.0, steps=steps,
                   epsilon=2.0, delta=1e-5)
-    return TrainingSpec(kind="finetune", preset="tiny", image_size=IMAGE_SIZE, num_classes=3,
-                        max_physical_batch_size=32, checkpoint_every=steps,
-                        learning_rate=1e-3, per_label_dp={c: same for c in CLASS_NAMES})
+    return FinetuneTraining(image_size=IMAGE_SIZE, num_classes=3, max_physical_batch_size=32,
+                            checkpoint_every=steps, learning_rate=1e-3,
+                            privacy=PerLabel({c: RecordLevel(same) for c in CLASS_NAMES}))
 
 
 def test_every_class_s_steps_run_the_same_rows_an_empty_class_included(
         pretrained: TrainingResult, per_label_data: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     counter = RowCounter()
-    monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", counter)
+    monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", counter)
     per_step: list[int] = []
 
     class StepRows(RecordingHooks):
@@ -298,8 +310,9 @@ def test_every_class_s_steps_run_the_same_rows_an_empty_class_included(
 def test_every_class_encodes_as_many_rows_as_its_declared_size(
         pretrained: TrainingResult, per_label_data: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpsynth_ml import models, padded_encoding
-    from dpsynth_ml.per_label import _PerLabelJob
+    from dpsynth_ml.models import architectures as models
+    from dpsynth_ml.training import padded_encoding
+    from dpsynth_ml.training.per_label import _PerLabelJob
 
     encoded: list[int] = []
 
@@ -307,7 +320,7 @@ def test_every_class_encodes_as_many_rows_as_its_declared_size(
         encoded.append(len(images))
         return models.encode_images(vae, images, **kwargs)
 
-    monkeypatch.setattr(finetune_module, "encode_images", counting)
+    monkeypatch.setattr(ft_setup, "encode_images", counting)
     monkeypatch.setattr(padded_encoding, "encode_images", counting)
     dataset = load_dataset(per_label_data)
     job = _PerLabelJob(_per_label_spec(), dataset=dataset, dataset_path=per_label_data,
@@ -328,10 +341,10 @@ def test_every_class_encodes_as_many_rows_as_its_declared_size(
 def test_per_step_time_is_the_same_for_classes_of_different_true_sizes(
         pretrained: TrainingResult, per_label_data: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from dpsynth_ml.per_label import _PerLabelJob
+    from dpsynth_ml.training.per_label import _PerLabelJob
 
     counter = RowCounter()
-    monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", counter)
+    monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", counter)
     spec = _per_label_spec(steps=1000)
     dataset = load_dataset(per_label_data)
     job = _PerLabelJob(spec, dataset=dataset, dataset_path=per_label_data, out_dir=tmp_path,
@@ -353,7 +366,7 @@ def test_per_step_time_is_the_same_for_classes_of_different_true_sizes(
 def test_user_level_steps_run_cap_subjects_times_m_rows(
         pretrained: TrainingResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     counter = RowCounter()
-    monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", counter)
+    monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", counter)
     declared, m = 40, 3
     rows: dict[int, list[int]] = {}
     for subjects in (40, 10):  # true subject counts under the same declared N̂

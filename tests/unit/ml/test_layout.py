@@ -9,9 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dpsynth_ml import InvalidSpecError, TrainingResult, TrainingSpec, read_model_info, train
-from dpsynth_ml.model_io import load_model
-from dpsynth_ml.models import ConditionalDenoiser, build_bundle, encode_layouts, plan_model
+from dpsynth_ml import InvalidSpecError, PretrainTraining, TrainingResult, read_model_info, train
+from dpsynth_ml.models.architectures import (
+    ConditionalDenoiser,
+    build_bundle,
+    encode_layouts,
+    plan_model,
+)
+from dpsynth_ml.models.model_io import load_model
 
 from .support import IMAGE_SIZE, finetune_spec, seeded, write_digits
 
@@ -42,13 +47,13 @@ def masked_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def layout_model(tmp_path_factory: pytest.TempPathFactory, masked_digits: Path) -> TrainingResult:
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=IMAGE_SIZE, epochs=1,
+    spec = PretrainTraining(preset="tiny", image_size=IMAGE_SIZE, epochs=1,
                         batch_size=20, learning_rate=1e-3, layout_conditioning=True)
     return train(spec, dataset_path=masked_digits, out_dir=tmp_path_factory.mktemp("lpre"))
 
 
 def test_the_prediction_depends_on_the_layout() -> None:
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=IMAGE_SIZE,
+    spec = PretrainTraining(preset="tiny", image_size=IMAGE_SIZE,
                         layout_conditioning=True)
     torch.manual_seed(0)
     bundle = build_bundle(plan_model(spec), num_classes=10)
@@ -103,7 +108,7 @@ def test_layout_models_refuse_data_without_masks(layout_model: TrainingResult,
                                                  tmp_path: Path) -> None:
     plain = write_digits(tmp_path / "plain.npz", n=N)
     with pytest.raises(InvalidSpecError, match="mask"):
-        train(TrainingSpec(kind="pretrain", preset="tiny", image_size=IMAGE_SIZE, epochs=1,
+        train(PretrainTraining(preset="tiny", image_size=IMAGE_SIZE, epochs=1,
                            layout_conditioning=True),
               dataset_path=plain, out_dir=tmp_path / "pre")
     with pytest.raises(InvalidSpecError, match="mask"):

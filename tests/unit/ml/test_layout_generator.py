@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dpsynth_ml import InvalidSpecError, TrainingResult, TrainingSpec, read_model_info, train
-from dpsynth_ml import finetune as finetune_module
-from dpsynth_ml.generate import LayoutSet, is_layout_generator, sample_layouts
-from dpsynth_ml.model_io import load_model
-from dpsynth_ml.models import encode_images
+from dpsynth_ml import InvalidSpecError, PretrainTraining, TrainingResult, read_model_info, train
+from dpsynth_ml.models.architectures import encode_images
+from dpsynth_ml.models.model_io import load_model
+from dpsynth_ml.sampling.generate import LayoutSet, is_layout_generator, sample_layouts
+from dpsynth_ml.training.finetune import loop as ft_loop
 
 from .recording import RecordingSampler, recording  # noqa: F401  (fixture)
 from .support import IMAGE_SIZE, finetune_spec, seeded, write_digits
@@ -46,7 +46,7 @@ def masked(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def mask_pretrained(tmp_path_factory: pytest.TempPathFactory, masked: Path) -> TrainingResult:
     """A public layout generator: pretrained on the masks (as a public dataset would be)."""
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=IMAGE_SIZE, epochs=2,
+    spec = PretrainTraining(preset="tiny", image_size=IMAGE_SIZE, epochs=2,
                         batch_size=20, learning_rate=1e-3, target="masks")
     return train(spec, dataset_path=masked, out_dir=tmp_path_factory.mktemp("mpre"))
 
@@ -63,13 +63,13 @@ def test_a_masks_finetune_trains_on_the_encoded_masks(
     """The per-example inputs the DP engine sees are the encoded masks of the Poisson batch,
     not the images: same sampler, same clipping, only the records differ."""
     seen: list[torch.Tensor] = []
-    real = finetune_module.per_sample_diffusion_loss
+    real = ft_loop.per_sample_diffusion_loss
 
     def spy(denoiser, scheduler, latents, labels, generator, layout=None):  # type: ignore[no-untyped-def]
         seen.append(latents.detach().clone())
         return real(denoiser, scheduler, latents, labels, generator, layout=layout)
 
-    monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", spy)
+    monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", spy)
     spec = finetune_spec(target="masks", num_classes=10, dp_steps=3, dp_sample_rate=0.3,
                          checkpoint_every=3, max_physical_batch_size=64)
     result = train(spec, dataset_path=masked, out_dir=tmp_path / "ft",
@@ -105,9 +105,9 @@ def test_a_masks_finetune_needs_masks(mask_pretrained: TrainingResult, tmp_path:
 
 def test_target_masks_is_neither_layout_conditioned_nor_per_label() -> None:
     with pytest.raises(InvalidSpecError, match="layout generator"):
-        TrainingSpec(kind="pretrain", target="masks", layout_conditioning=True)
+        PretrainTraining(target="masks", layout_conditioning=True)
     with pytest.raises(InvalidSpecError, match="unknown target"):
-        TrainingSpec(kind="pretrain", target="pixels")  # type: ignore[arg-type]
+        PretrainTraining(target="pixels")  # type: ignore[arg-type]
 
 
 def test_sample_layouts_draws_binary_masks_per_class(mask_pretrained: TrainingResult) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from dpsynth_ml import TrainingResult, train
-from dpsynth_ml import finetune as finetune_module
 from dpsynth_ml.dp.padding import fixed_batch
+from dpsynth_ml.training.finetune import loop as ft_loop
 
 from .dp_support import examples, make_engine, noisy_sum, one_thread, tiny_denoiser
 from .recording import KeyedDraws, RecordingEngine, RecordingSampler, recording
@@ -49,7 +49,7 @@ def test_trainer_micro_batched_steps_equal_the_unsplit_steps(
     runs = {}
     for physical in (3, 64):
         draws = KeyedDraws()
-        monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", draws)
+        monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", draws)
         spec = finetune_spec(max_physical_batch_size=physical, noise_multiplicity=2,
                              class_map={i: i for i in range(10)},
                              dp_steps=2, dp_sample_rate=0.25, checkpoint_every=2,
@@ -78,7 +78,7 @@ def test_realised_batch_is_never_capped(
         pretrained: TrainingResult, digits_path: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     draws = KeyedDraws()
-    monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", draws)
+    monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", draws)
     hooks = RecordingHooks()
     # q = 1: every record is in the batch, 100 > expected_batch_size 16 > physical size 8.
     spec = finetune_spec(dp_sample_rate=1.0, dp_steps=1, dp_expected_batch_size=16,

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-import dpsynth_ml.finetune as finetune_module
 import pytest
 import torch
 import torch.distributed as dist
@@ -19,6 +18,7 @@ from dpsynth_ml import TrainingResult, train
 from dpsynth_ml.dp import DpSgdEngine
 from dpsynth_ml.dp.distributed import DistributedDpSgdEngine
 from dpsynth_ml.dp.noise import ChaChaGaussian
+from dpsynth_ml.training.finetune import setup as ft_setup
 from torch import nn
 
 from .support import finetune_spec, seeded
@@ -119,7 +119,7 @@ class KeyRecordingEngine(DpSgdEngine):
 @pytest.fixture()
 def recording(monkeypatch: pytest.MonkeyPatch) -> type[KeyRecordingEngine]:
     KeyRecordingEngine.instances = []
-    monkeypatch.setattr(finetune_module, "DpSgdEngine", KeyRecordingEngine)
+    monkeypatch.setattr(ft_setup, "DpSgdEngine", KeyRecordingEngine)
     return KeyRecordingEngine
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from dpsynth_ml import TrainingResult, train
-from dpsynth_ml import finetune as finetune_module
+from dpsynth_ml.training.finetune import loop as ft_loop
 
 from .dp_support import (
+    ZeroNoise,
     clip_rows,
     examples,
     make_engine,
@@ -38,7 +39,7 @@ def test_clipped_gradient_is_clip_of_the_mean_of_k_draws(draws: int) -> None:
     clip = 0.3 * float(ref.mean(dim=1).norm(dim=-1).median())  # some clipped, some not
     expected = clip_rows(ref.mean(dim=1), clip)  # clip(mean_k g_ik) per example
     assert (ref.mean(dim=1).norm(dim=-1) > clip).any()
-    engine = make_engine(model, sigma=0.0, clip=clip, expected=1)
+    engine = make_engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=1)
     for i in rows.tolist():  # each example alone: its released "sum" is its clipped grad
         one = noisy_sum(engine, ex, torch.tensor([i]), draws=draws, micro=1)
         torch.testing.assert_close(one, expected[i], rtol=1e-9, atol=1e-12)
@@ -57,7 +58,7 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_c(draws: int) -> 
     rows = torch.arange(len(ex))
     clip = 0.5 * float(reference_grads(model, ex, rows[:2], draws).mean(dim=1)
                        .norm(dim=-1).min())  # clipping is active
-    engine = make_engine(model, sigma=0.0, clip=clip, expected=3)
+    engine = make_engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=3)
     full = noisy_sum(engine, ex, rows, draws=draws, micro=2)
     moved = [float((full - noisy_sum(engine, ex, rows[rows != i], draws=draws, micro=2)).norm())
              for i in rows.tolist()]
@@ -70,7 +71,7 @@ def test_noise_std_is_sigma_times_c_with_multiplicity() -> None:
     model = tiny_denoiser()
     ex = examples(3, draws, seed=3)
     rows = torch.arange(len(ex))
-    noiseless = make_engine(model, sigma=0.0, clip=clip, expected=3)
+    noiseless = make_engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=3)
     clean = noisy_sum(noiseless, ex, rows, draws=draws, micro=2)
     noiseless.close()
     engine = make_engine(model, sigma=sigma, clip=clip, expected=3, seed=42)
@@ -88,7 +89,7 @@ def test_k_draws_happen_only_for_the_included_examples(
         pretrained: TrainingResult, digits_path: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     draws, calls = 4, []
-    real = finetune_module.per_sample_diffusion_loss
+    real = ft_loop.per_sample_diffusion_loss
 
     def counting(denoiser, scheduler, latents, labels, generator,  # type: ignore[no-untyped-def]
                  **kwargs):
@@ -96,7 +97,7 @@ def test_k_draws_happen_only_for_the_included_examples(
         calls.append((latents.detach().clone(), labels.clone(), losses.detach().clone()))
         return losses
 
-    monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", counting)
+    monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", counting)
     hooks = RecordingHooks()
     spec = finetune_spec(noise_multiplicity=draws, dp_steps=3, dp_sample_rate=0.08,
                          max_physical_batch_size=3, checkpoint_every=3)
@@ -126,7 +127,7 @@ def test_per_sample_gradients_stay_one_row_per_example_whatever_k() -> None:
     # [b, ...] tensor per parameter (never K*b rows, never a growing list of K tensors).
     draws, model = 6, tiny_denoiser()
     ex = examples(3, draws)
-    engine = make_engine(model, sigma=0.0, clip=1.0, expected=3)
+    engine = make_engine(model, sigma=1.0, noise=ZeroNoise(), clip=1.0, expected=3)
     shapes: list[list[tuple[int, ...]]] = []
     fold = engine._fold_grad_samples
 

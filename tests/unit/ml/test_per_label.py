@@ -9,13 +9,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dpsynth_ml import DpSpec, InvalidSpecError, TrainingResult, TrainingSpec, train
-from dpsynth_ml import finetune as finetune_module
-from dpsynth_ml.model_io import (
+from dpsynth_ml import (
+    DpSpec,
+    FinetuneTraining,
+    InvalidSpecError,
+    PerLabel,
+    RecordLevel,
+    TrainingResult,
+    train,
+)
+from dpsynth_ml.models.model_io import (
     load_model_denoiser,
     load_per_label_denoisers,
     read_model_info,
 )
+from dpsynth_ml.training.finetune import loop as ft_loop
+from dpsynth_ml.training.finetune import setup as ft_setup
 from safetensors.torch import load_file
 
 from .dp_support import one_thread
@@ -56,15 +65,25 @@ class PartitionHooks(RecordingHooks):
         return grant
 
 
-def _spec(**overrides: object) -> TrainingSpec:
-    per_label = {c: DpSpec(noise_multiplier=1.0, sample_rate=RATES[c], expected_batch_size=3,
-                           max_grad_norm=1.0, steps=STEPS[c]) for c in CLASSES}
-    fields: dict[str, object] = dict(kind="finetune", preset="tiny", image_size=IMAGE_SIZE,
-                                     num_classes=3, max_physical_batch_size=4,
-                                     checkpoint_every=2, learning_rate=1e-3,
-                                     per_label_dp=per_label)
+def _spec(per_class: dict[str, DpSpec] | None = None,
+          **overrides: object) -> FinetuneTraining:
+    """A per-label finetune: ``per_class`` (default: each class's RATES and STEPS)."""
+    if per_class is None:
+        per_class = {c: DpSpec(noise_multiplier=1.0, sample_rate=RATES[c],
+                               expected_batch_size=3, max_grad_norm=1.0, steps=STEPS[c])
+                     for c in CLASSES}
+    fields: dict[str, object] = dict(image_size=IMAGE_SIZE, num_classes=3,
+                                     max_physical_batch_size=4, checkpoint_every=2,
+                                     learning_rate=1e-3,
+                                     privacy=PerLabel({c: RecordLevel(dp)
+                                                       for c, dp in per_class.items()}))
     fields.update(overrides)
-    return TrainingSpec(**fields)  # type: ignore[arg-type]
+    return FinetuneTraining(**fields)  # type: ignore[arg-type]
+
+
+def _per_class_dp(spec: FinetuneTraining) -> dict[str, DpSpec]:
+    assert isinstance(spec.privacy, PerLabel)
+    return {c: p.dp for c, p in spec.privacy.per_class.items()}
 
 
 def _unet(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -75,7 +94,7 @@ def test_each_class_model_is_trained_on_its_class_only(
         pretrained: TrainingResult, three_classes: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     runs: list[dict[str, object]] = []
-    real_prepare, real_loss = finetune_module._prepare, finetune_module.per_sample_diffusion_loss
+    real_prepare, real_loss = ft_setup.prepare, ft_loop.per_sample_diffusion_loss
 
     def prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
         run = real_prepare(*args, **kwargs)
@@ -88,8 +107,8 @@ def test_each_class_model_is_trained_on_its_class_only(
         runs[-1]["fed_labels"].append(labels.clone())  # type: ignore[attr-defined]
         return real_loss(denoiser, scheduler, latents, labels, generator, **kwargs)
 
-    monkeypatch.setattr(finetune_module, "_prepare", prepare)
-    monkeypatch.setattr(finetune_module, "per_sample_diffusion_loss", loss)
+    monkeypatch.setattr(ft_setup, "prepare", prepare)
+    monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", loss)
     hooks = PartitionHooks()
     result = train(_spec(), dataset_path=three_classes, out_dir=tmp_path, hooks=hooks,
                    base_model_dir=pretrained.model_dir, _test_generator=seeded())
@@ -174,11 +193,9 @@ def test_resume_skips_finished_classes_and_continues_the_current_one(
 
 def test_per_label_specs_must_name_the_dataset_classes(
         pretrained: TrainingResult, three_classes: Path, tmp_path: Path) -> None:
-    spec = _spec()
-    assert spec.per_label_dp is not None
-    fewer = {k: v for k, v in spec.per_label_dp.items() if k != "two"}
+    fewer = {k: v for k, v in _per_class_dp(_spec()).items() if k != "two"}
     with pytest.raises(InvalidSpecError):
-        train(_spec(per_label_dp=fewer), dataset_path=three_classes, out_dir=tmp_path,
+        train(_spec(fewer), dataset_path=three_classes, out_dir=tmp_path,
               base_model_dir=pretrained.model_dir, _test_generator=seeded())
 
 
@@ -191,11 +208,10 @@ def test_a_class_without_records_runs_its_steps_as_pure_noise(
         np.savez(four, images=npz["images"], labels=npz["labels"],
                  class_names=np.array([*CLASSES, "three"]))
     spec = _spec(num_classes=4)
-    assert spec.per_label_dp is not None
     empty = DpSpec(noise_multiplier=1.0, sample_rate=0.5, expected_batch_size=3,
                    max_grad_norm=1.0, steps=2)
     hooks = PartitionHooks()
-    result = train(_spec(num_classes=4, per_label_dp={**spec.per_label_dp, "three": empty}),
+    result = train(_spec({**_per_class_dp(spec), "three": empty}, num_classes=4),
                    dataset_path=four, out_dir=tmp_path / "out", hooks=hooks,
                    base_model_dir=pretrained.model_dir, _test_generator=seeded())
     assert result.steps_by_partition == {**STEPS, "three": 2} and not result.stopped_early

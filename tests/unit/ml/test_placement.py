@@ -1,4 +1,4 @@
-"""Where the worker's DEVICES setting puts a training job (dpsynth_ml.placement)."""
+"""Where the worker's DEVICES setting puts a training job (dpsynth_ml.parallel.placement)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-from dpsynth_ml import placement
-from dpsynth_ml.spec import DpSpec, TrainingSpec
+from dpsynth_ml.parallel import placement
+from dpsynth_ml.spec import DpSpec, FinetuneTraining, PerLabel, PretrainTraining, RecordLevel
 
 DP = DpSpec(noise_multiplier=1.0, sample_rate=0.1, expected_batch_size=8, max_grad_norm=1.0,
             steps=2)
@@ -35,7 +35,7 @@ def test_auto_is_the_cpu_without_a_gpu() -> None:
 def test_a_dp_finetune_on_several_devices_runs_on_ranks(monkeypatch: pytest.MonkeyPatch,
                                                         tmp_path: Path) -> None:
     calls = _calls(monkeypatch)
-    spec = TrainingSpec(kind="finetune", dp=DP)
+    spec = FinetuneTraining(privacy=RecordLevel(DP))
     assert placement.train_placed("cpu,cpu", spec, dataset_path=tmp_path,
                                   out_dir=tmp_path) == "many"
     assert calls == [("ranks", [torch.device("cpu"), torch.device("cpu")])]
@@ -46,13 +46,12 @@ def test_other_training_stays_on_the_cpu_and_says_so(monkeypatch: pytest.MonkeyP
                                                     tmp_path: Path,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     calls = _calls(monkeypatch)
-    per_label = TrainingSpec(kind="finetune", per_label_dp={"0": DP, "1": DP})
-    specs = [TrainingSpec(kind="pretrain"), per_label,
-             TrainingSpec(kind="finetune", nonprivate=True)]
-    with caplog.at_level(logging.INFO, logger="dpsynth_ml.placement"):
+    per_label = FinetuneTraining(privacy=PerLabel({"0": RecordLevel(DP), "1": RecordLevel(DP)}))
+    specs = [PretrainTraining(), per_label]
+    with caplog.at_level(logging.INFO, logger="dpsynth_ml.parallel.placement"):
         for spec in specs:
             assert not placement.placeable(spec)
             assert placement.train_placed("cpu,cpu", spec, dataset_path=tmp_path,
                                           out_dir=tmp_path) == "one"
-    assert calls == [("train", None)] * 3
-    assert sum("runs on the CPU" in r.getMessage() for r in caplog.records) == 3
+    assert calls == [("train", None)] * 2
+    assert sum("runs on the CPU" in r.getMessage() for r in caplog.records) == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from dpsynth_ml import TrainingSpec, read_model_info, train
+from dpsynth_ml import PretrainTraining, read_model_info, train
 
 
 def test_small_preset_pretrains_at_32x32(tmp_path: Path) -> None:
@@ -13,7 +13,7 @@ def test_small_preset_pretrains_at_32x32(tmp_path: Path) -> None:
     npz = tmp_path / "public.npz"
     np.savez(npz, images=rng.integers(0, 255, (16, 32, 32, 1), dtype=np.uint8),
              labels=np.arange(16) % 4, class_names=np.array(["a", "b", "c", "d"]))
-    spec = TrainingSpec(kind="pretrain", preset="small", image_size=32, channels=1,
+    spec = PretrainTraining(preset="small", image_size=32, channels=1,
                         num_classes=4, epochs=1, batch_size=16)
     result = train(spec, dataset_path=npz, out_dir=tmp_path / "out")
     info = read_model_info(result.model_dir)

@@ -13,21 +13,21 @@ from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler
 from dpsynth_ml import (
     InvalidSpecError,
     ModelInfo,
+    PretrainTraining,
     SampleResult,
     TrainingResult,
-    TrainingSpec,
     read_model_info,
     sample,
 )
-from dpsynth_ml.generate import (
+from dpsynth_ml.models.architectures import ConditionalDenoiser, build_bundle, plan_model
+from dpsynth_ml.models.model_io import load_model, save_model
+from dpsynth_ml.sampling.generate import (
     LayoutSet,
     _generate,
     _image_generator,
     load_layouts,
     make_scheduler,
 )
-from dpsynth_ml.model_io import load_model, save_model
-from dpsynth_ml.models import ConditionalDenoiser, build_bundle, plan_model
 from dpsynth_ml.spec import MODEL_FORMAT_VERSION, Architecture
 from PIL import Image
 
@@ -149,7 +149,7 @@ LAYOUT_CLASSES = ("letter", "form", "memo")
 def _layout_model(root: Path, architecture: Architecture | None = None) -> Path:
     """A fresh (untrained) layout-conditioned tiny model: sampling plumbing needs no
     training, and an untrained UNet still reacts to its layout input."""
-    spec = TrainingSpec(kind="pretrain", preset="custom" if architecture else "tiny",
+    spec = PretrainTraining(preset="custom" if architecture else "tiny",
                         architecture=architecture, image_size=IMAGE_SIZE,
                         layout_conditioning=True, num_classes=len(LAYOUT_CLASSES), epochs=1)
     plan = plan_model(spec)
@@ -276,7 +276,7 @@ def two_denoisers(pretrained: TrainingResult,
 
 
 def _bundle(root: Path, denoisers: dict[str, Path]) -> Path:
-    from dpsynth_ml.model_io import save_per_label_model
+    from dpsynth_ml.models.model_io import save_per_label_model
 
     return save_per_label_model(denoisers, root)
 

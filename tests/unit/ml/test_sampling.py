@@ -54,7 +54,7 @@ def test_finetune_uses_exactly_the_accounted_sample_rate(
                    base_model_dir=pretrained.model_dir, _test_generator=seeded())
     state = json.loads((tmp_path / "trainer_state.json").read_text())
     assert result.steps_completed == 20 and not result.stopped_early
-    assert state["sampler"]["sample_rate"] == spec.dp.sample_rate  # type: ignore[union-attr]
+    assert state["sampler"]["sample_rate"] == spec.privacy.dp.sample_rate  # type: ignore[union-attr]
     assert float.fromhex(state["sampler"]["sample_rate_hex"]) == q
     assert state["sampler"]["num_records"] == NUM_RECORDS
     assert state["sampler"]["draws_this_attempt"] == 20 == state["step"]

@@ -9,12 +9,10 @@ from typing import ClassVar
 import pytest
 import torch
 from dpsynth_ml import InvalidSpecError, TrainingResult, read_model_info, train
-from dpsynth_ml import finetune as finetune_module
-from dpsynth_ml.checkpoint import read_trainer_state
 from dpsynth_ml.dp import DpSgdEngine
-from dpsynth_ml.model_io import load_model
-from dpsynth_ml.models import build_unet, is_attention_parameter, preset_config
-from dpsynth_ml.trainable import (
+from dpsynth_ml.models.architectures import build_unet, is_attention_parameter, preset_config
+from dpsynth_ml.models.model_io import load_model
+from dpsynth_ml.models.trainable import (
     LORA_TARGETS,
     add_lora,
     has_lora,
@@ -23,6 +21,8 @@ from dpsynth_ml.trainable import (
     trainable_parameter_names,
     trains_embedder,
 )
+from dpsynth_ml.training.checkpoint import read_trainer_state
+from dpsynth_ml.training.finetune import setup as ft_setup
 from torch import nn
 
 from .support import RecordingHooks, finetune_spec, seeded
@@ -114,7 +114,7 @@ class RecordingEngine(DpSgdEngine):
 @pytest.fixture()
 def recording(monkeypatch: pytest.MonkeyPatch) -> type[RecordingEngine]:
     RecordingEngine.instances = []
-    monkeypatch.setattr(finetune_module, "DpSgdEngine", RecordingEngine)
+    monkeypatch.setattr(ft_setup, "DpSgdEngine", RecordingEngine)
     return RecordingEngine
 
 
@@ -222,7 +222,7 @@ def test_a_lora_checkpoint_resumes_from_its_adapters(
 def test_a_fresh_class_table_keeps_the_pretrained_null_token() -> None:
     """New labels get new rows, but the unconditional (null) token — learnt on public data,
     and the only label a per-label model sees — is the base model's."""
-    from dpsynth_ml.models import (
+    from dpsynth_ml.models.architectures import (
         ModelBundle,
         build_class_embedder,
         build_scheduler,

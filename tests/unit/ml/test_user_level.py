@@ -8,19 +8,21 @@ statistical with a fixed seed and wide, stated tolerances (no timing anywhere).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from dpsynth_ml import InvalidSpecError, TrainingResult, train
+from dpsynth_ml import InvalidSpecError, PretrainTraining, TrainingResult, train
 from dpsynth_ml.data import load_dataset
 from dpsynth_ml.dp import DpSgdEngine, SubjectPoissonSampler
-from dpsynth_ml.per_label import _class_subset
+from dpsynth_ml.training.per_label import _class_subset
 
 from .dp_support import (
     Examples,
+    ZeroNoise,
     clip_rows,
     draw_loss,
     examples,
@@ -94,7 +96,7 @@ def test_each_subject_contributes_one_clipped_mean(draws: int, micro: int) -> No
     rows = torch.arange(len(ex))
     ref = reference_grads(model, ex, rows, draws)
     clip = 0.5 * float(ref.mean(dim=1).norm(dim=-1).median())
-    engine = make_engine(model, sigma=0.0, clip=clip, expected=2)
+    engine = make_engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=2)
     got = subject_sum(engine, ex, rows, SUBJECTS, draws=draws, micro=micro)
     torch.testing.assert_close(got, expected_subject_sum(ref, SUBJECTS, clip),
                                rtol=1e-9, atol=1e-12)
@@ -109,7 +111,7 @@ def test_removing_a_subject_moves_the_sum_by_at_most_c_whatever_its_image_count(
     ref = reference_grads(model, ex, rows, draws)
     # clipping is active for every subject's mean, so the bound is attained
     clip = 0.5 * float(ref.mean(dim=1).norm(dim=-1).min()) / 4
-    engine = make_engine(model, sigma=0.0, clip=clip, expected=2)
+    engine = make_engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=2)
     full = subject_sum(engine, ex, rows, SUBJECTS, draws=draws, micro=4)
     moved = {}
     for j in torch.unique(SUBJECTS).tolist():
@@ -131,7 +133,7 @@ def test_a_subject_cut_by_a_micro_batch_is_clipped_once_and_memory_stays_bounded
     rows = torch.arange(9)
     ref = reference_grads(model, ex, rows, 1)
     clip = 0.1 * float(ref.mean(dim=1).mean(dim=0).norm())
-    engine = make_engine(model, sigma=0.0, clip=clip, expected=1)
+    engine = make_engine(model, sigma=1.0, noise=ZeroNoise(), clip=clip, expected=1)
     seen: list[int] = []
     got = subject_sum(engine, ex, rows, subjects, draws=1, micro=2, seen=seen)
     assert max(seen) <= 2  # forward/backward never sees more than one micro-batch
@@ -251,16 +253,18 @@ def test_the_unit_of_the_job_and_of_the_data_must_agree(
         train(finetune_spec(privacy_unit="subject", dp_steps=1), dataset_path=digits_path,
               out_dir=tmp_path / "b", base_model_dir=pretrained.model_dir,
               _test_generator=seeded())
-    with pytest.raises(InvalidSpecError, match="finetunes only"):
-        finetune_spec(kind="pretrain", dp=None, privacy_unit="subject")
+    # only a finetune has a privacy block, so only a finetune can be user-level
+    assert "privacy" not in {f.name for f in dataclasses.fields(PretrainTraining)}
+    with pytest.raises(InvalidSpecError, match="max_images_per_subject"):
+        finetune_spec(privacy_unit="subject", max_images_per_subject=0)
 
 
 def test_per_label_user_level_runs_each_class_over_its_subjects(
         pretrained: TrainingResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Per label on a subject dataset: each class's run samples subjects (over the dataset's
     S, at its own q_c) and sees only the class's images; subject 0 has images in both."""
-    from dpsynth_ml import DpSpec, TrainingSpec
-    from dpsynth_ml import finetune as finetune_module
+    from dpsynth_ml import DpSpec, FinetuneTraining, PerLabel, SubjectLevel
+    from dpsynth_ml.training.finetune import setup as ft_setup
     from sklearn.datasets import load_digits
 
     from .support import IMAGE_SIZE
@@ -274,21 +278,22 @@ def test_per_label_user_level_runs_each_class_over_its_subjects(
     np.savez(path, images=images, labels=labels, class_names=np.array(["zero", "one"]),
              subjects=subjects)
     samplers: list[object] = []
-    real_prepare = finetune_module._prepare
+    real_prepare = ft_setup.prepare
 
     def prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
         run = real_prepare(*args, **kwargs)
         samplers.append(run.sampler)
         return run
 
-    monkeypatch.setattr(finetune_module, "_prepare", prepare)
+    monkeypatch.setattr(ft_setup, "prepare", prepare)
     rates = {"zero": 0.5, "one": 0.4}
-    spec = TrainingSpec(
-        kind="finetune", preset="tiny", image_size=IMAGE_SIZE, num_classes=2,
-        max_physical_batch_size=4, checkpoint_every=2, learning_rate=1e-3,
-        privacy_unit="subject", max_images_per_subject=2,
-        per_label_dp={c: DpSpec(noise_multiplier=1.0, sample_rate=q, expected_batch_size=2,
-                                max_grad_norm=1.0, steps=2) for c, q in rates.items()})
+    spec = FinetuneTraining(
+        image_size=IMAGE_SIZE, num_classes=2, max_physical_batch_size=4, checkpoint_every=2,
+        learning_rate=1e-3,
+        privacy=PerLabel({c: SubjectLevel(DpSpec(noise_multiplier=1.0, sample_rate=q,
+                                                 expected_batch_size=2, max_grad_norm=1.0,
+                                                 steps=2), max_images_per_subject=2)
+                          for c, q in rates.items()}))
     result = train(spec, dataset_path=path, out_dir=tmp_path / "out", hooks=RecordingHooks(),
                    base_model_dir=pretrained.model_dir, _test_generator=seeded(8))
     assert dict(result.steps_by_partition) == {"zero": 2, "one": 2}

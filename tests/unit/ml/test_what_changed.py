@@ -8,9 +8,9 @@ from typing import ClassVar
 import pytest
 import torch
 from dpsynth_ml import TrainingResult, train
-from dpsynth_ml import finetune as finetune_module
 from dpsynth_ml.dp import DpSgdEngine
-from dpsynth_ml.model_io import load_model
+from dpsynth_ml.models.model_io import load_model
+from dpsynth_ml.training.finetune import setup as ft_setup
 
 from .support import finetune_spec, seeded
 
@@ -53,7 +53,7 @@ def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) ->
 @pytest.fixture()
 def recording(monkeypatch: pytest.MonkeyPatch) -> type[RecordingEngine]:
     RecordingEngine.instances = []
-    monkeypatch.setattr(finetune_module, "DpSgdEngine", RecordingEngine)
+    monkeypatch.setattr(ft_setup, "DpSgdEngine", RecordingEngine)
     return RecordingEngine
 
 

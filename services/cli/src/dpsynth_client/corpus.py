@@ -1,6 +1,6 @@
 """A synthetic corpus zip as arrays: ``images`` (uint8 N×H×W×C), ``labels`` (int64 N).
 
-The layout a generate job writes (``dpsynth_ml.generate.sample`` and the worker's generate
+The layout a generate job writes (``dpsynth_ml.sampling.generate.sample`` and the worker's generate
 runner): one folder per class, ``<class folder>/<i>.png``, and a root ``manifest.json``
 (provenance, privacy figures, sampling, ``counts`` per class name). Class folders are
 file-system-safe spellings of the class names: characters outside ``[A-Za-z0-9._-]``

@@ -8,31 +8,48 @@ contract holds the worker to it); docs/ml-core.md describes each name.
 
 from dpsynth_ml.data import ImageDataset, load_dataset
 from dpsynth_ml.evaluation import (
+    Classifier,
+    EvaluationResult,
+    FeatureNet,
+    FeatureNetInfo,
     check_feature_net,
     evaluate_corpus,
     load_feature_net,
     train_feature_net,
 )
 from dpsynth_ml.evaluation.dp import holdout_correct_counts, release_accuracies
-from dpsynth_ml.generate import is_layout_generator, load_layouts, sample, sample_layouts
-from dpsynth_ml.hooks import NullHooks, TrainingHooks
-from dpsynth_ml.model_io import model_hash, read_model_info
-from dpsynth_ml.placement import train_placed
+from dpsynth_ml.models.model_io import model_hash, read_model_info
+from dpsynth_ml.parallel.placement import train_placed
+from dpsynth_ml.sampling.generate import (
+    LayoutSet,
+    is_layout_generator,
+    load_layouts,
+    sample,
+    sample_layouts,
+)
 from dpsynth_ml.spec import (
     Architecture,
     DpSpec,
+    FinetuneTraining,
     InvalidSpecError,
     MlError,
     ModelInfo,
+    PerLabel,
+    PretrainTraining,
+    RecordLevel,
     SampleResult,
+    SubjectLevel,
     TrainingResult,
     TrainingSpec,
 )
-from dpsynth_ml.training import check_training, train
+from dpsynth_ml.training.entry import check_training, train
+from dpsynth_ml.training.hooks import NullHooks, TrainingHooks
 
 __all__ = [
-    "Architecture", "DpSpec", "ImageDataset", "InvalidSpecError", "MlError", "ModelInfo",
-    "NullHooks", "SampleResult", "TrainingHooks", "TrainingResult", "TrainingSpec",
+    "Architecture", "Classifier", "DpSpec", "EvaluationResult", "FeatureNet", "FeatureNetInfo",
+    "FinetuneTraining", "ImageDataset", "InvalidSpecError", "LayoutSet", "MlError", "ModelInfo",
+    "NullHooks", "PerLabel", "PretrainTraining", "RecordLevel", "SampleResult", "SubjectLevel",
+    "TrainingHooks", "TrainingResult", "TrainingSpec",
     "check_feature_net", "check_training", "evaluate_corpus", "holdout_correct_counts",
     "is_layout_generator", "load_dataset", "load_feature_net", "load_layouts", "model_hash",
     "read_model_info", "release_accuracies", "sample", "sample_layouts", "train",

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 Preset = Literal["tiny", "small", "base", "custom"]
 TrainingKind = Literal["pretrain", "finetune"]
@@ -19,7 +19,6 @@ RngKind = Literal["os", "test"]
 SamplerKind = Literal["ddpm", "ddim", "dpm_solver++"]
 TrainingTarget = Literal["images", "masks"]
 UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
-PrivacyUnit = Literal["image", "subject"]
 
 #: Version of the on-disk model directory format (``dpsynth_model.json``).
 MODEL_FORMAT_VERSION = 1
@@ -42,7 +41,9 @@ class DpSpec:
     """Parameters of one DP-SGD job, exactly as the privacy ledger accounted them.
 
     Attributes:
-        noise_multiplier: sigma; the noise std on the clipped sum is sigma * max_grad_norm.
+        noise_multiplier: sigma > 0; the noise std on the clipped sum is sigma *
+            max_grad_norm. No spec turns the noise off: a noiseless mechanism exists only
+            as an object tests inject into the engine (``DpSgdEngine(_test_noise=...)``).
         sample_rate: Poisson rate q = expected_batch_size / N_hat, used verbatim by the sampler.
         expected_batch_size: public normaliser of every update (never the realised size).
         max_grad_norm: per-example clipping norm C.
@@ -61,8 +62,8 @@ class DpSpec:
     delta: float | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0):
-            raise InvalidSpecError("noise_multiplier must be finite and >= 0")
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
+            raise InvalidSpecError("noise_multiplier must be finite and > 0")
         if not (0.0 < self.sample_rate <= 1.0):
             raise InvalidSpecError("sample_rate must be in (0, 1]")
         if self.expected_batch_size < 1:
@@ -91,48 +92,131 @@ class Architecture:
 
 
 @dataclass(frozen=True)
-class TrainingSpec:
-    """What to train; see the package docstring for the meaning of each field.
+class RecordLevel:
+    """Record-level DP-SGD: Poisson sampling over images at ``dp.sample_rate``, one clipped
+    contribution per image."""
 
-    Finetune-only fields: ``trainable`` ("full", "attention" = every attn1/attn2,
-    "output_attention" = attention of the UNet's up blocks, "blocks" = the UNet module-name
-    prefixes in ``blocks``, "lora" = LoRA adapters of rank ``lora_rank`` on the attention
-    projections via peft, merged into the weights on save), ``train_embedder`` (None = train
-    the class embedder iff there is no class_map), ``noise_multiplicity`` (K draws of
-    (timestep, noise) averaged per example before clipping), ``ema_decay``, ``warmup_steps``,
-    and exactly one of ``dp`` (whole-dataset DP-SGD) or ``per_label_dp`` (class name ->
-    DpSpec: one model per class, each trained on that class's records only).
+    dp: DpSpec
 
-    Pretrain-only fields: ``preset`` / ``architecture`` and ``layout_conditioning`` (the
-    dataset's masks are encoded by the VAE and concatenated to the noisy latent).
 
-    ``target`` (both kinds): "images", or "masks" to train a layout generator on the
-    dataset's layout masks in place of its images (same labels, same DP machinery; the
-    model's info records ``extra.target = "masks"``).
-
-    ``privacy_unit`` (finetunes): "image" (record-level DP-SGD) or "subject" (user-level
-    DP-SGD over the dataset's ``subjects``: Poisson sampling over subjects at the DpSpec's
-    q, one clipped contribution per subject = the mean gradient of up to
+@dataclass(frozen=True)
+class SubjectLevel:
+    """User-level DP-SGD over the dataset's ``subjects``: Poisson sampling over subjects at
+    ``dp.sample_rate``, one clipped contribution per subject = the mean gradient of up to
     ``max_images_per_subject`` of its images, chosen uniformly each step; the DpSpec's
-    ``expected_batch_size`` is then the expected number of SUBJECTS per step).
+    ``expected_batch_size`` is then the expected number of SUBJECTS per step."""
 
-    ``nonprivate`` (finetunes, BENCHMARKS ONLY): train the same trainable set without any
-    privacy: uniformly shuffled minibatches of ``batch_size`` for ``epochs`` epochs, plain
-    mean-loss gradients, no per-example gradients, clipping or noise. It needs ``dp`` and
-    ``per_label_dp`` to be None and the image privacy unit; the model is stamped
-    ``extra.nonprivate = True``. The worker and the api never set it (a finetune job always
-    carries a privacy block); it exists so benchmarks can measure the cost of DP.
+    dp: DpSpec
+    max_images_per_subject: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_images_per_subject < 1:
+            raise InvalidSpecError("max_images_per_subject must be >= 1")
+
+
+#: The privacy of one DP-SGD run over a whole dataset (or one class of it).
+WholeDataset = RecordLevel | SubjectLevel
+
+
+@dataclass(frozen=True)
+class PerLabel:
+    """One model per class, each trained on that class's records only, under its own
+    privacy block (class name -> RecordLevel or SubjectLevel, all of one unit)."""
+
+    per_class: Mapping[str, WholeDataset]
+
+    def __post_init__(self) -> None:
+        if not self.per_class:
+            raise InvalidSpecError("a per-label finetune needs at least one class")
+        units = {(type(p).__name__,
+                  p.max_images_per_subject if isinstance(p, SubjectLevel) else 0)
+                 for p in self.per_class.values()}
+        if len(units) != 1:
+            raise InvalidSpecError("every class of a per-label finetune has the same unit")
+
+
+#: What a finetune's privacy is: exactly one of these (DP cannot be turned off by a spec).
+Privacy = RecordLevel | SubjectLevel | PerLabel
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TrainingBase:
+    """Fields of every training; docs/ml-core.md gives each field's meaning.
+
+    ``target``: "images", or "masks" to train a layout generator on the dataset's layout
+    masks in place of its images (same labels, same DP machinery; the model's info records
+    ``extra.target = "masks"``).
     """
 
-    kind: TrainingKind
-    preset: Preset = "tiny"
-    architecture: Architecture | None = None
     image_size: int = 32
     channels: int = 1
     class_conditional: bool = True
-    layout_conditioning: bool = False
     target: TrainingTarget = "images"
     num_classes: int = 10
+    learning_rate: float = 3e-4
+    label_dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.target not in ("images", "masks"):
+            raise InvalidSpecError(f"unknown target {self.target!r}")
+        if self.image_size < 8 or self.image_size % 4 != 0:
+            raise InvalidSpecError("image_size must be a multiple of 4 and >= 8")
+        if self.channels not in (1, 3):
+            raise InvalidSpecError("channels must be 1 or 3")
+        if self.num_classes < 1:
+            raise InvalidSpecError("num_classes must be >= 1")
+        if not (0.0 <= self.label_dropout < 1.0):
+            raise InvalidSpecError("label_dropout must be in [0, 1)")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise InvalidSpecError("learning_rate must be finite and > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PretrainTraining(_TrainingBase):
+    """Pretrain VAE + UNet from scratch on public data (not private, no DpSpec).
+
+    ``preset`` / ``architecture`` (given exactly when the preset is "custom") pick the
+    model; with ``layout_conditioning`` the dataset's masks are encoded by the VAE and
+    concatenated to the noisy latent. ``epochs`` of shuffled minibatches of ``batch_size``,
+    seeded by ``seed`` (public data: the run may be replayed).
+    """
+
+    kind: ClassVar[TrainingKind] = "pretrain"
+
+    preset: Preset = "tiny"
+    architecture: Architecture | None = None
+    layout_conditioning: bool = False
+    epochs: int = 1
+    batch_size: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.preset not in ("tiny", "small", "base", "custom"):
+            raise InvalidSpecError(f"unknown preset {self.preset!r}")
+        if (self.preset == "custom") != (self.architecture is not None):
+            raise InvalidSpecError("an architecture is given exactly when preset is 'custom'")
+        if self.target == "masks" and self.layout_conditioning:
+            raise InvalidSpecError("a layout generator (target 'masks') is not "
+                                   "layout-conditioned")
+        if min(self.epochs, self.batch_size) < 1:
+            raise InvalidSpecError("epochs and batch_size must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinetuneRecipe(_TrainingBase):
+    """What a finetune trains and how, apart from its privacy.
+
+    ``trainable``: "full", "attention" = every attn1/attn2, "output_attention" = attention
+    of the UNet's up blocks, "blocks" = the UNet module-name prefixes in ``blocks``, "lora"
+    = LoRA adapters of rank ``lora_rank`` on the attention projections via peft, merged
+    into the weights on save. ``train_embedder`` (None = train the class embedder iff there
+    is no class_map), ``noise_multiplicity`` (K draws of (timestep, noise) averaged per
+    example before clipping), ``ema_decay``, ``warmup_steps``, physical micro-batches of
+    ``max_physical_batch_size`` rows, ``class_map`` (private class index -> base class
+    index) and a checkpoint every ``checkpoint_every`` logical steps.
+    """
+
     trainable: Trainable = "attention"
     blocks: tuple[str, ...] | None = None
     lora_rank: int = 4
@@ -141,52 +225,12 @@ class TrainingSpec:
     noise_multiplicity: int = 1
     ema_decay: float | None = None
     warmup_steps: int = 0
-    learning_rate: float = 3e-4
-    epochs: int = 1
-    batch_size: int = 64
-    label_dropout: float = 0.1
     max_physical_batch_size: int = 64
     class_map: Mapping[int, int] | None = None
     checkpoint_every: int = 10
-    seed: int = 0
-    dp: DpSpec | None = None
-    per_label_dp: Mapping[str, DpSpec] | None = None
-    privacy_unit: PrivacyUnit = "image"
-    max_images_per_subject: int = 8
-    nonprivate: bool = False
 
     def __post_init__(self) -> None:
-        if self.nonprivate and (self.kind != "finetune" or self.dp is not None
-                                or self.per_label_dp is not None
-                                or self.privacy_unit != "image"):
-            raise InvalidSpecError("nonprivate is a finetune without dp / per_label_dp, "
-                                   "over images (benchmarks only)")
-        if self.privacy_unit not in ("image", "subject"):
-            raise InvalidSpecError(f"unknown privacy_unit {self.privacy_unit!r}")
-        if self.privacy_unit == "subject" and self.kind != "finetune":
-            raise InvalidSpecError("privacy_unit 'subject' applies to DP finetunes only")
-        if self.max_images_per_subject < 1:
-            raise InvalidSpecError("max_images_per_subject must be >= 1")
-        private = self.dp is not None or self.per_label_dp is not None
-        if (self.kind == "finetune" and not self.nonprivate
-                and (self.dp is None) == (self.per_label_dp is None)):
-            raise InvalidSpecError("a finetune needs exactly one of dp / per_label_dp")
-        if self.kind == "pretrain" and private:
-            raise InvalidSpecError("a pretrain must not carry a DpSpec (it is not private)")
-        if self.per_label_dp is not None and (not self.per_label_dp
-                                              or self.class_map is not None):
-            raise InvalidSpecError("per_label_dp needs at least one class and no class_map")
-        if self.target not in ("images", "masks"):
-            raise InvalidSpecError(f"unknown target {self.target!r}")
-        if self.target == "masks" and (self.layout_conditioning
-                                       or self.per_label_dp is not None):
-            raise InvalidSpecError("a layout generator (target 'masks') is neither "
-                                   "layout-conditioned nor per-label")
-        if self.preset not in ("tiny", "small", "base", "custom"):
-            raise InvalidSpecError(f"unknown preset {self.preset!r}")
-        if self.kind == "pretrain" and (self.preset == "custom") != (
-                self.architecture is not None):
-            raise InvalidSpecError("an architecture is given exactly when preset is 'custom'")
+        super().__post_init__()
         if self.trainable not in ("full", "attention", "output_attention", "blocks", "lora"):
             raise InvalidSpecError(f"unknown trainable {self.trainable!r}")
         if (self.trainable == "blocks") != bool(self.blocks):
@@ -199,24 +243,37 @@ class TrainingSpec:
             raise InvalidSpecError("ema_decay must be in (0, 1)")
         if self.warmup_steps < 0:
             raise InvalidSpecError("warmup_steps must be >= 0")
-        if self.image_size < 8 or self.image_size % 4 != 0:
-            raise InvalidSpecError("image_size must be a multiple of 4 and >= 8")
-        if self.channels not in (1, 3):
-            raise InvalidSpecError("channels must be 1 or 3")
-        if self.num_classes < 1:
-            raise InvalidSpecError("num_classes must be >= 1")
-        if not (0.0 <= self.label_dropout < 1.0):
-            raise InvalidSpecError("label_dropout must be in [0, 1)")
-        if min(self.epochs, self.batch_size, self.max_physical_batch_size) < 1:
-            raise InvalidSpecError("epochs, batch_size and max_physical_batch_size must be >= 1")
+        if self.max_physical_batch_size < 1:
+            raise InvalidSpecError("max_physical_batch_size must be >= 1")
         if self.checkpoint_every < 1:
             raise InvalidSpecError("checkpoint_every must be >= 1")
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise InvalidSpecError("learning_rate must be finite and > 0")
         if self.class_map is not None:
             bad = [m for m in self.class_map.values() if not 0 <= m < self.num_classes]
             if bad:
                 raise InvalidSpecError(f"class_map targets outside [0, num_classes): {bad}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinetuneTraining(FinetuneRecipe):
+    """DP-finetune a pretrained model on private data under ``privacy`` (always DP-SGD)."""
+
+    kind: ClassVar[TrainingKind] = "finetune"
+
+    privacy: Privacy
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.privacy, (RecordLevel, SubjectLevel, PerLabel)):
+            raise InvalidSpecError("a finetune's privacy is RecordLevel, SubjectLevel or "
+                                   "PerLabel")
+        if isinstance(self.privacy, PerLabel) and self.class_map is not None:
+            raise InvalidSpecError("a per-label finetune takes no class_map")
+        if isinstance(self.privacy, PerLabel) and self.target == "masks":
+            raise InvalidSpecError("a layout generator (target 'masks') is not per-label")
+
+
+#: What :func:`dpsynth_ml.train` accepts: one variant per kind of training.
+TrainingSpec = PretrainTraining | FinetuneTraining
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,10 @@ from opacus.optimizers.optimizer import DPOptimizer
 from torch import nn
 from torch.optim import Optimizer
 
-from dpsynth_ml.distributed import Placement, same_on_all_ranks
-from dpsynth_ml.dp.engine import DpSgdEngine, SourcedNoiseDPOptimizer
+from dpsynth_ml.dp.engine import DpSgdEngine, SourcedNoiseDPOptimizer, set_grad_sample
 from dpsynth_ml.dp.noise import NoiseSource
 from dpsynth_ml.dp.sampler import PoissonSampler, SubjectBatch, SubjectPoissonSampler
+from dpsynth_ml.parallel.distributed import Placement, same_on_all_ranks
 
 
 def shard_of(num_records: int, rank: int, world_size: int) -> torch.Tensor:
@@ -139,7 +139,8 @@ class ShardedSubjectPoissonSampler:
                             batch.subjects * self._world + self._rank)
 
 
-class _RankZeroNoiseOptimizer(DistributedDPOptimizer, SourcedNoiseDPOptimizer):
+class _RankZeroNoiseOptimizer(DistributedDPOptimizer,  # type: ignore[misc]  # opacus
+                              SourcedNoiseDPOptimizer):
     """opacus' rank-0-only noise (``DistributedDPOptimizer.add_noise``) drawn from the
     engine's noise source (``SourcedNoiseDPOptimizer.add_noise``, next in the MRO)."""
 
@@ -149,7 +150,7 @@ class DistributedDpSgdEngine(DpSgdEngine):
 
     ``expected_batch_size`` is the GLOBAL expected batch size E (the spec's, q * N), the
     same number a single process uses. The noise is drawn on rank 0 only, from its engine's
-    own OS-keyed ChaCha20 source; ``generator`` is for tests only, as in
+    own OS-keyed ChaCha20 source; ``generator`` and ``_test_noise`` are for tests only, as in
     :class:`DpSgdEngine` (give every rank its own, as its sampler and diffusion draws must
     differ between ranks).
 
@@ -163,14 +164,15 @@ class DistributedDpSgdEngine(DpSgdEngine):
 
     def __init__(self, module: nn.Module, optimizer: Optimizer, *, noise_multiplier: float,
                  max_grad_norm: float, expected_batch_size: int,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None,
+                 _test_noise: NoiseSource | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DistributedDpSgdEngine needs an initialised process group")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.expected_batch_size = expected_batch_size
         super().__init__(module, optimizer, noise_multiplier=noise_multiplier,
                          max_grad_norm=max_grad_norm, expected_batch_size=expected_batch_size,
-                         generator=generator)
+                         generator=generator, _test_noise=_test_noise)
         self._check_same_settings(noise_multiplier, max_grad_norm, expected_batch_size)
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
@@ -203,7 +205,7 @@ class DistributedDpSgdEngine(DpSgdEngine):
         if self._carried is not None:
             raise RuntimeError("a subject's contribution was carried but never completed")
         for p in self.params:
-            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+            set_grad_sample(p, torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device))
         # clip (nothing left) -> add_noise: rank 0 sum + noise, others sum -> no scaling
         if not self.optimizer.pre_step():
             raise RuntimeError("DPOptimizer skipped the noise step unexpectedly")

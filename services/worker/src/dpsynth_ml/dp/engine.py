@@ -50,8 +50,34 @@ from torch.optim import Optimizer
 
 from dpsynth_ml.dp.noise import ChaChaGaussian, NoiseSource
 
+#: Attributes opacus attaches to each trainable parameter (untyped on ``torch.Tensor``).
+_GRAD_SAMPLE = "grad_sample"
+_SUMMED_GRAD = "summed_grad"
 
-class SourcedNoiseDPOptimizer(DPOptimizer):
+
+def grad_sample(p: torch.Tensor) -> torch.Tensor | list[torch.Tensor] | None:
+    """opacus' per-example gradient of ``p`` (a list after backward passes with no step)."""
+    value: torch.Tensor | list[torch.Tensor] | None = getattr(p, _GRAD_SAMPLE)
+    return value
+
+
+def set_grad_sample(p: torch.Tensor, value: torch.Tensor) -> None:
+    """Replace opacus' per-example gradient of ``p``."""
+    setattr(p, _GRAD_SAMPLE, value)
+
+
+def summed_grad(p: torch.Tensor) -> torch.Tensor:
+    """opacus' clipped sum of ``p``'s per-example gradients (set by ``clip_and_accumulate``)."""
+    value: torch.Tensor = getattr(p, _SUMMED_GRAD)
+    return value
+
+
+def clear_summed_grad(p: torch.Tensor) -> None:
+    """Drop opacus' clipped sum of ``p`` (an unreleased step)."""
+    setattr(p, _SUMMED_GRAD, None)
+
+
+class SourcedNoiseDPOptimizer(DPOptimizer):  # type: ignore[misc]  # opacus is untyped
     """opacus' ``DPOptimizer`` whose Gaussian noise comes from a :class:`NoiseSource`.
 
     opacus' own ``add_noise`` calls ``torch.normal`` on a torch generator (Mersenne Twister
@@ -80,14 +106,14 @@ class SourcedNoiseDPOptimizer(DPOptimizer):
         # parameter tensors would otherwise pay each
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
         for p in self.params:
-            _check_processed_flag(p.summed_grad)
-            groups.setdefault((p.summed_grad.device, p.summed_grad.dtype), []).append(p)
+            _check_processed_flag(summed_grad(p))
+            groups.setdefault((summed_grad(p).device, summed_grad(p).dtype), []).append(p)
         for (device, dtype), params in groups.items():
-            sizes = [p.summed_grad.numel() for p in params]
+            sizes = [summed_grad(p).numel() for p in params]
             flat = self.noise_source.gaussian((sum(sizes),), std, device=device, dtype=dtype)
-            for p, noise in zip(params, flat.split(sizes), strict=True):
-                p.grad = (p.summed_grad + noise.view_as(p.summed_grad)).view_as(p)
-                _mark_as_processed(p.summed_grad)
+            for p, noise in zip(params, torch.split(flat, sizes), strict=True):
+                p.grad = (summed_grad(p) + noise.view_as(summed_grad(p))).view_as(p)
+                _mark_as_processed(summed_grad(p))
 
 
 class DpSgdEngine:
@@ -96,7 +122,7 @@ class DpSgdEngine:
     Args:
         module: the model; its trainable parameters must all be in ``optimizer``.
         optimizer: a plain torch optimizer over exactly the trainable parameters.
-        noise_multiplier: sigma.
+        noise_multiplier: sigma > 0.
         max_grad_norm: C (flat clipping over all trainable parameters).
         expected_batch_size: public normaliser of the update.
         generator: TESTS ONLY (the injected generator of docs/privacy.md, "The noise
@@ -105,15 +131,22 @@ class DpSgdEngine:
             gives each draw a key drawn from it (:meth:`ChaChaGaussian.keyed_by`), so
             replaying it replays the noise; a model trained so is stamped ``rng: test``.
             Either way the noise is ChaCha20-based, never ``torch.normal``.
+        _test_noise: TESTS ONLY: the noise source itself, in place of ChaCha20 (e.g. a
+            deliberately broken one that adds nothing, to check clipping and sums exactly).
+            No spec, API field or setting reaches it: it is an object only test code builds.
 
     Raises:
-        ValueError: if opacus' validators reject the module (e.g. BatchNorm, trainable
-            layers with buffers) or the optimizer does not hold exactly the trainable params.
+        ValueError: if sigma is not > 0, opacus' validators reject the module (e.g.
+            BatchNorm, trainable layers with buffers) or the optimizer does not hold exactly
+            the trainable params.
     """
 
     def __init__(self, module: nn.Module, optimizer: Optimizer, *, noise_multiplier: float,
                  max_grad_norm: float, expected_batch_size: int,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None,
+                 _test_noise: NoiseSource | None = None) -> None:
+        if not noise_multiplier > 0:
+            raise ValueError("noise_multiplier must be > 0 (tests inject a noise source)")
         errors = ModuleValidator.validate(module, strict=False)
         if errors:
             raise ValueError(f"module is not DP-compatible: {errors}")
@@ -122,8 +155,10 @@ class DpSgdEngine:
         if trainable != in_optimizer:
             raise ValueError("optimizer must hold exactly the module's trainable parameters")
         self.max_grad_norm = max_grad_norm
-        self.noise_source: NoiseSource = (ChaChaGaussian.from_os_entropy() if generator is None
-                                          else ChaChaGaussian.keyed_by(generator))
+        self.noise_source: NoiseSource = (
+            _test_noise if _test_noise is not None
+            else ChaChaGaussian.from_os_entropy() if generator is None
+            else ChaChaGaussian.keyed_by(generator))
         # loss_reduction="sum": we back-propagate the sum of per-example losses so that
         # grad_sample[i] is exactly example i's gradient; normalisation happens once, in the
         # optimizer, by expected_batch_size.
@@ -223,7 +258,7 @@ class DpSgdEngine:
         num_groups = int(groups.max().item()) + 1
         carried: list[torch.Tensor] = []
         for index, p in enumerate(self.params):
-            gs = p.grad_sample
+            gs = grad_sample(p)
             assert isinstance(gs, torch.Tensor)
             w = weights.to(device=gs.device, dtype=gs.dtype).view(-1, *([1] * (gs.dim() - 1)))
             grouped = torch.zeros((num_groups, *gs.shape[1:]), dtype=gs.dtype,
@@ -236,7 +271,7 @@ class DpSgdEngine:
             if carry_out:
                 carried.append(grouped[-1].clone())
                 grouped = grouped[:-1]
-            p.grad_sample = grouped
+            set_grad_sample(p, grouped)
         self._carried = carried if carry_out else None
         return self._clip_and_sum(), mean_loss
 
@@ -261,7 +296,7 @@ class DpSgdEngine:
             # The class embedder's input (integer labels) never requires grad, so torch
             # warns that opacus' full backward hook fires on outputs only; that is expected.
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward
 
     def _fold_grad_samples(self) -> None:
         """Sum this pass's per-sample gradients into the previous passes' (same examples).
@@ -271,12 +306,12 @@ class DpSgdEngine:
         passes as *more examples*); the rows belong to the same examples, so add them.
         """
         for p in self.params:
-            gs = p.grad_sample
+            gs = grad_sample(p)
             if isinstance(gs, list):
                 total = gs[0]
                 for more in gs[1:]:
                     total = total.add_(more)
-                p.grad_sample = total
+                set_grad_sample(p, total)
 
     def _clip_and_sum(self) -> int:
         """Clip each example's (folded) gradient to C and add it to ``p.summed_grad``."""
@@ -290,9 +325,10 @@ class DpSgdEngine:
     def per_sample_norms(self) -> torch.Tensor:
         """Flat L2 norm of each example's gradient over all trainable parameters."""
         # no rows (a micro-batch whose only subject carries on): norms of shape [0]
-        flat = [g.reshape(len(g), -1) if g.numel() else g.new_zeros((len(g), 0))
-                for g in self.optimizer.grad_samples]
-        return torch.cat(flat, dim=1).norm(2, dim=1)
+        grads: list[torch.Tensor] = self.optimizer.grad_samples
+        flat = [g.reshape(len(g), -1) if g.numel() else g.new_zeros((len(g), 0)) for g in grads]
+        norms: torch.Tensor = torch.cat(flat, dim=1).norm(2, dim=1)
+        return norms
 
     def privatize(self) -> None:
         """Finish a logical step: add noise once to the clipped sum, divide by B_expected.
@@ -306,7 +342,7 @@ class DpSgdEngine:
         for p in self.params:
             # An empty per-sample gradient makes DPOptimizer treat "no more examples" and
             # "empty Poisson batch" alike: clip_and_accumulate adds a zero-sized sum.
-            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+            set_grad_sample(p, torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device))
         if not self.optimizer.pre_step():
             raise RuntimeError("DPOptimizer skipped the noise step unexpectedly")
 
@@ -318,7 +354,7 @@ class DpSgdEngine:
     def discard(self) -> None:
         """Drop the accumulated (unreleased) state without updating (tests, aborts)."""
         for p in self.params:
-            p.summed_grad = None
+            clear_summed_grad(p)
         self._carried = None
         self.optimizer.zero_grad(set_to_none=True)
 

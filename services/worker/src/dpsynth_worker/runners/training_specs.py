@@ -1,7 +1,8 @@
 """The one mapping from a job's typed spec (``dpsynth_shared.job_specs``) to the ML core's
-training spec: a pretrain from its public dataset, a finetune from its base model's shape
-and its reservation's DP parameters, handed over verbatim (never recomputed here, so what
-runs is exactly what the ledger accounted)."""
+training spec: a ``PretrainTraining`` from its public dataset, a ``FinetuneTraining`` from
+its base model's shape and its reservation's DP parameters, handed over verbatim (never
+recomputed here, so what runs is exactly what the ledger accounted). A finetune's privacy is
+always one of the core's DP variants: nothing here can turn DP off."""
 
 from __future__ import annotations
 
@@ -14,28 +15,35 @@ from dpsynth_shared.ledger_contract import Reservation
 from dpsynth_shared.worker_contract import DatasetInfo
 
 if TYPE_CHECKING:
-    from dpsynth_ml import DpSpec, ModelInfo, TrainingSpec
+    from dpsynth_ml import (
+        DpSpec,
+        FinetuneTraining,
+        ModelInfo,
+        PretrainTraining,
+        RecordLevel,
+        SubjectLevel,
+    )
 
 
-def pretrain_training_spec(spec: PretrainSpec, dataset: DatasetInfo) -> TrainingSpec:
+def pretrain_training_spec(spec: PretrainSpec, dataset: DatasetInfo) -> PretrainTraining:
     """A pretrain's spec: the job's shape over the public dataset's classes."""
-    from dpsynth_ml import Architecture, TrainingSpec
+    from dpsynth_ml import Architecture, PretrainTraining
 
     arch = spec.architecture
-    return TrainingSpec(kind="pretrain", preset=spec.preset, image_size=spec.image_size,
-                        architecture=Architecture(unet_class=arch.unet_class,
-                                                  unet=dict(arch.unet), vae=dict(arch.vae))
-                        if arch is not None else None,
-                        layout_conditioning=spec.layout_conditioning, target=spec.target,
-                        channels=spec.channels, class_conditional=spec.class_conditional,
-                        num_classes=len(dataset.class_names),
-                        learning_rate=spec.learning_rate, epochs=spec.epochs,
-                        batch_size=spec.batch_size, label_dropout=spec.label_dropout,
-                        seed=spec.seed)
+    return PretrainTraining(preset=spec.preset, image_size=spec.image_size,
+                            architecture=Architecture(unet_class=arch.unet_class,
+                                                      unet=dict(arch.unet), vae=dict(arch.vae))
+                            if arch is not None else None,
+                            layout_conditioning=spec.layout_conditioning, target=spec.target,
+                            channels=spec.channels, class_conditional=spec.class_conditional,
+                            num_classes=len(dataset.class_names),
+                            learning_rate=spec.learning_rate, epochs=spec.epochs,
+                            batch_size=spec.batch_size, label_dropout=spec.label_dropout,
+                            seed=spec.seed)
 
 
 def finetune_training_spec(spec: FinetuneSpec, *, reservation: Reservation,
-                           dataset: DatasetInfo, base: ModelInfo) -> TrainingSpec:
+                           dataset: DatasetInfo, base: ModelInfo) -> FinetuneTraining:
     """A finetune's spec: shape from the base model, DP parameters from the reservation.
 
     Raises:
@@ -43,41 +51,50 @@ def finetune_training_spec(spec: FinetuneSpec, *, reservation: Reservation,
             per-label reservation for a whole-dataset job or the reverse) or the class map
             does not cover the dataset's classes.
     """
-    from dpsynth_ml import DpSpec, TrainingSpec
+    from dpsynth_ml import DpSpec, FinetuneTraining, PerLabel
 
     t, event = spec.training, reservation.event
     class_map, num_classes = None, len(dataset.class_names)
     if t.class_map is not None:
         class_map = map_classes(dataset.class_names, list(base.class_names), t.class_map)
         num_classes = base.num_classes
-    dp, by_label = None, None
+    privacy: RecordLevel | SubjectLevel | PerLabel
     if t.per_label:
-        by_label = per_label_dp(spec, reservation=reservation, dataset=dataset)
+        privacy = PerLabel({name: unit_privacy(spec, dataset, dp) for name, dp in
+                            per_label_dp(spec, reservation=reservation,
+                                         dataset=dataset).items()})
     elif not isinstance(event, DpSgdEvent) or reservation.expected_batch_size is None:
         raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label reservation needs "
                            "training.per_label")
     else:
-        dp = DpSpec(noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate,
-                    expected_batch_size=reservation.expected_batch_size,
-                    max_grad_norm=spec.privacy.max_grad_norm,
-                    steps=planned_steps(reservation),
-                    **padding_terms(spec, reservation=reservation, dataset=dataset))
-    return TrainingSpec(kind="finetune", preset=base.preset, image_size=base.image_size,
-                        channels=base.channels, class_conditional=t.class_conditional,
-                        num_classes=num_classes, trainable=t.trainable,
-                        blocks=tuple(t.blocks) if t.blocks else None,
-                        lora_rank=t.lora_rank, lora_alpha=t.lora_alpha,
-                        train_embedder=t.train_embedder,
-                        noise_multiplicity=t.noise_multiplicity, ema_decay=t.ema_decay,
-                        warmup_steps=t.warmup_steps,
-                        learning_rate=t.learning_rate, label_dropout=t.label_dropout,
-                        max_physical_batch_size=t.max_physical_batch_size,
-                        class_map=class_map, checkpoint_every=t.checkpoint_every, dp=dp,
-                        per_label_dp=by_label, target=t.target,
-                        # the dataset's unit (from its row, via the claim): 'subject' trains
-                        # user-level DP-SGD; q and the batch size then count subjects
-                        privacy_unit=dataset.privacy_unit,
-                        max_images_per_subject=t.max_images_per_subject)
+        privacy = unit_privacy(spec, dataset, DpSpec(
+            noise_multiplier=event.noise_multiplier, sample_rate=event.sample_rate,
+            expected_batch_size=reservation.expected_batch_size,
+            max_grad_norm=spec.privacy.max_grad_norm, steps=planned_steps(reservation),
+            **padding_terms(spec, reservation=reservation, dataset=dataset)))
+    return FinetuneTraining(image_size=base.image_size, channels=base.channels,
+                            class_conditional=t.class_conditional, num_classes=num_classes,
+                            trainable=t.trainable,
+                            blocks=tuple(t.blocks) if t.blocks else None,
+                            lora_rank=t.lora_rank, lora_alpha=t.lora_alpha,
+                            train_embedder=t.train_embedder,
+                            noise_multiplicity=t.noise_multiplicity, ema_decay=t.ema_decay,
+                            warmup_steps=t.warmup_steps,
+                            learning_rate=t.learning_rate, label_dropout=t.label_dropout,
+                            max_physical_batch_size=t.max_physical_batch_size,
+                            class_map=class_map, checkpoint_every=t.checkpoint_every,
+                            target=t.target, privacy=privacy)
+
+
+def unit_privacy(spec: FinetuneSpec, dataset: DatasetInfo,
+                 dp: DpSpec) -> RecordLevel | SubjectLevel:
+    """DP-SGD over the dataset's unit (from its row, via the claim): ``SubjectLevel``
+    (user-level; q and the batch size then count subjects) or ``RecordLevel`` (images)."""
+    from dpsynth_ml import RecordLevel, SubjectLevel
+
+    if dataset.privacy_unit == "subject":
+        return SubjectLevel(dp, max_images_per_subject=spec.training.max_images_per_subject)
+    return RecordLevel(dp)
 
 
 def planned_steps(reservation: Reservation) -> int:

@@ -3,8 +3,8 @@
 ``auto`` (the worker's default) is every GPU the process can see, or the CPU when it sees
 none, so one worker image serves a GPU node and a laptop. A list of W devices makes one job
 run on W ranks (docs/multi-gpu.md). Only a whole-dataset DP finetune is placed so far; other
-training (pretraining, per-label finetunes, the benchmarks' non-private mode) runs on the CPU
-as before, with a log line saying so, rather than failing on a GPU worker.
+training (pretraining, per-label finetunes) runs on the CPU as before, with a log line saying
+so, rather than failing on a GPU worker.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from dpsynth_ml.distributed import parse_devices
-from dpsynth_ml.hooks import NullHooks, TrainingHooks
-from dpsynth_ml.ranks import train_on_ranks
+from dpsynth_ml.parallel.distributed import parse_devices
+from dpsynth_ml.parallel.ranks import train_on_ranks
 from dpsynth_ml.spec import TrainingResult, TrainingSpec
-from dpsynth_ml.training import train
+from dpsynth_ml.training.entry import placeable, train
+from dpsynth_ml.training.hooks import NullHooks, TrainingHooks
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +26,11 @@ log = logging.getLogger(__name__)
 def resolve_devices(setting: str) -> list[torch.device]:
     """The devices of a ``DEVICES`` setting: ``auto``, ``cpu``, ``cuda``, ``cuda:all`` or a
     comma-separated list such as ``cuda:0,cuda:1`` (see
-    :func:`dpsynth_ml.distributed.parse_devices`)."""
+    :func:`dpsynth_ml.parallel.distributed.parse_devices`)."""
     text = setting.strip().lower()
     if text == "auto":
         text = "cuda:all" if torch.cuda.is_available() and torch.cuda.device_count() else "cpu"
     return parse_devices(text)
-
-
-def placeable(spec: TrainingSpec) -> bool:
-    """Whether ``spec`` runs on a device other than the CPU and on several ranks."""
-    return spec.kind == "finetune" and not spec.nonprivate and spec.per_label_dp is None
 
 
 def train_placed(setting: str, spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dpsynth_ml.models import _ENCODE_CHUNK, ModelBundle, encode_images
+from dpsynth_ml.models.architectures import _ENCODE_CHUNK, ModelBundle, encode_images
 from dpsynth_ml.spec import ModelInfo
 
 

@@ -44,39 +44,48 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from dpsynth_ml.checkpoint import read_trainer_state, write_trainer_state
 from dpsynth_ml.data import ImageDataset, load_dataset
-from dpsynth_ml.finetune import run_finetune
-from dpsynth_ml.hooks import TrainingHooks
-from dpsynth_ml.model_io import (
+from dpsynth_ml.models.model_io import (
     export_denoiser,
     per_label_denoiser_dirs,
     read_model_info,
     save_per_label_model,
     write_model_info,
 )
-from dpsynth_ml.spec import DpSpec, InvalidSpecError, RngKind, TrainingResult, TrainingSpec
+from dpsynth_ml.spec import (
+    DpSpec,
+    FinetuneTraining,
+    InvalidSpecError,
+    PerLabel,
+    RngKind,
+    TrainingResult,
+)
+from dpsynth_ml.training.checkpoint import read_trainer_state, write_trainer_state
+from dpsynth_ml.training.finetune import run_finetune
+from dpsynth_ml.training.hooks import TrainingHooks
 
 STATE_KIND = "finetune_per_label"
 
 
-def run_per_label(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
+def run_per_label(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
                   hooks: TrainingHooks, base_model_dir: Path | None,
                   resume_from: Path | None, generator: torch.Generator,
                   rng: RngKind) -> TrainingResult:
     """Train (or resume) one DP denoiser per class; see the module docstring.
 
     Raises:
-        InvalidSpecError: no base model, ``per_label_dp`` not naming exactly the dataset's
-            classes, or a checkpoint written under other per-class DP parameters.
+        InvalidSpecError: no base model, a privacy that is not ``PerLabel``, classes not
+            exactly the dataset's, or a checkpoint written under other per-class DP
+            parameters.
     """
-    assert spec.per_label_dp is not None  # TrainingSpec validation guarantees one of them
+    if not isinstance(spec.privacy, PerLabel):
+        raise InvalidSpecError("a per-label finetune's privacy is PerLabel")
     if base_model_dir is None:
         raise InvalidSpecError("a per-label finetune needs base_model_dir: every class "
                                "starts from a fresh copy of the base model")
     dataset = load_dataset(dataset_path)
-    if set(spec.per_label_dp) != set(dataset.class_names):
-        raise InvalidSpecError("per_label_dp must name exactly the dataset's classes")
+    if set(spec.privacy.per_class) != set(dataset.class_names):
+        raise InvalidSpecError("the per-label privacy must name exactly the dataset's classes")
     job = _PerLabelJob(spec, dataset=dataset, dataset_path=Path(dataset_path),
                        out_dir=Path(out_dir), hooks=hooks, base_model_dir=Path(base_model_dir),
                        generator=generator, rng=rng)
@@ -87,15 +96,17 @@ def run_per_label(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
 class _PerLabelJob:
     """The classes' runs in order, their bookkeeping and the combined checkpoints."""
 
-    def __init__(self, spec: TrainingSpec, *, dataset: ImageDataset, dataset_path: Path,
+    def __init__(self, spec: FinetuneTraining, *, dataset: ImageDataset, dataset_path: Path,
                  out_dir: Path, hooks: TrainingHooks, base_model_dir: Path,
                  generator: torch.Generator, rng: RngKind) -> None:
-        assert spec.per_label_dp is not None
+        if not isinstance(spec.privacy, PerLabel):
+            raise InvalidSpecError("a per-label finetune's privacy is PerLabel")
+        self.privacy: PerLabel = spec.privacy
         self.spec, self.dataset, self.dataset_path = spec, dataset, dataset_path
         self.out_dir, self.hooks, self.base_model_dir = out_dir, hooks, base_model_dir
         self.generator, self.rng = generator, rng
         self.classes = dataset.class_names
-        self.dp: Mapping[str, DpSpec] = spec.per_label_dp
+        self.dp: Mapping[str, DpSpec] = {c: p.dp for c, p in self.privacy.per_class.items()}
         self.total = sum(self.dp[c].steps for c in self.classes)
         self.finished: dict[str, Path] = {}  # class -> its released model dir
         self.steps: dict[str, int] = {}  # class -> logical steps done (all attempts)
@@ -170,9 +181,9 @@ class _PerLabelJob:
         write_trainer_state(ckpt, self._state(current))
         self.hooks.on_checkpoint(step, ckpt)
 
-    def _class_spec(self, name: str) -> TrainingSpec:
+    def _class_spec(self, name: str) -> FinetuneTraining:
         # Unconditional: every label is the null class, so label dropout does nothing.
-        return dataclasses.replace(self.spec, dp=self.dp[name], per_label_dp=None,
+        return dataclasses.replace(self.spec, privacy=self.privacy.per_class[name],
                                    class_conditional=False, label_dropout=0.0)
 
     def _dp_records(self) -> dict[str, dict[str, float | int]]:

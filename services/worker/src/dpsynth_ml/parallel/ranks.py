@@ -3,7 +3,7 @@
 The caller (the worker's runner) keeps everything that talks to the platform in its own
 process: its hooks (leases, cancellation, heartbeats, checkpoints, private statistics) are
 used by rank 0 only, and their answers are broadcast to the other ranks
-(:class:`dpsynth_ml.distributed.RankHooks`). Ranks 1..W-1 are fresh processes that train
+(:class:`dpsynth_ml.parallel.distributed.RankHooks`). Ranks 1..W-1 are fresh processes that train
 the same spec on their own shards with their own OS-seeded generators and write nothing.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from dpsynth_ml.distributed import Placement, free_port, start_rank, stop_rank
-from dpsynth_ml.hooks import NullHooks, TrainingHooks
+from dpsynth_ml.parallel.distributed import Placement, free_port, start_rank, stop_rank
 from dpsynth_ml.spec import TrainingResult, TrainingSpec
-from dpsynth_ml.training import train
+from dpsynth_ml.training.entry import train
+from dpsynth_ml.training.hooks import NullHooks, TrainingHooks
 
 
 def train_on_ranks(devices: Sequence[torch.device], spec: TrainingSpec, *,
@@ -30,7 +30,7 @@ def train_on_ranks(devices: Sequence[torch.device], spec: TrainingSpec, *,
     """:func:`dpsynth_ml.train` on ``len(devices)`` ranks, rank r on ``devices[r]``.
 
     Args:
-        devices: one per rank (see :func:`dpsynth_ml.distributed.parse_devices`); a single
+        devices: one per rank (see :func:`dpsynth_ml.parallel.distributed.parse_devices`); a single
             device is a plain single-process run on it.
         timeout_s: how long a collective may wait for a rank (a dead rank makes the others
             fail after this long instead of hanging).

@@ -6,7 +6,7 @@ unit variance (scaling factor = 1 / std), then a class-conditional UNet is train
 label dropout so that classifier-free guidance has a null class.
 
 The architecture is a preset (tiny, small, base) or a custom diffusers config checked
-against the platform's allow-list (:func:`dpsynth_ml.models.plan_model`). With
+against the platform's allow-list (:func:`dpsynth_ml.models.architectures.plan_model`). With
 ``layout_conditioning`` (DP-DocLDM), the dataset's masks are encoded by the trained, frozen
 VAE and concatenated to every noisy latent the UNet sees.
 """
@@ -20,24 +20,24 @@ import torch
 import torch.nn.functional as F
 
 from dpsynth_ml.data import images_to_tensor, load_dataset, training_view
-from dpsynth_ml.diffusion import drop_labels, per_sample_diffusion_loss
-from dpsynth_ml.hooks import TrainingHooks
-from dpsynth_ml.model_io import save_model
-from dpsynth_ml.models import (
+from dpsynth_ml.models.architectures import (
     ConditionalDenoiser,
     ModelBundle,
     build_bundle,
     encode_images,
     plan_model,
 )
+from dpsynth_ml.models.model_io import save_model
 from dpsynth_ml.spec import (
     MODEL_FORMAT_VERSION,
     InvalidSpecError,
     ModelInfo,
+    PretrainTraining,
     RngKind,
     TrainingResult,
-    TrainingSpec,
 )
+from dpsynth_ml.training.diffusion import drop_labels, per_sample_diffusion_loss
+from dpsynth_ml.training.hooks import TrainingHooks
 
 #: KL weight: small, so the VAE behaves like a regularised autoencoder (LDM "KL-reg").
 KL_WEIGHT = 1e-4
@@ -62,7 +62,7 @@ def _batches(n: int, batch_size: int, epochs: int, g: torch.Generator) -> Iterat
         yield from torch.split(perm, batch_size)
 
 
-def run_pretrain(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
+def run_pretrain(spec: PretrainTraining, *, dataset_path: Path, out_dir: Path,
                  hooks: TrainingHooks, rng: RngKind) -> TrainingResult:
     """Pretrain VAE + UNet on a public dataset; see :func:`dpsynth_ml.train`."""
     # target "masks": a layout generator, trained on the masks in place of the images
@@ -82,7 +82,7 @@ def run_pretrain(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     stopped = _train_vae(bundle, x, spec, plan.vae_epochs, plan.vae_learning_rate, g, progress)
     scale = _latent_scaling(bundle, x)
     layouts = None
-    if spec.layout_conditioning and not stopped:
+    if spec.layout_conditioning and not stopped and dataset.masks is not None:
         # DP-DocLDM: the masks are encoded by the same (now frozen) autoencoder.
         layouts = encode_images(bundle.vae, dataset.masks, image_size=spec.image_size,
                                 channels=spec.channels, scaling_factor=scale)
@@ -105,7 +105,7 @@ def run_pretrain(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
                           total_parameters=bundle.parameter_count(), rng=rng)
 
 
-def _train_vae(bundle: ModelBundle, x: torch.Tensor, spec: TrainingSpec, epochs: int,
+def _train_vae(bundle: ModelBundle, x: torch.Tensor, spec: PretrainTraining, epochs: int,
                lr: float, g: torch.Generator, progress: _Progress) -> bool:
     """Reconstruction MSE + KL_WEIGHT * KL; returns True if stopped early."""
     vae = bundle.vae.train()
@@ -131,7 +131,7 @@ def _latent_scaling(bundle: ModelBundle, x: torch.Tensor) -> float:
 
 
 def _train_unet(bundle: ModelBundle, x: torch.Tensor, labels: torch.Tensor, scale: float,
-                spec: TrainingSpec, g: torch.Generator, progress: _Progress,
+                spec: PretrainTraining, g: torch.Generator, progress: _Progress,
                 layouts: torch.Tensor | None = None) -> bool:
     """Class-conditional epsilon-prediction training; returns True if stopped early.
 
@@ -152,7 +152,7 @@ def _train_unet(bundle: ModelBundle, x: torch.Tensor, labels: torch.Tensor, scal
             denoiser, bundle.scheduler, latents[idx], batch_labels, g,
             layout=None if layouts is None else layouts[idx]).mean()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward
         opt.step()
         if progress.tick():
             return True

@@ -20,18 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel, UNet2DModel
+from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+from diffusers.models.unets.unet_2d import UNet2DModel
+from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
+from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from torch import nn
 
 from dpsynth_ml.data import images_to_tensor
 from dpsynth_ml.spec import Architecture, InvalidSpecError, Preset, UnetClass
 
 if TYPE_CHECKING:
-    from dpsynth_ml.spec import ModelInfo, TrainingSpec
+    from diffusers.configuration_utils import FrozenDict
+
+    from dpsynth_ml.spec import ModelInfo, PretrainTraining
 
 #: The diffusers UNet classes a dpsynth model may use.
 UNET_CLASSES: dict[str, type[nn.Module]] = {
@@ -109,7 +114,9 @@ def preset_config(preset: Preset) -> PresetConfig:
 
 def build_vae(cfg: PresetConfig, *, channels: int, image_size: int) -> AutoencoderKL:
     """A small KL autoencoder that downsamples by 2 ** (len(vae_channels) - 1)."""
-    return AutoencoderKL(**_preset_vae_config(cfg, channels=channels, image_size=image_size))
+    vae: AutoencoderKL = AutoencoderKL(**_preset_vae_config(cfg, channels=channels,
+                                                             image_size=image_size))
+    return vae
 
 
 def vae_downsample_factor(cfg: PresetConfig) -> int:
@@ -120,8 +127,9 @@ def vae_downsample_factor(cfg: PresetConfig) -> int:
 def build_unet(cfg: PresetConfig, *, latent_size: int,
                layout_channels: int = 0) -> UNet2DConditionModel:
     """A class-conditional UNet; the class token enters every transformer block via attn2."""
-    return UNet2DConditionModel(**_preset_unet_config(cfg, latent_size=latent_size,
-                                                      layout_channels=layout_channels))
+    unet: UNet2DConditionModel = UNet2DConditionModel(**_preset_unet_config(
+        cfg, latent_size=latent_size, layout_channels=layout_channels))
+    return unet
 
 
 def _preset_vae_config(cfg: PresetConfig, *, channels: int, image_size: int) -> dict[str, Any]:
@@ -146,9 +154,10 @@ def _preset_unet_config(cfg: PresetConfig, *, latent_size: int,
 
 def build_scheduler() -> DDPMScheduler:
     """Linear-beta DDPM schedule (Ho et al. 2020), epsilon prediction."""
-    return DDPMScheduler(num_train_timesteps=1000, beta_schedule="linear",
-                         beta_start=1e-4, beta_end=0.02, prediction_type="epsilon",
-                         clip_sample=False)
+    scheduler: DDPMScheduler = DDPMScheduler(
+        num_train_timesteps=1000, beta_schedule="linear", beta_start=1e-4, beta_end=0.02,
+        prediction_type="epsilon", clip_sample=False)
+    return scheduler
 
 
 def build_class_embedder(num_classes: int, dim: int) -> nn.Embedding:
@@ -184,7 +193,7 @@ class ModelPlan:
     vae_learning_rate: float
 
 
-def plan_model(spec: TrainingSpec) -> ModelPlan:
+def plan_model(spec: PretrainTraining) -> ModelPlan:
     """The architecture a pretrain builds: a preset's sizes or a checked custom config.
 
     The platform owns the sizes that follow from the data (image size, channels), from the
@@ -214,7 +223,7 @@ def plan_model(spec: TrainingSpec) -> ModelPlan:
     return _plan_custom(spec, spec.architecture)
 
 
-def _plan_custom(spec: TrainingSpec, arch: Architecture) -> ModelPlan:
+def _plan_custom(spec: PretrainTraining, arch: Architecture) -> ModelPlan:
     from dpsynth_shared.model_configs import ModelConfigError, check_config
 
     if arch.unet_class not in UNET_CLASSES:
@@ -229,7 +238,7 @@ def _plan_custom(spec: TrainingSpec, arch: Architecture) -> ModelPlan:
     vae_config: dict[str, Any] = {**arch.vae, "in_channels": spec.channels,
                                   "out_channels": spec.channels,
                                   "sample_size": spec.image_size}
-    latent = int(vae_config.get("latent_channels", 4))  # type: ignore[call-overload]
+    latent = int(vae_config.get("latent_channels", 4))
     factor = 2 ** (len(vae_config.get("block_out_channels", (64,))) - 1)
     _check_divisible(spec.image_size, factor)
     layout = latent if spec.layout_conditioning else 0
@@ -260,14 +269,14 @@ def _check_divisible(image_size: int, factor: int) -> None:
 
 def build_bundle(plan: ModelPlan, *, num_classes: int) -> ModelBundle:
     """Fresh VAE, UNet, class embedder (null class = last row) and scheduler."""
-    vae = AutoencoderKL(**plan.vae_config)
+    vae: AutoencoderKL = AutoencoderKL(**plan.vae_config)
     if plan.unet_class == "UNet2DModel":
-        unet: nn.Module = UNet2DModel(**plan.unet_config, num_class_embeds=num_classes + 1)
-        bundle = ModelBundle(vae=vae, unet=unet, class_embedder=unet.class_embedding,
+        unet2d: UNet2DModel = UNet2DModel(**plan.unet_config, num_class_embeds=num_classes + 1)
+        bundle = ModelBundle(vae=vae, unet=unet2d, class_embedder=unet2d.class_embedding,
                              scheduler=build_scheduler())
         reset_class_embedder(bundle, num_classes)
         return bundle
-    unet = UNet2DConditionModel(**plan.unet_config)
+    unet: UNet2DConditionModel = UNet2DConditionModel(**plan.unet_config)
     dim = int(unet.config["cross_attention_dim"])
     return ModelBundle(vae=vae, unet=unet, class_embedder=build_class_embedder(num_classes, dim),
                        scheduler=build_scheduler())
@@ -289,7 +298,13 @@ def class_embedding_dim(unet: nn.Module) -> int:
     """Width of one class embedding: the cross-attention width or the time-embedding width."""
     if isinstance(unet, UNet2DModel):
         return int(unet.class_embedding.embedding_dim)
-    return int(unet.config["cross_attention_dim"])
+    return int(unet_config(unet)["cross_attention_dim"])
+
+
+def unet_config(unet: nn.Module) -> FrozenDict:
+    """The diffusers config (``unet.config``) of one of :data:`UNET_CLASSES`; ``nn.Module``
+    types an unknown attribute as a tensor or a module, hence the cast."""
+    return cast("FrozenDict", unet.config)
 
 
 def reset_class_embedder(bundle: ModelBundle, num_classes: int) -> nn.Embedding:
@@ -338,7 +353,7 @@ class ConditionalDenoiser(nn.Module):
                 raise InvalidSpecError("a UNet2DModel's class embedder is its class_embedding")
         else:
             self.class_embedder = class_embedder
-        config = unet.config
+        config = unet_config(unet)
         self.latent_channels = int(config["out_channels"])
         self.layout_channels = int(config["in_channels"]) - self.latent_channels
 
@@ -402,7 +417,7 @@ class ModelBundle:
 def is_attention_parameter(name: str) -> bool:
     """True for parameters of a cross-attention UNet's transformer attention (attn1/attn2).
 
-    Kept for callers that only have names; :mod:`dpsynth_ml.trainable` selects by module
+    Kept for callers that only have names; :mod:`dpsynth_ml.models.trainable` selects by module
     type and also covers ``UNet2DModel``'s self-attention.
     """
     parts = name.split(".")

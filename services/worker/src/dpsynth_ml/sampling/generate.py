@@ -17,10 +17,10 @@ Samplers (``diffusers`` schedulers built from the model's own scheduler config):
 
 Per-label bundles (DP-DocLDM's best setting): each class has its own denoiser, DP-trained
 on that class's records only, and is drawn from it. These denoisers are unconditional (they
-were trained with every label set to the null class, ``dpsynth_ml.per_label``), so a class is
-always sampled through the null-label path, and classifier-free guidance does not apply: for
-such models ``guidance_scale`` is ignored (the corpus manifest says ``guidance_applied:
-false``). By default every class the bundle has a denoiser for is drawn.
+were trained with every label set to the null class, ``dpsynth_ml.training.per_label``), so a
+class is always sampled through the null-label path, and classifier-free guidance does not
+apply: for such models ``guidance_scale`` is ignored (the corpus manifest says
+``guidance_applied: false``). By default every class the bundle has a denoiser for is drawn.
 
 Layouts (DP-DocLDM layout conditioning): a layout-conditioned model needs one mask per
 image. Masks come from a :class:`LayoutSet` (a PUBLIC source: the caller is responsible for
@@ -45,12 +45,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler
+from diffusers.schedulers.scheduling_ddim import DDIMScheduler
+from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
+from diffusers.schedulers.scheduling_dpmsolver_multistep import DPMSolverMultistepScheduler
 from PIL import Image
 
 from dpsynth_ml.data import load_dataset
-from dpsynth_ml.model_io import load_model, load_per_label_denoisers
-from dpsynth_ml.models import ConditionalDenoiser, ModelBundle, encode_layouts
+from dpsynth_ml.models.architectures import ConditionalDenoiser, ModelBundle, encode_layouts
+from dpsynth_ml.models.model_io import load_model, load_per_label_denoisers
 from dpsynth_ml.spec import InvalidSpecError, ModelInfo, SampleResult, SamplerKind
 
 #: Default number of images denoised together.
@@ -408,7 +410,8 @@ def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoise
         latents = scheduler.step(eps, t, latents, generator=generators).prev_sample
     images = bundle.vae.decode(latents / info.vae_scaling_factor).sample.clamp(-1.0, 1.0)
     pixels = ((images + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
-    return pixels.numpy()
+    array: np.ndarray = pixels.numpy()
+    return array
 
 
 def _save_png(image: np.ndarray, path: Path) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-from diffusers import DDPMScheduler
+from typing import cast
 
-from dpsynth_ml.models import ConditionalDenoiser
+import torch
+from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
+
+from dpsynth_ml.models.architectures import ConditionalDenoiser
 
 
 def drop_labels(labels: torch.Tensor, *, probability: float, null_class: int,
@@ -45,6 +47,8 @@ def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMSche
     # drawn with the (CPU) job generator, then moved: the same draws on any device
     timesteps = torch.randint(0, num_t, (batch,), generator=generator).to(latents.device)
     noise = torch.randn(latents.shape, generator=generator).to(latents.device)
-    noisy = scheduler.add_noise(latents, noise, timesteps)
+    # diffusers annotates the timesteps as IntTensor; any integer tensor is indexed the same
+    noisy: torch.Tensor = scheduler.add_noise(latents, noise, cast("torch.IntTensor", timesteps))
     pred = denoiser(noisy, timesteps, labels, layout=layout)
-    return (pred - noise).pow(2).flatten(1).mean(dim=1)
+    losses: torch.Tensor = (pred - noise).pow(2).flatten(1).mean(dim=1)
+    return losses

@@ -7,13 +7,20 @@ from pathlib import Path
 
 import torch
 
-from dpsynth_ml.distributed import Placement
-from dpsynth_ml.finetune import run_finetune
-from dpsynth_ml.finetune_nonprivate import run_nonprivate_finetune
-from dpsynth_ml.hooks import NullHooks, TrainingHooks
-from dpsynth_ml.per_label import run_per_label
-from dpsynth_ml.pretrain import run_pretrain
-from dpsynth_ml.spec import InvalidSpecError, RngKind, TrainingResult, TrainingSpec
+from dpsynth_ml.parallel.distributed import Placement
+from dpsynth_ml.spec import (
+    FinetuneTraining,
+    InvalidSpecError,
+    PerLabel,
+    PretrainTraining,
+    RngKind,
+    TrainingResult,
+    TrainingSpec,
+)
+from dpsynth_ml.training.finetune import run_finetune
+from dpsynth_ml.training.hooks import NullHooks, TrainingHooks
+from dpsynth_ml.training.per_label import run_per_label
+from dpsynth_ml.training.pretrain import run_pretrain
 
 
 def os_seeded_generator() -> torch.Generator:
@@ -32,11 +39,10 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
     """Pretrain (public data) or DP-finetune (private data) a latent diffusion model.
 
     Args:
-        spec: what to train. A finetune has ``spec.dp`` (whole dataset) or
-            ``spec.per_label_dp`` (one model per class, see :mod:`dpsynth_ml.per_label`);
-            a pretrain has neither. ``spec.nonprivate`` (benchmarks only) trains without
-            privacy, seeded by ``spec.seed`` (see
-            :func:`dpsynth_ml.finetune_nonprivate.run_nonprivate_finetune`).
+        spec: what to train: a :class:`PretrainTraining` (public data, no DP) or a
+            :class:`FinetuneTraining`, whose privacy is whole-dataset DP-SGD over images
+            (``RecordLevel``) or subjects (``SubjectLevel``), or one model per class
+            (``PerLabel``, see :mod:`dpsynth_ml.training.per_label`). No spec trains without DP.
         dataset_path: canonical ``.npz`` dataset (see :func:`dpsynth_ml.load_dataset`).
         out_dir: the model is written to ``out_dir/model``; a finetune also writes
             ``out_dir/checkpoints/step-NNNNNNN/`` and ``out_dir/trainer_state.json``.
@@ -58,33 +64,32 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
         InvalidSpecError: if spec, dataset or base model do not fit together.
     """
     rng: RngKind = "test" if _test_generator is not None else "os"
-    if placement is not None and placement != Placement() and (
-            spec.kind != "finetune" or spec.nonprivate or spec.per_label_dp is not None):
+    if placement is not None and placement != Placement() and not placeable(spec):
         raise InvalidSpecError("only a whole-dataset DP finetune runs on another device or "
                                "on several ranks so far")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if spec.kind == "pretrain":
+    if isinstance(spec, PretrainTraining):
         if resume_from is not None or base_model_dir is not None:
             raise InvalidSpecError("a pretrain starts from scratch (no base model, no resume)")
         return run_pretrain(spec, dataset_path=Path(dataset_path), out_dir=out_dir,
                             hooks=hooks, rng=rng)
-    if spec.nonprivate:  # benchmarks only: the platform never builds such a spec
-        if resume_from is not None:
-            raise InvalidSpecError("a non-private finetune cannot resume")
-        seeded = torch.Generator().manual_seed(spec.seed)
-        return run_nonprivate_finetune(
-            spec, dataset_path=Path(dataset_path), out_dir=out_dir, hooks=hooks,
-            base_model_dir=base_model_dir, rng=rng,
-            generator=_test_generator if _test_generator is not None else seeded)
+    if not isinstance(spec, FinetuneTraining):
+        raise InvalidSpecError(f"not a training spec: {type(spec).__name__}")
     generator = _test_generator if _test_generator is not None else os_seeded_generator()
-    if spec.per_label_dp is not None:
+    if isinstance(spec.privacy, PerLabel):
         return run_per_label(spec, dataset_path=Path(dataset_path), out_dir=out_dir,
                              hooks=hooks, base_model_dir=base_model_dir,
                              resume_from=resume_from, generator=generator, rng=rng)
     return run_finetune(spec, dataset_path=Path(dataset_path), out_dir=out_dir, hooks=hooks,
                         base_model_dir=base_model_dir, resume_from=resume_from,
                         generator=generator, rng=rng, placement=placement)
+
+
+def placeable(spec: TrainingSpec) -> bool:
+    """Whether ``spec`` runs on a device other than the CPU and on several ranks: a
+    whole-dataset DP finetune (pretrains and per-label finetunes run on the CPU so far)."""
+    return isinstance(spec, FinetuneTraining) and not isinstance(spec.privacy, PerLabel)
 
 
 def check_training(spec: TrainingSpec, base_model_dir: Path) -> None:
@@ -96,10 +101,10 @@ def check_training(spec: TrainingSpec, base_model_dir: Path) -> None:
     Raises:
         InvalidSpecError: with the reason (for blocks, the valid prefixes).
     """
-    from dpsynth_ml.model_io import load_model
-    from dpsynth_ml.trainable import trainable_parameter_names, trains_embedder
+    from dpsynth_ml.models.model_io import load_model
+    from dpsynth_ml.models.trainable import trainable_parameter_names, trains_embedder
 
-    if spec.kind != "finetune":
+    if not isinstance(spec, FinetuneTraining):
         return
     bundle, info = load_model(Path(base_model_dir))
     if spec.target == "masks" and info.extra.get("layout_channels"):

@@ -28,16 +28,18 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
-from diffusers import AutoencoderKL, DDPMScheduler, UNet2DModel
+from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+from diffusers.models.modeling_utils import ModelMixin
+from diffusers.models.unets.unet_2d import UNet2DModel
+from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dpsynth_ml.models import UNET_CLASSES, ConditionalDenoiser, ModelBundle
-from dpsynth_ml.spec import MODEL_FORMAT_VERSION, InvalidSpecError, ModelInfo
-from dpsynth_ml.trainable import (
+from dpsynth_ml.models.architectures import UNET_CLASSES, ConditionalDenoiser, ModelBundle
+from dpsynth_ml.models.trainable import (
     add_lora,
     has_lora,
     load_lora_state_dict,
@@ -45,6 +47,7 @@ from dpsynth_ml.trainable import (
     lora_state_dict,
     plain_unet,
 )
+from dpsynth_ml.spec import MODEL_FORMAT_VERSION, InvalidSpecError, ModelInfo
 
 INFO_FILE = "dpsynth_model.json"
 LORA_DIR = "unet_lora"
@@ -74,7 +77,7 @@ def save_model(bundle: ModelBundle, info: ModelInfo, model_dir: Path, *,
     model_dir.mkdir(parents=True, exist_ok=True)
     bundle.vae.save_pretrained(model_dir / "vae", safe_serialization=True)
     lora = has_lora(bundle.unet)
-    unet = plain_unet(bundle.unet, merge=not keep_adapters)
+    unet = cast("ModelMixin", plain_unet(bundle.unet, merge=not keep_adapters))  # a UNet
     unet.save_pretrained(model_dir / "unet", safe_serialization=True)
     lora_dir = model_dir / LORA_DIR
     if lora and keep_adapters:

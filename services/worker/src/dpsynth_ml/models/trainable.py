@@ -1,6 +1,6 @@
 """What a DP finetune trains: parameter selection by mode, and LoRA adapters (peft).
 
-Modes (``TrainingSpec.trainable``), all over the UNet of the model:
+Modes (``FinetuneRecipe.trainable``), all over the UNet of the model:
 
 * ``full``: every UNet parameter.
 * ``attention``: every diffusers ``Attention`` module: self- and cross-attention
@@ -20,7 +20,7 @@ The class embedder trains along when ``train_embedder`` is True, or, when it is 
 there is no ``class_map`` (new labels must be learnt). It is never selected by a mode: for a
 ``UNet2DModel`` its table ``unet.class_embedding`` is left to ``train_embedder`` as well.
 
-Names are those of :class:`dpsynth_ml.models.ConditionalDenoiser` (``unet.…`` and
+Names are those of :class:`dpsynth_ml.models.architectures.ConditionalDenoiser` (``unet.…`` and
 ``class_embedder.weight``), which is what the optimizer state and ``trainer_state.json``
 record. :func:`trainable_parameter_names` is pure: it reads module names and shapes only.
 """
@@ -28,7 +28,7 @@ record. :func:`trainable_parameter_names` is pure: it reads module names and sha
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from diffusers.models.attention_processor import Attention
@@ -37,13 +37,30 @@ from torch import nn
 from dpsynth_ml.spec import InvalidSpecError, Trainable
 
 if TYPE_CHECKING:
-    from dpsynth_ml.models import ModelBundle
-    from dpsynth_ml.spec import TrainingSpec
+    from diffusers.configuration_utils import ConfigMixin
+
+    from dpsynth_ml.models.architectures import ModelBundle
+    from dpsynth_ml.spec import FinetuneRecipe
 
 #: Projections of an Attention module that get LoRA adapters.
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 #: peft's name of the one adapter dpsynth uses.
 ADAPTER = "default"
+
+
+class _LoadResult(Protocol):
+    """What peft's ``set_peft_model_state_dict`` returns (torch's ``_IncompatibleKeys``)."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+class _DeltaWeight(Protocol):
+    """A concrete peft LoRA layer: its update (alpha / r) B A for one adapter."""
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
+
+
 _UNET = "unet."
 _EMBEDDER = "class_embedder.weight"
 _UNET2D_EMBEDDER = "class_embedding.weight"
@@ -66,12 +83,12 @@ def block_prefixes(unet: nn.Module, *, max_depth: int = 3) -> list[str]:
 
 def embedder_parameter_name(unet: nn.Module) -> str:
     """The class table's parameter name in a ConditionalDenoiser over ``unet``."""
-    from diffusers import UNet2DModel
+    from diffusers.models.unets.unet_2d import UNet2DModel
 
     return _UNET + _UNET2D_EMBEDDER if isinstance(unet, UNet2DModel) else _EMBEDDER
 
 
-def trains_embedder(spec: TrainingSpec) -> bool:
+def trains_embedder(spec: FinetuneRecipe) -> bool:
     """``train_embedder`` if given, else True iff there is no class_map (new labels)."""
     if spec.train_embedder is not None:
         return spec.train_embedder
@@ -213,8 +230,10 @@ def add_lora(unet: nn.Module, *, rank: int, alpha: float,
     allowed = set(lora_target_names(unet))
     if not names or not set(names) <= allowed:
         raise InvalidSpecError("LoRA targets must be attention projections of the UNet")
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=names,
-                        bias="none", init_lora_weights=True)
+    # peft annotates lora_alpha as int but scales by it as a number (alpha may be fractional)
+    config = LoraConfig(r=rank, lora_alpha=alpha,  # type: ignore[arg-type]
+                        lora_dropout=0.0, target_modules=names, bias="none",
+                        init_lora_weights=True)
     inject_adapter_in_model(config, unet, adapter_name=ADAPTER)
     return unet
 
@@ -247,7 +266,9 @@ def load_lora_state_dict(unet: nn.Module, state: Mapping[str, torch.Tensor]) -> 
     """
     from peft.utils import set_peft_model_state_dict
 
-    result = set_peft_model_state_dict(unet, dict(state), adapter_name=ADAPTER)
+    # peft annotates the result as a bare namedtuple: it is torch's _IncompatibleKeys
+    result = cast("_LoadResult",
+                  set_peft_model_state_dict(unet, dict(state), adapter_name=ADAPTER))
     missing = [k for k in result.missing_keys if _is_lora_name(k)]
     if result.unexpected_keys or missing:
         raise InvalidSpecError("LoRA weights do not match the adapters "
@@ -269,11 +290,14 @@ def plain_unet(unet: nn.Module, *, merge: bool) -> nn.Module:
     """
     from peft.tuners.lora import LoraLayer
 
+    from dpsynth_ml.models.architectures import unet_config
+
     if not has_lora(unet):
         return unet
     deltas = {}
     if merge:
-        deltas = {f"{name}.weight": module.get_delta_weight(ADAPTER)
+        # every concrete LoraLayer (peft's Linear, Conv2d, ...) has get_delta_weight
+        deltas = {f"{name}.weight": cast("_DeltaWeight", module).get_delta_weight(ADAPTER)
                   for name, module in unet.named_modules() if isinstance(module, LoraLayer)}
     state = {}
     for key, value in unet.state_dict().items():
@@ -286,14 +310,15 @@ def plain_unet(unet: nn.Module, *, merge: bool) -> nn.Module:
         state[plain] = tensor
     device = next(unet.parameters()).device
     with torch.random.fork_rng(devices=[]):  # the throwaway init must not move torch's RNG
-        fresh = type(unet).from_config(unet.config)
+        unet_class = cast("type[ConfigMixin]", type(unet))  # a diffusers UNet class
+        fresh = cast("nn.Module", unet_class.from_config(unet_config(unet)))
     fresh.load_state_dict(state, strict=True)
     return fresh.to(device)
 
 
 # --- applying a selection --------------------------------------------------------------
 
-def apply_trainable(bundle: ModelBundle, spec: TrainingSpec) -> list[str]:
+def apply_trainable(bundle: ModelBundle, spec: FinetuneRecipe) -> list[str]:
     """Make exactly the spec's parameters trainable (injecting LoRA when asked).
 
     VAE parameters are always frozen. With ``lora``, adapters are injected unless the UNet

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dpsynth_ml.hooks import TrainingHooks
+from dpsynth_ml.training.hooks import TrainingHooks
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def stop_rank() -> None:
 
 
 class RankHooks:
-    """The job's :class:`~dpsynth_ml.hooks.TrainingHooks` as seen by one rank.
+    """The job's :class:`~dpsynth_ml.training.hooks.TrainingHooks` as seen by one rank.
 
     Only rank 0 talks to the platform (leases, cancellation, progress, checkpoints, private
     statistics). Its answers to :meth:`acquire_steps` and :meth:`should_stop` are broadcast,

@@ -1,0 +1,1 @@
+"""The sampling room: generating synthetic corpora and layout masks from a model."""
