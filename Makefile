@@ -59,7 +59,8 @@ boundaries: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shared services tests scripts benchmarks
-	$(VENV)/bin/mypy shared/src services/api/src services/ledger/src
+	$(VENV)/bin/mypy shared/src services/api/src services/ledger/src services/cli/src \
+		services/worker/src
 
 test: $(STAMP) boundaries lint
 	$(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)

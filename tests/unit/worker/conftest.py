@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from dpsynth_ml import TrainingSpec, train
+from dpsynth_ml import PretrainTraining, train
 from dpsynth_shared.stores.local import LocalDirStore
 from dpsynth_shared.worker_contract import Claim, DatasetInfo, ModelRef
 from dpsynth_worker.runners import Outcome, run_job
@@ -44,8 +44,8 @@ def digits_npz(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def pretrained_dir(tmp_path_factory: pytest.TempPathFactory, digits_npz: Path) -> Path:
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=16, epochs=1, batch_size=25,
-                        learning_rate=1e-3, seed=0)
+    spec = PretrainTraining(preset="tiny", image_size=16, epochs=1, batch_size=25,
+                            learning_rate=1e-3, seed=0)
     out = tmp_path_factory.mktemp("pretrained")
     return train(spec, dataset_path=digits_npz, out_dir=out).model_dir
 

@@ -1,14 +1,17 @@
 """In-memory fakes of the worker's ports (ApiPort, LedgerPort): record calls, answer like
-the real services, raise the same domain errors. No mocks."""
+the real services, raise the same domain errors. No mocks. For the ML port (MlPort): the
+real adapter with one call replaced by a test's stand-in (:class:`TrainerCore`,
+:class:`MetricsCore`)."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
@@ -29,7 +32,18 @@ from dpsynth_shared.worker_contract import (
     RegisterArtifact,
     RegisteredArtifact,
 )
+from dpsynth_worker.ml_adapter import MlAdapter
+from dpsynth_worker.ml_port import Images, Labels, Progress
 from dpsynth_worker.ports import CloseOutcome, JobEpsilon
+
+if TYPE_CHECKING:
+    from dpsynth_ml import (
+        EvaluationResult,
+        ImageDataset,
+        TrainingHooks,
+        TrainingResult,
+        TrainingSpec,
+    )
 
 EPS_PER_STEP = 0.05
 
@@ -201,3 +215,37 @@ class FakeApi:
     def final(self) -> ProposeTransition:
         assert len(self.transitions) == 1, self.transitions
         return self.transitions[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerCore(MlAdapter):
+    """The real ML core with a test's ``trainer`` in place of ``train`` (an MlPort: each
+    override keeps the adapter's signature)."""
+
+    trainer: Callable[..., TrainingResult]
+
+    def train(self, spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
+              hooks: TrainingHooks, base_model_dir: Path | None = None,
+              resume_from: Path | None = None) -> TrainingResult:
+        return self.trainer(spec, dataset_path=dataset_path, out_dir=out_dir, hooks=hooks,
+                            base_model_dir=base_model_dir, resume_from=resume_from)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsCore(MlAdapter):
+    """The real ML core with a test's ``metrics`` in place of ``evaluate_corpus``."""
+
+    metrics: Callable[..., EvaluationResult]
+
+    def evaluate_corpus(self, synthetic: ImageDataset, real_train: ImageDataset,
+                        real_holdout: ImageDataset, *, classifiers: Sequence[str],
+                        feature_net_dir: Path | None,
+                        feature_check: tuple[Images, Labels] | None,
+                        min_feature_accuracy: float, prdc_k: int, max_images: int, seed: int,
+                        inception_weights: Path | None,
+                        progress: Progress | None) -> EvaluationResult:
+        return self.metrics(synthetic, real_train, real_holdout, classifiers=classifiers,
+                            feature_net_dir=feature_net_dir, feature_check=feature_check,
+                            min_feature_accuracy=min_feature_accuracy, prdc_k=prdc_k,
+                            max_images=max_images, seed=seed,
+                            inception_weights=inception_weights, progress=progress)

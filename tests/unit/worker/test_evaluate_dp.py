@@ -17,17 +17,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from dpsynth_ml import holdout_correct_counts, release_accuracies
 from dpsynth_ml.evaluation.classifiers import Classifier
 from dpsynth_ml.evaluation.corpus import EvaluationResult
-from dpsynth_ml.evaluation.dp import holdout_correct_counts, release_accuracies
 from dpsynth_shared.dp_events import GaussianEvent
 from dpsynth_shared.errors import BudgetExhausted
 from dpsynth_shared.evaluation import SELECTION_CAVEAT
 from dpsynth_shared.job_specs import EvaluateSpec, public_holdout_size
 from dpsynth_shared.release_contract import DpEvaluationRelease, DpEvaluationRequest
-from dpsynth_worker.runners import MlCore, Outcome
+from dpsynth_worker.runners import Outcome
 
 from tests.unit.worker.conftest import CLASS_NAMES, World
+from tests.unit.worker.fakes import MetricsCore
 from tests.unit.worker.test_evaluate_runner import (
     EvalLedger,
     FakeMetrics,
@@ -100,7 +101,7 @@ def _dp_claim(world: World, **extra: Any) -> Any:
 
 def test_a_private_report_states_the_selection_caveat(world: World) -> None:
     claim = _evaluate_claim(world)
-    assert world.run(claim, ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=FakeMetrics())) == Outcome.SUCCEEDED
     doc = json.loads(_report(world, "json"))
     assert doc["selection_caveat"] == SELECTION_CAVEAT
     assert "does not cover that choice" in doc["selection_caveat"]
@@ -110,14 +111,14 @@ def test_a_private_report_states_the_selection_caveat(world: World) -> None:
 
 def test_a_public_report_has_no_caveat(world: World) -> None:
     claim = _evaluate_claim(world, visibility="public")
-    assert world.run(claim, ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=FakeMetrics())) == Outcome.SUCCEEDED
     assert json.loads(_report(world, "json")).get("selection_caveat") is None
 
 
 def test_a_dp_evaluation_is_charged_then_noised_and_shown_to_readers(
         world: World, ledger: DpLedger) -> None:
     claim = _dp_claim(world)
-    assert world.run(claim, ml=MlCore(evaluate_corpus=DpMetrics())) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=DpMetrics())) == Outcome.SUCCEEDED
     # the read grant, then the charge (the noise is drawn after it returns)
     assert ledger.names() == ["evaluation_grant", "dp_evaluation_release"]
     (request,) = ledger.releases
@@ -145,7 +146,7 @@ def test_a_dp_evaluation_is_charged_then_noised_and_shown_to_readers(
 def test_a_refused_dp_evaluation_releases_nothing(world: World, ledger: DpLedger) -> None:
     ledger.refuse = True
     claim = _dp_claim(world)
-    assert world.run(claim, ml=MlCore(evaluate_corpus=DpMetrics())) == Outcome.FAILED
+    assert world.run(claim, ml=MetricsCore(metrics=DpMetrics())) == Outcome.FAILED
     final = world.api.final
     assert final.error_code == "privacy_budget_exhausted"
     assert not final.result or "dp_evaluation" not in final.result
@@ -154,7 +155,7 @@ def test_a_refused_dp_evaluation_releases_nothing(world: World, ledger: DpLedger
 
 def test_a_dp_claim_without_the_apis_plan_is_refused(world: World) -> None:
     claim = _dp_claim(world, dp_evaluation=None)
-    assert world.run(claim, ml=MlCore(evaluate_corpus=DpMetrics())) == Outcome.FAILED
+    assert world.run(claim, ml=MetricsCore(metrics=DpMetrics())) == Outcome.FAILED
     assert world.api.final.error_code == "invalid_spec"
 
 

@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dpsynth_ml.data import ImageDataset
+from dpsynth_ml import ImageDataset, InvalidSpecError
 from dpsynth_ml.evaluation import memorisation
 from dpsynth_ml.evaluation.corpus import EvaluationResult
 from dpsynth_ml.evaluation.errors import InceptionWeightsUnavailable
-from dpsynth_ml.spec import InvalidSpecError
 from dpsynth_shared.errors import DpsynthError
 from dpsynth_shared.grants import GrantClaims, sign_grant
 from dpsynth_shared.job_states import JobState
@@ -38,7 +37,7 @@ from dpsynth_shared.worker_contract import (
     HeartbeatReply,
     ModelRef,
 )
-from dpsynth_worker.runners import MlCore, Outcome
+from dpsynth_worker.runners import Outcome
 from dpsynth_worker.runners.artifacts import PROVENANCE_FILE, model_key
 from dpsynth_worker.runners.corpus_zip import class_dirs, read_corpus
 from dpsynth_worker.runners.feature_net import validation_split
@@ -47,7 +46,7 @@ from dpsynth_worker.settings import WorkerSettings
 from PIL import Image
 
 from tests.unit.worker.conftest import CLASS_NAMES, World
-from tests.unit.worker.fakes import FakeLedger
+from tests.unit.worker.fakes import FakeLedger, MetricsCore
 
 EVALUATE_RESULT_KEYS = {"report_artifact_id", "report_html_artifact_id", "non_dp",
                         "contains_private_images"}
@@ -263,7 +262,7 @@ def test_private_evaluation_reads_with_the_evaluation_grant_and_labels_the_repor
         world: World) -> None:
     metrics = FakeMetrics()
     claim = _evaluate_claim(world)
-    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics)) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=metrics)) == Outcome.SUCCEEDED
     assert world.ledger.names() == ["evaluation_grant"]
     assert world.ledger.calls[0][1]["evaluation_id"] == claim.evaluation_id
     (call,) = metrics.calls
@@ -293,7 +292,7 @@ def test_private_evaluation_reads_with_the_evaluation_grant_and_labels_the_repor
 
 def test_without_private_images_the_page_shows_no_real_image(world: World) -> None:
     claim = _evaluate_claim(world, spec_extra={"include_private_images": False})
-    assert world.run(claim, ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=FakeMetrics())) == Outcome.SUCCEEDED
     assert world.api.final.result["contains_private_images"] is False
     html = _report(world, "html").decode()
     assert "real held-out ·" not in html and "training image not shown" in html
@@ -302,7 +301,7 @@ def test_without_private_images_the_page_shows_no_real_image(world: World) -> No
 
 def test_public_reference_needs_no_grant_and_is_not_owner_only(world: World) -> None:
     claim = _evaluate_claim(world, visibility="public")
-    assert world.run(claim, ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=FakeMetrics())) == Outcome.SUCCEEDED
     assert world.ledger.calls == []
     assert not any(a.owner_only or a.non_dp for a in world.api.of_kind("report"))
     assert world.api.final.result["non_dp"] is False
@@ -311,7 +310,7 @@ def test_public_reference_needs_no_grant_and_is_not_owner_only(world: World) -> 
 def test_inception_without_weights_fails_before_reading_private_data(world: World) -> None:
     metrics = FakeMetrics()
     claim = _evaluate_claim(world, spec_extra={"inception": True})
-    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics)) == Outcome.FAILED
+    assert world.run(claim, ml=MetricsCore(metrics=metrics)) == Outcome.FAILED
     final = world.api.final
     assert final.error_code == "inception_weights_unavailable"
     assert "DPSYNTH_WORKER_INCEPTION_WEIGHTS" in (final.message or "")
@@ -331,7 +330,7 @@ def test_a_class_subset_reference_keeps_the_held_out_records_of_its_classes(
                                               "selection": {"classes": kept}})
     claim = claim.model_copy(update={"dataset": subset})
     metrics = FakeMetrics()
-    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics)) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=metrics)) == Outcome.SUCCEEDED
     (call,) = metrics.calls
     for name in ("train", "holdout"):
         assert call[name].class_names == tuple(kept)
@@ -348,7 +347,7 @@ def test_wrong_inception_weights_fail_with_their_code_and_message(world: World,
     metrics = FakeMetrics(fail_with=InceptionWeightsUnavailable("the weights file's sha256 "
                                                                 "is not the pinned one"))
     claim = _evaluate_claim(world, spec_extra={"inception": True})
-    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics, inception_weights=weights)) \
+    assert world.run(claim, ml=MetricsCore(metrics=metrics, inception_weights=weights)) \
         == Outcome.FAILED
     assert metrics.calls[0]["inception_weights"] == weights
     final = world.api.final
@@ -371,7 +370,7 @@ def test_the_worker_setting_reaches_the_ml_core(tmp_path: Path) -> None:
 
 def test_reference_without_holdout_fails_with_no_holdout(world: World) -> None:
     assert world.run(_evaluate_claim(world, holdout=False),
-                     ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.FAILED
+                     ml=MetricsCore(metrics=FakeMetrics())) == Outcome.FAILED
     assert world.api.final.error_code == "no_holdout" and world.ledger.calls == []
 
 
@@ -379,7 +378,7 @@ def test_a_corpus_with_unknown_classes_is_refused_clearly(world: World) -> None:
     images, _ = _digits(world)
     key = _corpus_zip(world, images[:4], np.array([0, 1, 0, 1]), names=["cat", "dog"])
     assert world.run(_evaluate_claim(world, corpus_key=key),
-                     ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.FAILED
+                     ml=MetricsCore(metrics=FakeMetrics())) == Outcome.FAILED
     final = world.api.final
     assert final.error_code == "invalid_spec"
     assert "does not know" in (final.message or "") and "cat" in (final.message or "")
@@ -391,13 +390,13 @@ def test_a_corpus_escaping_its_archive_is_refused(world: World, member: str) -> 
     images, labels = _digits(world)
     key = _corpus_zip(world, images[:2], labels[:2], extra={member: b"x"})
     assert world.run(_evaluate_claim(world, corpus_key=key),
-                     ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.FAILED
+                     ml=MetricsCore(metrics=FakeMetrics())) == Outcome.FAILED
     assert world.api.final.error_code == "unsafe_archive"
 
 
 def test_failures_on_private_data_withhold_their_details(world: World) -> None:
     metrics = FakeMetrics(fail_with=InvalidSpecError("record 17 of class 'digit 3' is odd"))
-    assert world.run(_evaluate_claim(world), ml=MlCore(evaluate_corpus=metrics)) \
+    assert world.run(_evaluate_claim(world), ml=MetricsCore(metrics=metrics)) \
         == Outcome.FAILED
     final = world.api.final
     assert final.error_code == "invalid_spec"
@@ -407,7 +406,7 @@ def test_failures_on_private_data_withhold_their_details(world: World) -> None:
 def test_cancel_during_the_evaluation_proposes_cancelled(world: World) -> None:
     world.api.on_heartbeat = lambda beat: HeartbeatReply(
         cancel_requested=beat.message == "evaluating", state="cancelling")
-    assert world.run(_evaluate_claim(world), ml=MlCore(evaluate_corpus=FakeMetrics())) \
+    assert world.run(_evaluate_claim(world), ml=MetricsCore(metrics=FakeMetrics())) \
         == Outcome.CANCELLED
     assert world.api.final.to_state == JobState.CANCELLED
     assert world.api.of_kind("report") == []
@@ -427,7 +426,7 @@ def test_feature_network_and_its_public_validation_split_reach_the_metrics(
                             feature_model=ModelRef(model_id=model_id,
                                                    object_key=model.object_key),
                             feature_dataset=feature_dataset)
-    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics)) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=metrics)) == Outcome.SUCCEEDED
     (call,) = metrics.calls
     assert {"feature_net.json", "feature_net.safetensors"} <= set(call["feature_files"])
     images, labels = call["feature_check"]
@@ -452,7 +451,7 @@ def test_a_failing_feature_network_is_refused_before_private_data_is_read(
                             feature_model=ModelRef(model_id=model_id,
                                                    object_key=model.object_key),
                             feature_dataset=feature_dataset)
-    assert world.run(claim, ml=MlCore(evaluate_corpus=metrics)) == Outcome.FAILED
+    assert world.run(claim, ml=MetricsCore(metrics=metrics)) == Outcome.FAILED
     final = world.api.final
     assert final.error_code == "feature_network_rejected"
     assert "below the threshold" in (final.message or "")  # public figures: shown
@@ -472,7 +471,7 @@ def test_a_private_feature_dataset_is_refused(world: World) -> None:
         feature_dataset=DatasetInfo(dataset_id="ds_p", visibility="private",
                                     object_key="private/datasets/ds_p/data.npz",
                                     class_names=CLASS_NAMES))
-    assert world.run(claim, ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.FAILED
+    assert world.run(claim, ml=MetricsCore(metrics=FakeMetrics())) == Outcome.FAILED
     assert world.api.final.error_code == "visibility_mismatch"
 
 
@@ -547,7 +546,7 @@ def test_the_apis_held_out_caveat_leads_the_report(world: World) -> None:
     caveat = "model mdl_up was uploaded: what it was trained on is unknown to the platform"
     claim = _evaluate_claim(world).model_copy(update={"holdout_overlap": {
         "status": "unchecked", "caveat": caveat}})
-    assert world.run(claim, ml=MlCore(evaluate_corpus=FakeMetrics())) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MetricsCore(metrics=FakeMetrics())) == Outcome.SUCCEEDED
     doc = json.loads(_report(world, "json"))
     assert doc["holdout_caveat"] == caveat and doc["notes"][0] == caveat
     html = _report(world, "html").decode()

@@ -232,10 +232,10 @@ def test_finetune_on_two_cpu_ranks_leases_checkpoints_and_publishes_like_one(
     """DPSYNTH_WORKER_DEVICES=cpu,cpu: the runner trains through dpsynth_ml.train_placed on
     two gloo ranks (the real core, a spawned second rank); rank 0 is this process and uses
     the runner's hooks, so the ledger and the api see exactly what one process shows."""
-    from dpsynth_worker.runners.context import MlCore
+    from dpsynth_worker.ml_adapter import MlAdapter
 
     claim = world.finetune_claim(steps=6, checkpoint_every=4)
-    assert world.run(claim, ml=MlCore(devices="cpu,cpu")) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=MlAdapter(devices="cpu,cpu")) == Outcome.SUCCEEDED
     assert _leases(world) == [(0, 4), (4, 2)]
     assert [a.checkpoint_step for a in world.api.of_kind("checkpoint")] == [4, 6]
     (model,) = world.api.of_kind("model")

@@ -21,13 +21,13 @@ from tests.unit.worker.conftest import CLASS_NAMES, World
 def _tiny_model(root: Path, *, layout_conditioning: bool, extra: dict[str, Any],
                 rng: str = "os", classes: list[str] = CLASS_NAMES) -> Path:
     """An untrained tiny model over ``classes`` (sampling only)."""
-    from dpsynth_ml import ModelInfo, TrainingSpec
-    from dpsynth_ml.model_io import save_model
-    from dpsynth_ml.models import build_bundle, plan_model
+    from dpsynth_ml import ModelInfo, PretrainTraining
+    from dpsynth_ml.models.architectures import build_bundle, plan_model
+    from dpsynth_ml.models.model_io import save_model
     from dpsynth_ml.spec import MODEL_FORMAT_VERSION
 
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=16,
-                        layout_conditioning=layout_conditioning, num_classes=len(classes))
+    spec = PretrainTraining(preset="tiny", image_size=16,
+                            layout_conditioning=layout_conditioning, num_classes=len(classes))
     plan = plan_model(spec)
     torch.manual_seed(0)
     bundle = build_bundle(plan, num_classes=len(classes))
@@ -70,12 +70,13 @@ def _claim(world: World, image_dir: Path, layout_dir: Path, *, dp: bool = True,
 def test_generate_conditions_on_generated_masks_and_records_the_layout_model(
         world: World, image_model_dir: Path, mask_model_dir: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpsynth_ml.generate as generate_module
+    import dpsynth_ml
+    import dpsynth_ml.sampling.generate as generate_module
 
     generated: list[Any] = []
     encoded: list[np.ndarray] = []
-    real_sample_layouts, real_encode = (generate_module.sample_layouts,
-                                        generate_module.encode_layouts)
+    # the worker's adapter calls the face's sample_layouts; sample encodes inside the core
+    real_sample_layouts, real_encode = dpsynth_ml.sample_layouts, generate_module.encode_layouts
 
     def spy_sample_layouts(*args: Any, **kwargs: Any) -> Any:
         generated.append(real_sample_layouts(*args, **kwargs))
@@ -85,7 +86,7 @@ def test_generate_conditions_on_generated_masks_and_records_the_layout_model(
         encoded.append(masks.copy())
         return real_encode(bundle, info, masks)
 
-    monkeypatch.setattr(generate_module, "sample_layouts", spy_sample_layouts)
+    monkeypatch.setattr(dpsynth_ml, "sample_layouts", spy_sample_layouts)
     monkeypatch.setattr(generate_module, "encode_layouts", spy_encode)
     claim = _claim(world, image_model_dir, mask_model_dir)
     assert world.run(claim) == Outcome.SUCCEEDED
@@ -134,7 +135,7 @@ def test_the_claim_must_match_the_spec(world: World, image_model_dir: Path,
 
 def test_a_masks_finetune_trains_on_the_private_masks_under_the_same_leases(
         world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dpsynth_ml.finetune as finetune_module
+    import dpsynth_ml.training.finetune.setup as finetune_module
 
     claim = world.finetune_claim(steps=4, checkpoint_every=2)
     assert claim.dataset is not None

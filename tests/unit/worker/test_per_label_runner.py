@@ -1,6 +1,6 @@
 """The finetune runner with a per-label reservation (one run per class).
 
-The trainer is a stand-in that follows the ML core's contract (``per_label_dp``: one
+The trainer is a stand-in that follows the ML core's contract (privacy ``PerLabel``: one
 DP-SGD run per class, ``acquire_steps(start, count, partition=class)`` with each class's
 steps from 0, ``TrainingResult.steps_by_partition``), so these tests pin the worker's side
 alone: the spec is the reservation's per-class figures verbatim, leases and extensions name
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dpsynth_ml import TrainingResult
+from dpsynth_ml import PerLabel, RecordLevel, TrainingResult
 from dpsynth_shared.dp_events import DpSgdEvent, ParallelEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_states import JobState
@@ -32,10 +32,9 @@ from dpsynth_shared.worker_contract import Claim, DatasetInfo, ModelRef
 from dpsynth_worker.ports import JobEpsilon
 from dpsynth_worker.runners import Outcome
 from dpsynth_worker.runners.artifacts import model_key
-from dpsynth_worker.runners.context import MlCore
 
 from tests.unit.worker.conftest import CLASS_NAMES, NUM_RECORDS, World
-from tests.unit.worker.fakes import EPS_PER_STEP, FakeLedger
+from tests.unit.worker.fakes import EPS_PER_STEP, FakeLedger, TrainerCore
 
 SIZE = 10  # every class declares N̂_c = 10 (the 50 records hold at most 10 of any digit)
 
@@ -149,7 +148,8 @@ class ContractTrainer:
         assert dataset_path.is_file()  # the private data was read with the grant
         done: dict[str, int] = {}
         stopped = False
-        for name, dp in spec.per_label_dp.items():
+        for name, level in spec.privacy.per_class.items():
+            dp = level.dp
             step = 0
             while step < dp.steps and not stopped:
                 got = hooks.acquire_steps(step, min(self.chunk, dp.steps - step),
@@ -199,12 +199,13 @@ def test_per_label_spec_is_the_reservations_runs_verbatim_and_leases_name_the_cl
     runs = _runs(planned)
     trainer = ContractTrainer(chunk=2)
     claim = _claim(world, ledger, runs)
-    assert world.run(claim, ml=MlCore(train=trainer)) == Outcome.SUCCEEDED
+    assert world.run(claim, ml=TrainerCore(trainer=trainer)) == Outcome.SUCCEEDED
     (spec,) = trainer.specs
-    assert spec.dp is None and spec.class_map is None
-    assert list(spec.per_label_dp) == sorted(CLASS_NAMES)
-    for c, dp in spec.per_label_dp.items():
-        run = runs[c]
+    assert isinstance(spec.privacy, PerLabel) and spec.class_map is None
+    assert list(spec.privacy.per_class) == sorted(CLASS_NAMES)
+    for c, level in spec.privacy.per_class.items():
+        assert isinstance(level, RecordLevel)  # the digits are an image-unit dataset
+        dp, run = level.dp, runs[c]
         assert (dp.noise_multiplier, dp.sample_rate, dp.expected_batch_size, dp.steps,
                 dp.max_grad_norm) == (run.sigma, run.q, run.batch, run.planned, 0.5)
         # the job's (epsilon, delta) size the fixed per-step work (dpsynth_ml.dp.padding)
@@ -237,7 +238,7 @@ def test_a_class_short_of_steps_is_extended_for_that_class_alone(
     short = CLASS_NAMES[3]
     runs = _runs(planned, reserved={short: 2})  # e.g. a replay used part of class 3's steps
     trainer = ContractTrainer(chunk=4)
-    assert world.run(_claim(world, ledger, runs), ml=MlCore(train=trainer)) \
+    assert world.run(_claim(world, ledger, runs), ml=TrainerCore(trainer=trainer)) \
         == Outcome.SUCCEEDED
     extends = [kw for name, kw in ledger.calls if name == "extend"]
     assert extends == [{"attempt": 1, "additional_steps": 2, "partition": short}]
@@ -249,7 +250,7 @@ def test_a_per_label_reservation_without_per_label_training_is_refused(
     claim = _claim(world, ledger, _runs({c: 2 for c in CLASS_NAMES}))
     claim.spec["training"]["per_label"] = False
     trainer = ContractTrainer()
-    assert world.run(claim, ml=MlCore(train=trainer)) == Outcome.FAILED
+    assert world.run(claim, ml=TrainerCore(trainer=trainer)) == Outcome.FAILED
     assert trainer.specs == [] and "lease" not in ledger.names()
     assert "read_grant" not in ledger.names()  # refused before the private data is read
     assert world.api.final.error_code == "invalid_spec"

@@ -156,13 +156,13 @@ def test_pretrain_refuses_a_private_dataset(world: World) -> None:
 @pytest.fixture(scope="module")
 def layout_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained tiny layout-conditioned model over the digit classes (sampling only)."""
-    from dpsynth_ml import ModelInfo, TrainingSpec
-    from dpsynth_ml.model_io import save_model
-    from dpsynth_ml.models import build_bundle, plan_model
+    from dpsynth_ml import ModelInfo, PretrainTraining
+    from dpsynth_ml.models.architectures import build_bundle, plan_model
+    from dpsynth_ml.models.model_io import save_model
     from dpsynth_ml.spec import MODEL_FORMAT_VERSION
 
-    spec = TrainingSpec(kind="pretrain", preset="tiny", image_size=16, layout_conditioning=True,
-                        num_classes=len(CLASS_NAMES))
+    spec = PretrainTraining(preset="tiny", image_size=16, layout_conditioning=True,
+                            num_classes=len(CLASS_NAMES))
     plan = plan_model(spec)
     bundle = build_bundle(plan, num_classes=len(CLASS_NAMES))
     info = ModelInfo(format_version=MODEL_FORMAT_VERSION, preset="tiny", image_size=16,
@@ -239,7 +239,7 @@ def test_a_layout_model_without_layouts_fails_as_invalid_spec(
 
 def test_generate_from_a_per_label_bundle_records_that_guidance_does_not_apply(
         world: World, tmp_path: Path) -> None:
-    from dpsynth_ml.model_io import save_per_label_model
+    from dpsynth_ml.models.model_io import save_per_label_model
 
     bundle = save_per_label_model({"digit 1": world.pretrained_dir,
                                    "digit 4": world.pretrained_dir}, tmp_path / "bundle")

@@ -13,7 +13,6 @@ the broker for the api instead of being lost (issue 14, item 2). A claim the api
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from celery import Celery
 from celery.exceptions import Reject
@@ -48,7 +47,7 @@ def run_job_task(job_id: str, attempt: int) -> str:
     return str(outcome)
 
 
-def _on_shutdown(sig: Any = None, how: Any = None, **_: Any) -> None:
+def _on_shutdown(sig: object = None, how: object = None, **_: object) -> None:
     """SIGTERM/SIGINT: the running attempt stops at its next step boundary."""
     log.info("worker shutting down; stopping the running job at a step boundary",
              extra={"signal": str(sig), "how": str(how)})

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import TypedDict, TypeVar, Unpack
 
 import httpx
 from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
@@ -45,7 +46,7 @@ from dpsynth_shared.worker_contract import (
 )
 from pydantic import BaseModel
 
-from dpsynth_worker.ports import CloseOutcome, JobEpsilon
+from dpsynth_worker.ports import CloseOutcome, JobEpsilon, StepsUsed
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,15 @@ _CLAIM_BACKOFF_S = (0.5, 10.0)  # first wait, cap
 class ClaimUnavailable(DpsynthError):
     """The api could not take a claim within the worker's patience (or the worker is
     stopping): the job is still queued, so its message must be requeued, not acked."""
+
+
+class HttpOptions(TypedDict, total=False):
+    """Tuning of a client's HTTP calls (tests pass a transport)."""
+
+    retries: int
+    backoff_s: float
+    timeout_s: float
+    transport: httpx.BaseTransport | None
 
 
 class _Http:
@@ -78,8 +88,8 @@ class _Http:
     def close(self) -> None:
         self._client.close()
 
-    def request(self, method: str, path: str, body: BaseModel | dict[str, Any] | None = None
-                ) -> Any:
+    def request(self, method: str, path: str,
+                body: BaseModel | Mapping[str, object] | None = None) -> object:
         """Send one request; return the decoded JSON body (None when empty)."""
         payload = body.model_dump(mode="json") if isinstance(body, BaseModel) else body
         retry_on: tuple[type[Exception], ...] = (
@@ -107,7 +117,7 @@ class _Http:
         time.sleep(delay)
 
 
-def _decode(response: httpx.Response, unavailable: ErrorCode) -> Any:
+def _decode(response: httpx.Response, unavailable: ErrorCode) -> object:
     if response.is_success:
         return response.json() if response.content else None
     try:
@@ -120,7 +130,7 @@ def _decode(response: httpx.Response, unavailable: ErrorCode) -> Any:
     raise DpsynthError(code, f"HTTP {response.status_code} without a problem body")
 
 
-def _parse(model: type[M], data: Any) -> M:
+def _parse(model: type[M], data: object) -> M:
     return model.model_validate(data)
 
 
@@ -133,7 +143,7 @@ class ApiClient:
     """
 
     def __init__(self, base_url: str, token: str, *, claim_patience_s: float = 60.0,
-                 stop: threading.Event | None = None, **kwargs: Any) -> None:
+                 stop: threading.Event | None = None, **kwargs: Unpack[HttpOptions]) -> None:
         self._http = _Http(base_url, token, unavailable=ErrorCode.SERVICE_UNAVAILABLE, **kwargs)
         self._claim_patience_s = claim_patience_s
         self._stop = stop or threading.Event()
@@ -185,7 +195,7 @@ class ApiClient:
 class LedgerClient:
     """The ledger's reservation, lease and budget endpoints (a service token)."""
 
-    def __init__(self, base_url: str, token: str, **kwargs: Any) -> None:
+    def __init__(self, base_url: str, token: str, **kwargs: Unpack[HttpOptions]) -> None:
         self._http = _Http(base_url, token, unavailable=ErrorCode.LEDGER_UNAVAILABLE, **kwargs)
 
     def close(self) -> None:
@@ -249,10 +259,11 @@ class LedgerClient:
         self._http.request("POST", f"/v1/reservations/{reservation_id}/close", body)
 
     def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str],
-                    steps_used: dict[str, Any] | None = None) -> JobEpsilon:
+                    steps_used: StepsUsed | None = None) -> JobEpsilon:
         """Standalone epsilon of the steps that produced a model (``steps_used`` per
         reservation where fewer than granted), composed over the reservations."""
-        body: dict[str, Any] = {"dataset_id": dataset_id, "reservation_ids": reservation_ids}
+        body: dict[str, object] = {"dataset_id": dataset_id,
+                                   "reservation_ids": reservation_ids}
         if steps_used:
             body["steps_used"] = steps_used
         return _parse(JobEpsilon, self._http.request("POST", "/v1/job-epsilon", body))

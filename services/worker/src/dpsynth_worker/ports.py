@@ -7,7 +7,7 @@ Every method raises :class:`dpsynth_shared.errors.DpsynthError` with the service
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from dpsynth_shared.ledger_contract import BudgetView, Lease, ReadGrant, Reservation
 from dpsynth_shared.release_contract import DpEvaluationRelease, DpEvaluationRequest
@@ -22,6 +22,8 @@ from dpsynth_shared.worker_contract import (
 from pydantic import BaseModel
 
 CloseOutcome = Literal["succeeded", "failed", "cancelled"]
+#: Per reservation id, the steps on a model's own path (a per-label one's: per class name).
+StepsUsed = dict[str, int | dict[str, int]]
 
 
 class JobEpsilon(BaseModel):
@@ -76,6 +78,6 @@ class LedgerPort(Protocol):
     def close_reservation(self, reservation_id: str, *, outcome: CloseOutcome) -> None: ...
 
     def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str],
-                    steps_used: dict[str, Any] | None = None) -> JobEpsilon: ...
+                    steps_used: StepsUsed | None = None) -> JobEpsilon: ...
 
     def budget_view(self, dataset_id: str) -> BudgetView: ...

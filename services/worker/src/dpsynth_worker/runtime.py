@@ -10,8 +10,9 @@ from dpsynth_shared.object_store import ObjectStore
 from dpsynth_shared.stores import from_settings
 
 from dpsynth_worker.clients import ApiClient, LedgerClient
+from dpsynth_worker.ml_adapter import MlAdapter
+from dpsynth_worker.ml_port import MlPort
 from dpsynth_worker.ports import ApiPort, LedgerPort
-from dpsynth_worker.runners.context import MlCore
 from dpsynth_worker.settings import WorkerSettings
 
 
@@ -25,7 +26,7 @@ class WorkerRuntime:
     work_dir: Path
     worker_id: str
     shutdown: threading.Event = field(default_factory=threading.Event)
-    ml: MlCore = field(default_factory=MlCore)
+    ml: MlPort = field(default_factory=MlAdapter)
 
 
 def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
@@ -41,8 +42,8 @@ def build_runtime(settings: WorkerSettings) -> WorkerRuntime:
     work_dir.mkdir(parents=True, exist_ok=True)
     return WorkerRuntime(api=api, ledger=ledger, store=store, work_dir=work_dir,
                          worker_id=settings.worker_id, shutdown=shutdown,
-                         ml=MlCore(inception_weights=settings.inception_weights,
-                                   devices=settings.devices))
+                         ml=MlAdapter(inception_weights=settings.inception_weights,
+                                      devices=settings.devices))
 
 
 _current: WorkerRuntime | None = None

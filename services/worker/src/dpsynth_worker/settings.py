@@ -75,4 +75,4 @@ class WorkerSettings(BaseSettings):
 
 def load_settings() -> WorkerSettings:
     """Read the settings from the environment (once, at process start)."""
-    return WorkerSettings()  # type: ignore[call-arg]
+    return WorkerSettings()

@@ -14,7 +14,7 @@ from html import escape
 from typing import Any
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return escape(str(value))

@@ -35,7 +35,7 @@ _MAX_PAIRS = 16
 _PAIR_PX = 84
 
 
-def _num(value: Any, digits: int = 4) -> str:
+def _num(value: object, digits: int = 4) -> str:
     if value is None:
         return '<span class="na">not computed</span>'
     if isinstance(value, bool):

@@ -23,8 +23,10 @@ from dpsynth_shared.object_store import ObjectStore
 from dpsynth_shared.worker_contract import Claim
 
 from dpsynth_worker import metrics
+from dpsynth_worker.ml_adapter import MlAdapter
+from dpsynth_worker.ml_port import MlPort
 from dpsynth_worker.ports import ApiPort, LedgerPort
-from dpsynth_worker.runners.context import JobContext, MlCore, StopFlags
+from dpsynth_worker.runners.context import JobContext, StopFlags
 from dpsynth_worker.runners.evaluate import EvaluationInputError, run_evaluate
 from dpsynth_worker.runners.feature_net import run_feature_net
 from dpsynth_worker.runners.finetune import run_finetune
@@ -51,7 +53,7 @@ TRANSIENT_CODES = frozenset({ErrorCode.LEDGER_UNAVAILABLE, ErrorCode.SERVICE_UNA
 
 
 def run_job(job_id: str, attempt: int, *, api: ApiPort, ledger: LedgerPort, store: ObjectStore,
-            work_dir: Path, worker_id: str, ml: MlCore | None = None,
+            work_dir: Path, worker_id: str, ml: MlPort | None = None,
             shutdown: threading.Event | None = None,
             heartbeat_s: float | None = None) -> Outcome:
     """Claim and run one attempt of a job.
@@ -64,7 +66,7 @@ def run_job(job_id: str, attempt: int, *, api: ApiPort, ledger: LedgerPort, stor
         store: the object store.
         work_dir: parent of the attempt's scratch folder (deleted at the end).
         worker_id: this worker's id (claims and read grants name it).
-        ml: the ML core (the real one by default).
+        ml: the ML core (:class:`MlAdapter`, the real one, by default).
         shutdown: set by the process on SIGTERM: stop at the next step boundary.
         heartbeat_s: overrides the claim's heartbeat interval (tests).
 
@@ -83,7 +85,8 @@ def run_job(job_id: str, attempt: int, *, api: ApiPort, ledger: LedgerPort, stor
             return Outcome.REFUSED
         metrics.JOBS_STARTED.labels(type=claim.type).inc()
         outcome = _run_claimed(claim, api=api, ledger=ledger, store=store, work_dir=work_dir,
-                               worker_id=worker_id, ml=ml or MlCore(),
+                               worker_id=worker_id,
+                               ml=ml if ml is not None else MlAdapter(),
                                shutdown=shutdown or threading.Event(), heartbeat_s=heartbeat_s)
         metrics.JOBS_FINISHED.labels(type=claim.type, outcome=str(outcome)).inc()
         log.info("attempt finished", extra={"attempt": attempt, "outcome": str(outcome)})
@@ -93,7 +96,7 @@ def run_job(job_id: str, attempt: int, *, api: ApiPort, ledger: LedgerPort, stor
 
 
 def _run_claimed(claim: Claim, *, api: ApiPort, ledger: LedgerPort, store: ObjectStore,
-                 work_dir: Path, worker_id: str, ml: MlCore, shutdown: threading.Event,
+                 work_dir: Path, worker_id: str, ml: MlPort, shutdown: threading.Event,
                  heartbeat_s: float | None) -> Outcome:
     flags = StopFlags(shutdown=shutdown)
     scratch = Path(work_dir) / f"{claim.job_id}-attempt-{claim.attempt}"
@@ -148,4 +151,4 @@ def _failure_message(claim: Claim, exc: BaseException, code: str) -> str:
     return str(exc)[:2000]
 
 
-__all__ = ["RUNNERS", "MlCore", "Outcome", "run_job"]
+__all__ = ["RUNNERS", "Outcome", "run_job"]

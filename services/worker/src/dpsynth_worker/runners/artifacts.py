@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import tarfile
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.worker_contract import RegisterArtifact, RegisteredArtifact
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
 #: Written by the worker into every model folder it publishes, before hashing: what the
 #: model is (DP or not, on which dataset, through which reservations, at which epsilon).
 PROVENANCE_FILE = "dpsynth_provenance.json"
+
+#: What a registered artifact is (``RegisterArtifact.kind``).
+ArtifactKind = Literal["model", "checkpoint", "corpus", "private_stats", "report"]
 
 
 def model_key(model_id: str) -> str:
@@ -75,20 +79,20 @@ def download_folder(ctx: JobContext, key: str, name: str) -> Path:
     return folder
 
 
-def upload_and_register(ctx: JobContext, *, key: str, path: Path, kind: str,
-                        metadata: dict[str, Any], content_type: str = "application/x-tar",
+def upload_and_register(ctx: JobContext, *, key: str, path: Path, kind: ArtifactKind,
+                        metadata: Mapping[str, object], content_type: str = "application/x-tar",
                         owner_only: bool = False, non_dp: bool = False,
                         checkpoint_step: int | None = None) -> RegisteredArtifact:
     """Upload a local file to ``key`` and register it as an artifact of the job."""
     info = ctx.store.put_file(key, path, content_type=content_type)
-    artifact = RegisterArtifact(attempt=ctx.attempt, kind=kind,  # type: ignore[arg-type]
+    artifact = RegisterArtifact(attempt=ctx.attempt, kind=kind,
                                 object_key=key, sha256=info.sha256, size=info.size,
-                                owner_only=owner_only, non_dp=non_dp, metadata=metadata,
+                                owner_only=owner_only, non_dp=non_dp, metadata=dict(metadata),
                                 checkpoint_step=checkpoint_step)
     return ctx.api.register_artifact(ctx.job_id, artifact)
 
 
-def write_provenance(model_dir: Path, provenance: dict[str, Any]) -> None:
+def write_provenance(model_dir: Path, provenance: Mapping[str, object]) -> None:
     """Stamp a model folder with its provenance (before it is hashed and tarred)."""
     (model_dir / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2, sort_keys=True))
 

@@ -44,7 +44,8 @@ class Corpus:
 
 def class_dirs(class_names: Sequence[str]) -> list[str]:
     """The folder of each class name, spelled as the sampler spells them
-    (``dpsynth_ml.generate``): unsafe characters become ``_``, duplicates get ``_<index>``."""
+    (``dpsynth_ml.sampling.generate``): unsafe characters become ``_``, duplicates get
+    ``_<index>``."""
     names: list[str] = []
     for idx, name in enumerate(class_names):
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or f"class_{idx}"

@@ -17,15 +17,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.evaluation import SELECTION_CAVEAT
 from dpsynth_shared.job_specs import EvaluateSpec
 from dpsynth_shared.job_states import JobState
-from dpsynth_shared.worker_contract import DatasetInfo
+from dpsynth_shared.worker_contract import CorpusRef, DatasetInfo
 
+from dpsynth_worker.ml_port import Images, Labels
 from dpsynth_worker.reports import ClosestPair, ReportArrays, plain, render_html, render_json
 from dpsynth_worker.runners.artifacts import download_folder, read_provenance, upload_and_register
 from dpsynth_worker.runners.context import JobContext
@@ -34,6 +35,9 @@ from dpsynth_worker.runners.evaluate_dp import release_dp
 from dpsynth_worker.runners.feature_net import load_public, require_public, validation_split
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
 from dpsynth_worker.runners.selection import apply_selection, fetch_dataset
+
+if TYPE_CHECKING:
+    from dpsynth_ml import EvaluationResult, ImageDataset
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +72,16 @@ def run_evaluate(ctx: JobContext) -> Outcome:
     feature_dir, feature_check = _feature_network(ctx, spec)
     ctx.heartbeat.phase("downloading corpus")
     corpus_path = ctx.work_dir / "corpus.zip"
-    ctx.store.get_file(ctx.claim.corpus.object_key, corpus_path)  # type: ignore[union-attr]
+    ctx.store.get_file(_corpus(ctx).object_key, corpus_path)
     try:
         corpus = read_corpus(corpus_path, reference.class_names)
     except DpsynthError as exc:  # about the synthetic corpus only: its detail may be shown
         raise EvaluationInputError(exc.code, exc.detail, **exc.extensions) from exc
     corpus_path.unlink()
     train, holdout = _reference_data(ctx, reference, private=private)
-    from dpsynth_ml.data import ImageDataset
-
     names = tuple(reference.class_names)
     # the ML core resizes every set to the feature network's input (else the reference's)
-    synthetic = ImageDataset(images=corpus.images, labels=corpus.labels, class_names=names)
+    synthetic = ctx.ml.image_dataset(corpus.images, corpus.labels, names)
     ctx.heartbeat.phase("evaluating")
 
     def progress(done: int, total: int) -> None:
@@ -104,6 +106,12 @@ def run_evaluate(ctx: JobContext) -> Outcome:
     document["dp_evaluation"] = dp
     arrays = report_arrays(result, names, show_real=show_private or not private)
     return _publish(ctx, document, arrays, private=private, contains_private_images=show_private)
+
+
+def _corpus(ctx: JobContext) -> CorpusRef:
+    """The claim's corpus (checked by :func:`_check_claim`)."""
+    assert ctx.claim.corpus is not None
+    return ctx.claim.corpus
 
 
 def _check_claim(ctx: JobContext, spec: EvaluateSpec) -> DatasetInfo:
@@ -140,7 +148,7 @@ def _inception_weights(ctx: JobContext, spec: EvaluateSpec) -> Path | None:
 
 
 def _feature_network(ctx: JobContext,
-                     spec: EvaluateSpec) -> tuple[Path | None, tuple[Any, Any] | None]:
+                     spec: EvaluateSpec) -> tuple[Path | None, tuple[Images, Labels] | None]:
     """The feature network's folder and its PUBLIC validation records, or (None, None).
 
     The validation records are the public dataset's held-out records when it has them, else
@@ -169,40 +177,40 @@ def _feature_network(ctx: JobContext,
         val_idx, _ = validation_split(len(data.labels), seed=int(validation["seed"]),
                                       fraction=float(validation["fraction"]))
         check = (data.images[val_idx], data.labels[val_idx])
-    _precheck(folder, check, spec, tuple(data.class_names), ref.model_id)
+    _precheck(ctx, folder, check, spec, tuple(data.class_names), ref.model_id)
     return folder, check
 
 
-def _precheck(folder: Path, check: tuple[Any, Any], spec: EvaluateSpec,
+def _precheck(ctx: JobContext, folder: Path, check: tuple[Images, Labels], spec: EvaluateSpec,
               class_names: tuple[str, ...], model_id: str) -> None:
     """Refuse a feature network that fails its accuracy check on its public validation
     records BEFORE any private data is read (the metrics re-check it and record the figure):
     a rejected evaluation then leaves no non-DP read in the ledger."""
-    from dpsynth_ml.evaluation import check_feature_net, load_feature_net
-
-    net, info = load_feature_net(folder)
+    net, info = ctx.ml.load_feature_net(folder)
     if tuple(info.class_names) != class_names:
         raise EvaluationInputError(ErrorCode.FEATURE_NETWORK_REJECTED, "the feature network's "
                                    "classes are not those of the dataset it was trained on",
                                    model_id=model_id)
-    check_feature_net(net, info, check[0], check[1], min_accuracy=spec.min_feature_accuracy)
+    ctx.ml.check_feature_net(net, info, check[0], check[1],
+                             min_accuracy=spec.min_feature_accuracy)
 
 
-def _reference_data(ctx: JobContext, dataset: DatasetInfo, *, private: bool) -> tuple[Any, Any]:
+def _reference_data(ctx: JobContext, dataset: DatasetInfo, *,
+                    private: bool) -> tuple[ImageDataset, ImageDataset]:
     """The reference's training records (selection applied) and held-out records; a private
     reference is read with the evaluation's read grant (the ledger records the read)."""
-    from dpsynth_ml.data import load_dataset
-
+    holdout_key = dataset.holdout_object_key
+    assert holdout_key, "checked by _check_claim"
     grant = None
     if private:
-        grant = ctx.ledger.evaluation_grant(ctx.claim.evaluation_id,  # type: ignore[arg-type]
-                                            attempt=ctx.attempt,
+        evaluation_id = ctx.claim.evaluation_id
+        assert evaluation_id is not None, "checked by _check_claim"
+        grant = ctx.ledger.evaluation_grant(evaluation_id, attempt=ctx.attempt,
                                             worker_id=ctx.worker_id).token
     ctx.heartbeat.phase("downloading reference data")
     train_path, holdout_path = ctx.work_dir / "reference.npz", ctx.work_dir / "holdout.npz"
     fetch_dataset(ctx, dataset, train_path, grant=grant)
-    ctx.store.get_file(dataset.holdout_object_key, holdout_path,  # type: ignore[arg-type]
-                       grant=grant)
+    ctx.store.get_file(holdout_key, holdout_path, grant=grant)
     classes = (dataset.selection or {}).get("classes")
     if classes:  # a class subset: its held-out records are those of its classes
         with np.load(holdout_path, allow_pickle=False) as npz:
@@ -213,7 +221,7 @@ def _reference_data(ctx: JobContext, dataset: DatasetInfo, *, private: bool) -> 
             apply_selection(whole, holdout_path, classes=[str(c) for c in classes],
                             indices=None)
             whole.unlink()
-    train, holdout = load_dataset(train_path), load_dataset(holdout_path)
+    train, holdout = ctx.ml.load_dataset(train_path), ctx.ml.load_dataset(holdout_path)
     if tuple(train.class_names) != tuple(dataset.class_names) \
             or tuple(holdout.class_names) != tuple(dataset.class_names):
         raise DpsynthError(ErrorCode.INVALID_DATASET, "the reference data's classes are not "
@@ -270,7 +278,7 @@ def build_document(ctx: JobContext, spec: EvaluateSpec, reference: DatasetInfo,
     return document
 
 
-def report_arrays(result: Any, class_names: tuple[str, ...], *, show_real: bool
+def report_arrays(result: EvaluationResult, class_names: tuple[str, ...], *, show_real: bool
                   ) -> ReportArrays:
     """What the page draws, from the ML core's ``EvaluationResult`` (images after its
     subsample and resize); real images only when ``show_real``."""
@@ -311,7 +319,7 @@ def _publish(ctx: JobContext, document: dict[str, Any], arrays: ReportArrays, *,
             ctx, key=report_key(ctx.job_id, path.name), path=path, kind="report",
             content_type=content_type, metadata={"format": fmt, **meta},
             owner_only=private, non_dp=private)
-    result: dict[str, Any] = {
+    result: dict[str, object] = {
         "report_artifact_id": registered["json"].artifact_id,
         "report_html_artifact_id": registered["html"].artifact_id,
         "non_dp": private, "contains_private_images": contains_private_images}

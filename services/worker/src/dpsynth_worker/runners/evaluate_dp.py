@@ -15,7 +15,7 @@ Order of events, each after the one before:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import EvaluateSpec
@@ -23,6 +23,9 @@ from dpsynth_shared.release_contract import DpEvaluationRequest
 from dpsynth_shared.secure_noise import NormalSource, SecureNormal
 
 from dpsynth_worker.runners.context import JobContext
+
+if TYPE_CHECKING:
+    from dpsynth_ml import EvaluationResult, ImageDataset
 
 STATEMENT = (
     "released with differential privacy: each number is (correct held-out count + Gaussian "
@@ -35,8 +38,9 @@ def os_generator() -> SecureNormal:
     return SecureNormal()
 
 
-def release_dp(ctx: JobContext, spec: EvaluateSpec, result: Any, holdout: Any,
-               rng: NormalSource | None = None) -> dict[str, Any]:
+def release_dp(ctx: JobContext, spec: EvaluateSpec, result: EvaluationResult,
+               holdout: ImageDataset,
+               rng: NormalSource | None = None) -> dict[str, object]:
     """Count, charge, noise and return the DP block (report and job result).
 
     ``rng`` is for tests only (runners pass None: OS entropy).
@@ -46,8 +50,6 @@ def release_dp(ctx: JobContext, spec: EvaluateSpec, result: Any, holdout: Any,
             ledger's refusal (``privacy_budget_exhausted``, with its numbers: they are the
             budget's, not the data's).
     """
-    from dpsynth_ml.evaluation.dp import holdout_correct_counts, release_accuracies
-
     from dpsynth_worker.runners.evaluate import EvaluationInputError  # (no import cycle)
 
     assert spec.dp is not None
@@ -61,8 +63,8 @@ def release_dp(ctx: JobContext, spec: EvaluateSpec, result: Any, holdout: Any,
     if list(plan.get("metrics") or []) != metrics:
         raise EvaluationInputError(ErrorCode.INVALID_SPEC, "the claim's DP plan is not the "
                                    "spec's")
-    counts = holdout_correct_counts({k: result.classifiers[k] for k in kinds},
-                                    holdout.images, holdout.labels)
+    counts = ctx.ml.holdout_correct_counts({k: result.classifiers[k] for k in kinds},
+                                           holdout.images, holdout.labels)
     ctx.heartbeat.phase("releasing DP evaluation")
     try:
         release = ctx.ledger.dp_evaluation_release(ctx.claim.evaluation_id, DpEvaluationRequest(
@@ -70,9 +72,9 @@ def release_dp(ctx: JobContext, spec: EvaluateSpec, result: Any, holdout: Any,
             metrics=metrics, holdout_size=int(plan["holdout_size"])))
     except DpsynthError as exc:  # the budget's numbers, nothing about the data
         raise EvaluationInputError(exc.code, exc.detail, **exc.extensions) from exc
-    values = release_accuracies([counts[k] for k in kinds], sigma=release.event.sigma,
-                                holdout_size=release.holdout_size,
-                                rng=rng if rng is not None else os_generator())
+    values = ctx.ml.release_accuracies([counts[k] for k in kinds], sigma=release.event.sigma,
+                                       holdout_size=release.holdout_size,
+                                       rng=rng if rng is not None else os_generator())
     del counts
     return {
         "label": "DP", "metrics": dict(zip(metrics, values, strict=True)),

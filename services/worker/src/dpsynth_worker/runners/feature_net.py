@@ -14,8 +14,9 @@ carry that data into every report that uses it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.ids import new_model_id
@@ -24,6 +25,7 @@ from dpsynth_shared.job_states import JobState
 from dpsynth_shared.object_store import PRIVATE_PREFIX
 from dpsynth_shared.worker_contract import DatasetInfo
 
+from dpsynth_worker.ml_port import Labels
 from dpsynth_worker.runners.artifacts import (
     model_key,
     tar_folder,
@@ -34,17 +36,20 @@ from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
 from dpsynth_worker.runners.selection import fetch_dataset
 
+if TYPE_CHECKING:
+    from dpsynth_ml import ImageDataset
+
 log = logging.getLogger(__name__)
 
 
-def validation_split(n: int, *, seed: int, fraction: float) -> tuple[Any, Any]:
+def validation_split(n: int, *, seed: int, fraction: float) -> tuple[Labels, Labels]:
     """The seeded validation split of a dataset without held-out records, as
     ``(validation indices, training indices)``, both sorted.
 
     The worker draws it (and hands the validation records to the trainer) so that an
     evaluation can rebuild exactly the records the network never trained on from the
     ``validation`` block of the model's provenance. Same draw as
-    :func:`dpsynth_ml.evaluation.train_feature_net` makes on its own.
+    :func:`dpsynth_ml.train_feature_net` makes on its own.
     """
     import numpy as np
 
@@ -73,19 +78,17 @@ def require_public(dataset: DatasetInfo | None, what: str) -> DatasetInfo:
     return dataset
 
 
-def load_public(ctx: JobContext, dataset: DatasetInfo, name: str) -> tuple[Any, Any | None]:
-    """Download a public dataset (its selection applied) and its held-out records, if any,
-    as ``(ImageDataset, ImageDataset | None)``."""
-    from dpsynth_ml.data import load_dataset
-
+def load_public(ctx: JobContext, dataset: DatasetInfo,
+                name: str) -> tuple[ImageDataset, ImageDataset | None]:
+    """Download a public dataset (its selection applied) and its held-out records, if any."""
     path = ctx.work_dir / f"{name}.npz"
     fetch_dataset(ctx, dataset, path)  # public: no read grant
-    data = load_dataset(path)
+    data = ctx.ml.load_dataset(path)
     holdout = None
     if dataset.holdout_object_key:
         hpath = ctx.work_dir / f"{name}-holdout.npz"
         ctx.store.get_file(dataset.holdout_object_key, hpath)
-        holdout = load_dataset(hpath)
+        holdout = ctx.ml.load_dataset(hpath)
         if tuple(holdout.class_names) != tuple(data.class_names):
             raise DpsynthError(ErrorCode.INVALID_DATASET, f"the held-out records of dataset "
                                f"{dataset.dataset_id} have other classes than the dataset")
@@ -110,7 +113,7 @@ def run_feature_net(ctx: JobContext) -> Outcome:
             raise _Stop
 
     images, labels = data.images, data.labels
-    validation: dict[str, Any] = {"source": "holdout"}
+    validation: dict[str, object] = {"source": "holdout"}
     if holdout is not None:
         val_images, val_labels = holdout.images, holdout.labels
     else:
@@ -143,7 +146,7 @@ def run_feature_net(ctx: JobContext) -> Outcome:
 
 
 def _publish(ctx: JobContext, folder: Path, *, dataset: DatasetInfo, feature: dict[str, Any],
-             validation: dict[str, Any]) -> dict[str, str]:
+             validation: Mapping[str, object]) -> dict[str, str]:
     """Stamp, hash, tar, upload and register the network folder as a ``model``.
 
     The provenance's ``validation`` block says which records the accuracy was measured on

@@ -11,7 +11,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import FinetuneSpec
@@ -19,6 +19,7 @@ from dpsynth_shared.job_states import JobState
 from dpsynth_shared.ledger_contract import LINEAGE_LABEL, Reservation
 from dpsynth_shared.worker_contract import DatasetInfo, ModelRef
 
+from dpsynth_worker.ports import JobEpsilon, StepsUsed
 from dpsynth_worker.runners.artifacts import (
     download_folder,
     private_stats_key,
@@ -31,6 +32,9 @@ from dpsynth_worker.runners.outcome import Outcome, close_reservation, fail, pro
 from dpsynth_worker.runners.publish import publish_model
 from dpsynth_worker.runners.selection import fetch_dataset
 from dpsynth_worker.runners.training_specs import finetune_training_spec
+
+if TYPE_CHECKING:
+    from dpsynth_ml import TrainingResult, TrainingSpec
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +63,7 @@ def run_finetune(ctx: JobContext) -> Outcome:
     hooks = LeasedHooks(ctx, inputs.reservation.reservation_id)
     ctx.heartbeat.phase("training")
     try:
-        where: dict[str, Any] = dict(dataset_path=inputs.data_path,
-                                     out_dir=ctx.work_dir / "out", hooks=hooks,
-                                     base_model_dir=inputs.base_dir,
-                                     resume_from=inputs.resume_dir)
-        # on GPUs (or several ranks) only when the worker is set so; rank 0 is this process
-        # and uses these hooks, so leases, checkpoints and SIGTERM work as on the CPU
-        result = (ctx.ml.train(training, **where) if ctx.ml.devices == "cpu"
-                  else ctx.ml.train_placed(ctx.ml.devices, training, **where))
+        result = _train(ctx, training, inputs, hooks)
     finally:
         _upload_private_stats(ctx, hooks)
     if ctx.flags.stale.is_set():
@@ -83,6 +80,21 @@ def run_finetune(ctx: JobContext) -> Outcome:
             hooks.end_lease()
         return stopped(ctx)
     return _succeed(ctx, inputs, result)
+
+
+def _train(ctx: JobContext, training: TrainingSpec, inputs: _Inputs,
+           hooks: LeasedHooks) -> TrainingResult:
+    """Train in this process on the CPU, or on the worker's DEVICES when it is set so: rank 0
+    is this process and uses these hooks, so leases, checkpoints and SIGTERM work as on the
+    CPU."""
+    out_dir = ctx.work_dir / "out"
+    if ctx.ml.devices == "cpu":
+        return ctx.ml.train(training, dataset_path=inputs.data_path, out_dir=out_dir,
+                            hooks=hooks, base_model_dir=inputs.base_dir,
+                            resume_from=inputs.resume_dir)
+    return ctx.ml.train_placed(ctx.ml.devices, training, dataset_path=inputs.data_path,
+                               out_dir=out_dir, hooks=hooks, base_model_dir=inputs.base_dir,
+                               resume_from=inputs.resume_dir)
 
 
 def _fetch_inputs(ctx: JobContext) -> _Inputs:
@@ -142,14 +154,15 @@ def _upload_private_stats(ctx: JobContext, hooks: LeasedHooks) -> None:
         log.warning("owner-only statistics upload failed", extra={"code": str(exc.code)})
 
 
-def per_label_record(inputs: _Inputs, result: Any, eps: Any) -> dict[str, dict[str, Any]]:
+def per_label_record(inputs: _Inputs, result: TrainingResult,
+                     eps: JobEpsilon) -> dict[str, dict[str, float | None]]:
     """Each class model's run for the manifest: σ_c, q_c, batch, steps, its epsilon.
 
     ``job_epsilon`` of the bundle (the record's top level) is the max over classes; each
     class's own figure composes its class's granted steps with the DP ancestors.
     """
     assert inputs.reservation.per_label is not None
-    done = dict(getattr(result, "steps_by_partition", {}) or {})
+    done = dict(result.steps_by_partition)
     by_class = eps.per_label or {}
     return {name: {"noise_multiplier": part.event.noise_multiplier,
                    "sample_rate": part.event.sample_rate,
@@ -159,7 +172,7 @@ def per_label_record(inputs: _Inputs, result: Any, eps: Any) -> dict[str, dict[s
             for name, part in sorted(inputs.reservation.per_label.items())}
 
 
-def _steps_used(inputs: _Inputs, result: Any) -> dict[str, Any]:
+def _steps_used(inputs: _Inputs, result: TrainingResult) -> StepsUsed:
     """The steps on the model's own path, per reservation (per label: per class).
 
     After a crash, steps replayed from the last checkpoint are charged to the dataset (all
@@ -167,7 +180,7 @@ def _steps_used(inputs: _Inputs, result: Any) -> dict[str, Any]:
     model's ``job_epsilon`` composes these counts. Ancestors' counts come from the base
     model's provenance; where it has none, the ledger counts their granted steps.
     """
-    used: dict[str, Any] = {}
+    used: StepsUsed = {}
     if inputs.ancestors:
         recorded = read_provenance(inputs.base_dir).get("steps_used") or {}
         used.update({r: recorded[r] for r in inputs.ancestors if r in recorded})
@@ -179,7 +192,7 @@ def _steps_used(inputs: _Inputs, result: Any) -> dict[str, Any]:
     return used
 
 
-def epsilon_labels(ancestors: list[str], spent: float) -> dict[str, Any]:
+def epsilon_labels(ancestors: list[str], spent: float) -> dict[str, str | float | None]:
     """What the model's ``job_epsilon`` is, and the guarantee beside it (issue 13, item 8).
 
     With DP ancestors on the same budget, ``job_epsilon`` is a PLD composition of runs each
@@ -193,7 +206,7 @@ def epsilon_labels(ancestors: list[str], spent: float) -> dict[str, Any]:
             "dataset_epsilon_spent": spent}
 
 
-def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
+def _succeed(ctx: JobContext, inputs: _Inputs, result: TrainingResult) -> Outcome:
     """Job epsilon from the ledger, publish the model, close the reservation, propose."""
     rid, dataset_id = inputs.reservation.reservation_id, inputs.dataset.dataset_id
     reservation_ids = [*inputs.ancestors, rid]
@@ -205,7 +218,7 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: Any) -> Outcome:
                                  steps_used=steps_used)
     event, plan = inputs.reservation.event, inputs.reservation.plan
     job_ids = [*(inputs.base.job_ids if inputs.ancestors else []), ctx.job_id]
-    record: dict[str, Any] = {
+    record: dict[str, object] = {
         "dp": True, "dataset_id": dataset_id, "reservation_ids": reservation_ids,
         "job_ids": job_ids, "job_epsilon": eps.job_epsilon, "delta": eps.delta,
         **epsilon_labels(inputs.ancestors, spent),

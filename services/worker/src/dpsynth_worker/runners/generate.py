@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.evaluation import SELECTION_CAVEAT
@@ -47,6 +47,9 @@ from dpsynth_worker.runners.artifacts import (
 from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.outcome import Outcome, propose, stopped
 from dpsynth_worker.runners.selection import fetch_dataset
+
+if TYPE_CHECKING:
+    from dpsynth_ml import LayoutSet, ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +113,7 @@ def run_generate(ctx: JobContext) -> Outcome:
 
 
 def _layouts(ctx: JobContext, spec: GenerateSpec,
-             model_dir: Path) -> tuple[dict[str, Any], Any] | None:
+             model_dir: Path) -> tuple[dict[str, object], LayoutSet] | None:
     """Where the layouts come from (for the manifest) and the masks (a ``LayoutSet``), or
     None without a layout source: a public dataset's masks or a layout generator's."""
     if ctx.claim.layout_model is not None or (
@@ -125,7 +128,7 @@ def _layouts(ctx: JobContext, spec: GenerateSpec,
 
 
 def _generate_layouts(ctx: JobContext, spec: GenerateSpec,
-                      model_dir: Path) -> tuple[dict[str, Any], Any]:
+                      model_dir: Path) -> tuple[dict[str, object], LayoutSet]:
     """Sample the masks the corpus needs from the claim's layout generator.
 
     Per class of the image model that the layout model also has (``per_class``), it draws
@@ -142,12 +145,10 @@ def _generate_layouts(ctx: JobContext, spec: GenerateSpec,
     if source is None or layout_ref is None or layout_ref.model_id != source.model_id:
         raise DpsynthError(ErrorCode.INVALID_SPEC, "the claim's layout model does not match "
                            "the spec's layout_source")
-    from dpsynth_ml.generate import is_layout_generator, sample_layouts
-
     ctx.heartbeat.phase("downloading layout model")
     layout_dir = download_folder(ctx, layout_ref.object_key, "layout-model")
     layout_info = ctx.ml.read_model_info(layout_dir)
-    if not is_layout_generator(layout_info):
+    if not ctx.ml.is_layout_generator(layout_info):
         raise DpsynthError(ErrorCode.INVALID_SPEC, f"model {layout_ref.model_id} is not a "
                            "layout generator (it was not trained with target 'masks')",
                            model_id=layout_ref.model_id)
@@ -171,23 +172,27 @@ def _generate_layouts(ctx: JobContext, spec: GenerateSpec,
         if ctx.flags.any():
             raise _Stop
 
-    layouts = sample_layouts(layout_dir, counts=counts, seed=spec.seed, sampler=spec.sampler,
-                             steps=spec.steps, guidance_scale=spec.guidance_scale,
-                             batch_size=spec.batch_size, per_class=source.per_class,
-                             progress=progress)
+    layouts = ctx.ml.sample_layouts(layout_dir, counts=counts, seed=spec.seed,
+                                    sampler=spec.sampler, steps=spec.steps,
+                                    guidance_scale=spec.guidance_scale,
+                                    batch_size=spec.batch_size, per_class=source.per_class,
+                                    progress=progress)
     return {"model_id": layout_ref.model_id, "dp": bool(layout_ref.dp),
             "job_epsilon": job_epsilon, "job_epsilon_label": lineage,
             "dataset_id": layout_ref.dataset_id,
             "rng": layout_info.rng, "masks_generated": len(layouts)}, layouts
 
 
-def _drawable(info: Any) -> list[str]:
+def _drawable(info: ModelInfo) -> list[str]:
     """The class names a model draws (a per-label bundle: those with a denoiser)."""
     denoisers = info.extra.get("denoisers") if info.extra.get("per_label") else None
-    return [n for n in info.class_names if not denoisers or n in denoisers]
+    if not denoisers or not isinstance(denoisers, Container):  # {class name: its folder}
+        return list(info.class_names)
+    return [n for n in info.class_names if n in denoisers]
 
 
-def _layout_counts(spec: GenerateSpec, image_info: Any, layout_info: Any) -> dict[str, int]:
+def _layout_counts(spec: GenerateSpec, image_info: ModelInfo,
+                   layout_info: ModelInfo) -> dict[str, int]:
     """Masks to generate per layout-model class name (see :func:`_generate_layouts`)."""
     image_classes, layout_classes = _drawable(image_info), _drawable(layout_info)
     per_class = spec.layout_source is not None and spec.layout_source.per_class
@@ -199,7 +204,8 @@ def _layout_counts(spec: GenerateSpec, image_info: Any, layout_info: Any) -> dic
     return dict.fromkeys(layout_classes, each)
 
 
-def _download_layouts(ctx: JobContext, spec: GenerateSpec) -> tuple[DatasetInfo, Any] | None:
+def _download_layouts(ctx: JobContext,
+                      spec: GenerateSpec) -> tuple[DatasetInfo, LayoutSet] | None:
     """The public layout dataset of the claim and its masks (a ``LayoutSet``), or None.
 
     Raises:
@@ -218,18 +224,16 @@ def _download_layouts(ctx: JobContext, spec: GenerateSpec) -> tuple[DatasetInfo,
                            f"dataset {dataset.dataset_id} is not public: a layout mask copied "
                            "from a private record has unbounded privacy loss, so no charge "
                            "could cover it", dataset_id=dataset.dataset_id)
-    from dpsynth_ml.generate import load_layouts
-
     ctx.heartbeat.phase("downloading layouts")
     path = ctx.work_dir / "layouts.npz"
     fetch_dataset(ctx, dataset, path)  # public data: no read grant (+ a derived selection)
-    layouts = load_layouts(path, per_class=source.per_class)
+    layouts = ctx.ml.load_layouts(path, per_class=source.per_class)
     path.unlink()
     return dataset, layouts
 
 
-def _layout_record(spec: GenerateSpec, origin: Mapping[str, Any],
-                   used: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+def _layout_record(spec: GenerateSpec, origin: Mapping[str, object],
+                   used: Mapping[str, Sequence[int]]) -> dict[str, object]:
     """Where the corpus's layout masks came from (``origin``: the public dataset, or the
     layout generator), for its manifest."""
     indices = [i for picks in used.values() for i in picks]
@@ -275,7 +279,7 @@ def _privacy_figures(ctx: JobContext, ref: ModelRef, model_dir: Path) -> dict[st
 def build_manifest(ctx: JobContext, spec: GenerateSpec, ref: ModelRef, model_dir: Path,
                    privacy: dict[str, Any], counts: dict[str, int], *,
                    images_per_second: float = 0.0,
-                   layout: dict[str, Any] | None = None) -> dict[str, Any]:
+                   layout: Mapping[str, object] | None = None) -> dict[str, object]:
     """The corpus manifest (DESIGN §5): provenance, privacy figures, sampling, counts.
 
     ``guidance_applied`` is False for a per-label bundle: each class comes from its own

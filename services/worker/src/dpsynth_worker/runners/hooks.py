@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
-from dpsynth_shared.ledger_contract import Lease
+from dpsynth_shared.ledger_contract import LabelReservation, Lease, Reservation
 
 from dpsynth_worker.runners.artifacts import checkpoint_key, tar_folder, upload_and_register
 from dpsynth_worker.runners.heartbeat import FENCED_CODES
@@ -111,7 +111,7 @@ class LeasedHooks(PlainHooks):
 
     def _extend(self, count: int, partition: str | None) -> None:
         reservation = self._ctx.ledger.get_reservation(self._rid)
-        run: Any = reservation
+        run: Reservation | LabelReservation = reservation
         if partition is not None:
             if not reservation.per_label or partition not in reservation.per_label:
                 raise DpsynthError(ErrorCode.INVALID_SPEC,
@@ -144,7 +144,7 @@ class LeasedHooks(PlainHooks):
         ctx = self._ctx
         ctx.heartbeat.phase("checkpointing")
         archive = tar_folder(checkpoint_dir, ctx.work_dir / f"checkpoint-{step}.tar")
-        meta: dict[str, Any] = {"step": step, "reservation_id": self._rid}
+        meta: dict[str, object] = {"step": step, "reservation_id": self._rid}
         key = checkpoint_key(ctx.job_id, step)
         upload_and_register(ctx, key=key, path=archive, kind="checkpoint", metadata=meta,
                             checkpoint_step=step)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dpsynth_shared.errors import DpsynthError
 from dpsynth_shared.job_states import WORKER_SHUTDOWN, JobState
@@ -31,10 +32,10 @@ class Outcome(StrEnum):
 
 
 def propose(ctx: JobContext, state: JobState, *, error_code: str | None = None,
-            message: str | None = None, result: dict[str, Any] | None = None) -> None:
+            message: str | None = None, result: Mapping[str, object] | None = None) -> None:
     """Propose the job's next state; a fenced-off attempt's proposal is dropped quietly."""
     proposal = ProposeTransition(attempt=ctx.attempt, to_state=state, error_code=error_code,
-                                 message=message, result=result or {})
+                                 message=message, result=dict(result or {}))
     try:
         ctx.api.propose_transition(ctx.job_id, proposal)
     except DpsynthError as exc:

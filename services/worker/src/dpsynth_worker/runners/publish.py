@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dpsynth_shared.ids import new_model_id
 
@@ -26,8 +27,8 @@ class PublishedModel:
     model_hash: str
 
 
-def publish_model(ctx: JobContext, model_dir: Path, *, provenance: dict[str, Any],
-                  metadata: dict[str, Any]) -> PublishedModel:
+def publish_model(ctx: JobContext, model_dir: Path, *, provenance: Mapping[str, object],
+                  metadata: Mapping[str, object]) -> PublishedModel:
     """Stamp, hash, tar and upload ``model_dir`` as ``models/{model_id}/model.tar``.
 
     The worker picks the model id (the key needs it before registration); the api's reply
@@ -39,7 +40,7 @@ def publish_model(ctx: JobContext, model_dir: Path, *, provenance: dict[str, Any
     info = ctx.ml.read_model_info(model_dir)
     model_id = new_model_id()
     archive = tar_folder(model_dir, ctx.work_dir / "model.tar")
-    meta: dict[str, Any] = {"model_id": model_id, "model_hash": digest, "rng": info.rng,
+    meta: dict[str, object] = {"model_id": model_id, "model_hash": digest, "rng": info.rng,
                             "preset": info.preset, "class_names": list(info.class_names),
                             "image_size": info.image_size, "channels": info.channels,
                             # a layout generator says so (the api checks it for layouts)

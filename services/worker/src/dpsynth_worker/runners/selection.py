@@ -64,7 +64,7 @@ def fetch_dataset(ctx: JobContext, dataset: DatasetInfo, dest: Path, *,
     return dest
 
 
-def split_side(images: np.ndarray, split: Any) -> np.ndarray:
+def split_side(images: np.ndarray, split: object) -> np.ndarray:
     """Which of ``images`` a keyed-hash split keeps: ``[N]`` bool.
 
     Raises:
@@ -84,14 +84,14 @@ def split_side(images: np.ndarray, split: Any) -> np.ndarray:
 
 
 def apply_selection(source: Path, dest: Path, *, classes: list[str] | None,
-                    indices: np.ndarray | None, split: Any = None) -> None:
+                    indices: np.ndarray | None, split: object = None) -> None:
     """Write ``source``'s records kept by the selection to ``dest`` (canonical npz).
 
     Raises:
         DpsynthError: ``invalid_dataset`` when the selection does not fit the object.
     """
     with np.load(source, allow_pickle=False) as npz:
-        arrays: dict[str, Any] = {name: npz[name] for name in npz.files}
+        arrays: dict[str, np.ndarray] = {name: npz[name] for name in npz.files}
     n = int(arrays["images"].shape[0])
     names = [str(c) for c in arrays["class_names"].tolist()]
     labels = arrays["labels"].astype(np.int64)
@@ -114,7 +114,7 @@ def apply_selection(source: Path, dest: Path, *, classes: list[str] | None,
         keep = keep[indices]
     if split is not None:
         keep = keep[split_side(arrays["images"][keep], split)]
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # np.savez(**out): its keyword allow_pickle is a bool
     for name, array in arrays.items():
         if name == "class_names":
             continue
