@@ -4,6 +4,7 @@ noised once and applied."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -77,16 +78,7 @@ def logical_step(run: FinetuneRun) -> dict[str, float]:
         chunk, real = rows.indices[start:start + step_size], rows.real[start:start + step_size]
         latents, chunk_labels = _on_device(run, gather_rows(run.latents, chunk),
                                            labels[start:start + step_size])
-        layout = (_on_device(run, gather_rows(run.layouts, chunk))[0]
-                  if run.layouts is not None else None)
-
-        def draw(latents: torch.Tensor = latents, chunk_labels: torch.Tensor = chunk_labels,
-                 layout: torch.Tensor | None = layout,
-                 real: torch.Tensor = real) -> torch.Tensor:
-            return mask_losses(per_sample_diffusion_loss(
-                run.engine.module, run.bundle.scheduler, latents, chunk_labels,
-                run.generator, layout=layout), real)
-
+        draw = _chunk_losses(run, chunk, real, latents, chunk_labels)
         chunk_clipped, losses = run.engine.accumulate_draws(
             draw, run.spec.noise_multiplicity)
         clipped += chunk_clipped
@@ -102,6 +94,21 @@ def logical_step(run: FinetuneRun) -> dict[str, float]:
 def _on_device(run: FinetuneRun, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A micro-batch's tensors on the model's device (no copy on the CPU)."""
     return tuple(t.to(run.placement.device) for t in tensors)
+
+
+def _chunk_losses(run: FinetuneRun, chunk: torch.Tensor, real: torch.Tensor,
+                  latents: torch.Tensor, labels: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """One micro-batch's per-row loss draw (one diffusion draw per call, padding rows
+    masked to 0): what the engine calls K times per example (noise_multiplicity)."""
+    layout = (_on_device(run, gather_rows(run.layouts, chunk))[0]
+              if run.layouts is not None else None)
+
+    def draw() -> torch.Tensor:
+        return mask_losses(per_sample_diffusion_loss(
+            run.engine.module, run.bundle.scheduler, latents, labels, run.generator,
+            layout=layout), real)
+
+    return draw
 
 
 def _noise_and_update(run: FinetuneRun) -> None:
@@ -145,18 +152,10 @@ def _subject_step(run: FinetuneRun, sampler: SubjectPoissonSampler | ShardedSubj
         chunk, real = rows.indices[start:end], rows.real[start:end]
         latents, chunk_labels = _on_device(run, gather_rows(run.latents, chunk),
                                            labels[start:end])
-        layout = (_on_device(run, gather_rows(run.layouts, chunk))[0]
-                  if run.layouts is not None else None)
         carry_in = start > 0 and bool(groups[start] == groups[start - 1])
         carry_out = end < total and bool(groups[end] == groups[end - 1])
 
-        def draw(latents: torch.Tensor = latents, chunk_labels: torch.Tensor = chunk_labels,
-                 layout: torch.Tensor | None = layout,
-                 real: torch.Tensor = real) -> torch.Tensor:
-            return mask_losses(per_sample_diffusion_loss(
-                run.engine.module, run.bundle.scheduler, latents, chunk_labels,
-                run.generator, layout=layout), real)
-
+        draw = _chunk_losses(run, chunk, real, latents, chunk_labels)
         chunk_clipped, losses = run.engine.accumulate_subject_draws(
             draw, run.spec.noise_multiplicity, groups[start:end] - groups[start],
             weights[start:end], carry_in=carry_in, carry_out=carry_out)
