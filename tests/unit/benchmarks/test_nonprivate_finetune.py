@@ -14,12 +14,18 @@ import pytest
 import torch
 from dpsynth_ml import InvalidSpecError, TrainingResult, read_model_info
 from dpsynth_ml.models.model_io import load_model
-from dpsynth_ml.models.trainable import lora_target_names, plain_unet, trainable_parameter_names
+from dpsynth_ml.models.trainable import lora_target_names, trainable_parameter_names
 from dpsynth_ml.training.checkpoint import read_trainer_state
 from dpsynth_ml.training.finetune import setup as ft_setup
 
 from benchmarks.nonprivate_finetune import NonprivateFinetune, train_nonprivate
-from tests.unit.ml.support import IMAGE_SIZE, NUM_RECORDS, RecordingHooks
+from tests.unit.ml.support import (
+    IMAGE_SIZE,
+    NUM_RECORDS,
+    RecordingHooks,
+    changed_parameters,
+    model_state,
+)
 
 IDENTITY = {i: i for i in range(10)}
 
@@ -30,20 +36,6 @@ def nonprivate_spec(**overrides: Any) -> NonprivateFinetune:
                                   class_map=IDENTITY, checkpoint_every=10)
     fields.update(overrides)
     return NonprivateFinetune(**fields)
-
-
-def _state(model_dir: Path) -> dict[str, torch.Tensor]:
-    bundle, _ = load_model(model_dir)
-    state: dict[str, torch.Tensor] = {}
-    for prefix, module in (("unet", plain_unet(bundle.unet, merge=False)),
-                           ("class_embedder", bundle.class_embedder), ("vae", bundle.vae)):
-        state.update({f"{prefix}.{k}": v for k, v in module.state_dict().items()})
-    return state
-
-
-def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> set[str]:
-    assert before.keys() == after.keys()
-    return {k for k in before if not torch.equal(before[k], after[k])}
 
 
 def _moves(names: set[str]) -> set[str]:
@@ -99,8 +91,9 @@ def test_it_trains_exactly_the_trainable_set_without_the_dp_engine(
     assert all(math.isfinite(s["loss"]) for s in hooks.private_stats)
     base, _ = load_model(pretrained.model_dir)
     selected = set(trainable_parameter_names(base.unet, trainable=mode))  # type: ignore[arg-type]
-    before, after = _state(pretrained.model_dir), _state(result.model_dir)
-    assert _moves(selected) <= _changed(before, after) <= selected  # frozen: bit-identical
+    before, after = model_state(pretrained.model_dir), model_state(result.model_dir)
+    # frozen: bit-identical
+    assert _moves(selected) <= changed_parameters(before, after) <= selected
     assert result.trainable_parameters == sum(after[k].numel() for k in selected)
     info = read_model_info(result.model_dir)
     assert info.extra["nonprivate"] is True and info.training_kind == "finetune"
@@ -117,7 +110,7 @@ def test_lora_trains_only_the_adapters_and_releases_them_merged(
                               base_model_dir=pretrained.model_dir)
     base, _ = load_model(pretrained.model_dir)
     targets = {f"unet.{t}.weight" for t in lora_target_names(base.unet)}
-    changed = _changed(_state(pretrained.model_dir), _state(result.model_dir))
+    changed = changed_parameters(model_state(pretrained.model_dir), model_state(result.model_dir))
     assert _moves(targets) <= changed <= targets
     info = read_model_info(result.model_dir)
     assert info.extra["nonprivate"] is True and info.extra["lora"]["merged"] is True
@@ -141,7 +134,7 @@ def test_same_seed_same_model_and_a_stop_is_honoured(
                          base_model_dir=pretrained.model_dir)
     b = train_nonprivate(spec, dataset_path=digits_path, out_dir=tmp_path / "b",
                          base_model_dir=pretrained.model_dir)
-    assert not _changed(_state(a.model_dir), _state(b.model_dir))
+    assert not changed_parameters(model_state(a.model_dir), model_state(b.model_dir))
     stopped = train_nonprivate(spec, dataset_path=digits_path, out_dir=tmp_path / "c",
                                hooks=RecordingHooks(budget=2),
                                base_model_dir=pretrained.model_dir)

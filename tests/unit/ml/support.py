@@ -77,3 +77,23 @@ class RecordingHooks(NullHooks):
 
     def on_private_stats(self, stats: Mapping[str, float]) -> None:
         self.private_stats.append(dict(stats))
+
+
+def model_state(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a saved model (UNet with LoRA unmerged, class embedder, VAE) by name."""
+    from dpsynth_ml.models.model_io import load_model
+    from dpsynth_ml.models.trainable import plain_unet
+
+    bundle, _ = load_model(model_dir)
+    state: dict[str, torch.Tensor] = {}
+    for prefix, module in (("unet", plain_unet(bundle.unet, merge=False)),
+                           ("class_embedder", bundle.class_embedder), ("vae", bundle.vae)):
+        state.update({f"{prefix}.{k}": v for k, v in module.state_dict().items()})
+    return state
+
+
+def changed_parameters(before: dict[str, torch.Tensor],
+                       after: dict[str, torch.Tensor]) -> set[str]:
+    """The names whose tensors differ between two :func:`model_state` snapshots."""
+    assert before.keys() == after.keys()
+    return {k for k in before if not torch.equal(before[k], after[k])}

@@ -17,7 +17,6 @@ from dpsynth_ml.models.trainable import (
     add_lora,
     has_lora,
     lora_target_names,
-    plain_unet,
     trainable_parameter_names,
     trains_embedder,
 )
@@ -25,7 +24,13 @@ from dpsynth_ml.training.checkpoint import read_trainer_state
 from dpsynth_ml.training.finetune import setup as ft_setup
 from torch import nn
 
-from .support import RecordingHooks, finetune_spec, seeded
+from .support import (
+    RecordingHooks,
+    changed_parameters,
+    finetune_spec,
+    model_state,
+    seeded,
+)
 
 IDENTITY = {i: i for i in range(10)}
 
@@ -118,20 +123,6 @@ def recording(monkeypatch: pytest.MonkeyPatch) -> type[RecordingEngine]:
     return RecordingEngine
 
 
-def _state(model_dir: Path) -> dict[str, torch.Tensor]:
-    bundle, _ = load_model(model_dir)
-    state: dict[str, torch.Tensor] = {}
-    for prefix, module in (("unet", plain_unet(bundle.unet, merge=False)),
-                           ("class_embedder", bundle.class_embedder), ("vae", bundle.vae)):
-        state.update({f"{prefix}.{k}": v for k, v in module.state_dict().items()})
-    return state
-
-
-def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> set[str]:
-    assert before.keys() == after.keys()
-    return {k for k in before if not torch.equal(before[k], after[k])}
-
-
 @pytest.mark.parametrize(("mode", "blocks"), [
     ("attention", None),
     ("output_attention", None),
@@ -147,8 +138,9 @@ def test_exactly_the_selected_parameters_change(
     base, _ = load_model(pretrained.model_dir)
     selected = set(trainable_parameter_names(base.unet, trainable=mode,  # type: ignore[arg-type]
                                              blocks=blocks))
-    before, after = _state(pretrained.model_dir), _state(result.model_dir)
-    assert _changed(before, after) == selected  # frozen: bit-identical; selected: all moved
+    before, after = model_state(pretrained.model_dir), model_state(result.model_dir)
+    # frozen: bit-identical; selected: all moved
+    assert changed_parameters(before, after) == selected
     (engine,) = recording.instances
     assert selected <= engine.with_grad_sample
     assert result.trainable_parameters == sum(after[k].numel() for k in selected)
@@ -174,8 +166,8 @@ def test_lora_trains_only_the_adapters_and_releases_them_merged(
     # The checkpoint keeps the adapters apart: every original parameter is bit-identical.
     ckpt, _ = load_model(tmp_path / "checkpoints" / "step-0000002")
     assert has_lora(ckpt.unet)
-    assert not _changed(_state(pretrained.model_dir),
-                        _state(tmp_path / "checkpoints" / "step-0000002"))
+    assert not changed_parameters(model_state(pretrained.model_dir),
+                        model_state(tmp_path / "checkpoints" / "step-0000002"))
     adapters = dict(ckpt.unet.named_parameters())
     assert result.trainable_parameters == sum(adapters[n[5:]].numel() for n in lora_names)
     assert all(adapters[n[5:]].abs().sum() > 0 for n in lora_names if ".lora_B." in n)
@@ -184,9 +176,9 @@ def test_lora_trains_only_the_adapters_and_releases_them_merged(
     released, info = load_model(result.model_dir)
     assert not has_lora(released.unet) and not (result.model_dir / "unet_lora").exists()
     assert info.extra["lora"] == {"rank": 2, "alpha": 4.0, "merged": True}
-    before, after = _state(pretrained.model_dir), _state(result.model_dir)
+    before, after = model_state(pretrained.model_dir), model_state(result.model_dir)
     targets = {f"unet.{t}.weight" for t in lora_target_names(base.unet)}
-    assert _changed(before, after) == targets
+    assert changed_parameters(before, after) == targets
     for key in targets:
         module = key[5:-len(".weight")]
         a = adapters[f"{module}.lora_A.default.weight"].detach()
