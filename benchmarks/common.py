@@ -229,6 +229,39 @@ def bench_main(name: str, run: Callable[[str], dict[str, Any]]) -> Path:
     return path
 
 
+# --------------------------------------------------------------------------- memory
+
+
+def status_kib(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``); None where unavailable
+    (not Linux, or no such field)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's RSS high-water mark (``VmHWM``) of this process (Linux >= 4.0).
+
+    tracemalloc does not see torch's allocations, and ``ru_maxrss`` cannot be reset: writing
+    ``5`` to ``/proc/self/clear_refs`` is the only way to measure the peak of one phase of a
+    process on the CPU.
+
+    Returns:
+        False where the kernel refused (then only ``ru_maxrss``, the whole life's peak, is
+        left).
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------- timing
 
 

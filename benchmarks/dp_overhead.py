@@ -36,6 +36,15 @@ another's, and the allocator starts clean):
 The figure is the ratio DP / non-DP of the same mode measured in the same run: the two
 cores here are shared, absolute seconds are pessimistic, the ratio transfers.
 
+**Engine rows** (issue 17): then, for each trainable set, one row per DP engine of
+:data:`benchmarks.engine_cost.ENGINES` (``hooks`` = the DpSgdEngine above, ``bookkeeping``
+where it builds) measured at the engine level by :func:`benchmarks.engine_cost.run_rounds`:
+the same preset, batch and trainable set, one logical step (loss, backward, clipping, noise,
+AdamW) without data loading or sampling, in interleaved rounds of fresh processes (non-DP,
+then each engine); each ratio is the median over ``engine_pairs`` rounds with its min/max
+spread, and the best engine per set is named. An engine that does not build is a row saying
+why. ``engine_budget_s`` bounds that part (rounds are cut, and the results say so).
+
 Run from the repository root: ``.venv/bin/python -m benchmarks.dp_overhead``.
 """
 
@@ -52,7 +61,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, bench_main, device_label, fmt
+from benchmarks.common import (
+    ROOT,
+    bench_main,
+    device_label,
+    fmt,
+    reset_peak_rss,
+    status_kib,
+)
 
 NAME = "dp_overhead"
 MODES = ("full", "attention", "lora")
@@ -63,12 +79,18 @@ SCALES: dict[str, dict[str, Any]] = {
     # with the cores oversubscribed by other work, two threads spent most of a step in
     # OpenMP barriers (20 s instead of ~2 s), which says nothing about DP.
     "cpu": {"preset": "small", "image_size": 32, "batch": 16, "warmup": 2, "measured": 8,
-            "lora_rank": 4, "threads": 1, "pretrain_records": 64},
+            "lora_rank": 4, "threads": 1, "pretrain_records": 64,
+            # engine rows: 7 rounds x 3 sets x (non-DP + engines) forked processes, 1-7 s
+            # each (about 4 minutes in all on the quiet machine)
+            "engine_pairs": 7, "engine_warmup": 2, "engine_measured": 5,
+            "engine_budget_s": 900},
     # a GPU-sized model: the "base" preset (~31M-parameter UNet) on 128x128 images = 32x32
     # latents. Never run: the ML core places nothing on a GPU yet, so today this would run
     # (slowly) on the CPU; see benchmarks/notes/dp_overhead.md.
     "full": {"preset": "base", "image_size": 128, "batch": 64, "warmup": 3, "measured": 20,
-             "lora_rank": 8, "threads": None, "pretrain_records": 64},
+             "lora_rank": 8, "threads": None, "pretrain_records": 64,
+             "engine_pairs": 7, "engine_warmup": 3, "engine_measured": 10,
+             "engine_budget_s": None},
 }
 
 NOISE_MULTIPLIER = 1.0
@@ -76,26 +98,6 @@ MAX_GRAD_NORM = 1.0
 
 
 # --------------------------------------------------------------------------- child process
-
-
-def _status_kib(field: str) -> int | None:
-    """A ``kB`` field of ``/proc/self/status`` (VmRSS, VmHWM), None where unavailable."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's RSS high-water mark of this process (Linux >= 4.0)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 class TimingHooks:
@@ -123,9 +125,9 @@ class TimingHooks:
 
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-            self.peak_method = "VmHWM (reset)" if _reset_peak() else "ru_maxrss"
+            self.peak_method = "VmHWM (reset)" if reset_peak_rss() else "ru_maxrss"
             self._maxrss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            self.rss_before_kib = _status_kib("VmRSS")
+            self.rss_before_kib = status_kib("VmRSS")
             self._last = time.perf_counter()
             self._last_cpu = time.process_time()
         return count
@@ -140,7 +142,7 @@ class TimingHooks:
         self._last, self._last_cpu = now, cpu
         if step == total:  # before the DP run's final checkpoint is written
             if self.peak_method.startswith("VmHWM"):
-                self.peak_kib = _status_kib("VmHWM")
+                self.peak_kib = status_kib("VmHWM")
             else:
                 self.peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
@@ -272,6 +274,7 @@ def run(scale: str) -> dict[str, Any]:
                       f" (cpu {measured['cpu_s_median']:.3f} s)"
                       f"  peak +{measured['peak_mem_mib']} MiB", flush=True)
                 runs.append(measured)
+    engines = _engine_rows(cfg, scale)
     modes: dict[str, Any] = {}
     for mode in MODES:
         plain, private = (next(r for r in runs if r["mode"] == mode and r["dp"] == dp)
@@ -301,7 +304,38 @@ def run(scale: str) -> dict[str, Any]:
         "pretrain_s": round(pretrain_s, 1),
         "modes": modes,
         "runs": runs,
+        "engines": engines,
     }
+
+
+def _engine_rows(cfg: dict[str, Any], scale: str) -> dict[str, Any]:
+    """The engine rows: ``python -m benchmarks.engine_cost run`` at this scale's preset, batch
+    and trainable sets (CUDA when torch sees it), in its own process (its children are forked
+    from a parent that has run no torch operation, which this one has), with the compact
+    per-process rows."""
+    import torch
+
+    from benchmarks.engine_cost import read_rows
+
+    settings = {"device": "cuda" if torch.cuda.is_available() else "cpu",
+                "preset": cfg["preset"], "image_size": cfg["image_size"],
+                "batch": cfg["batch"], "warmup": cfg["engine_warmup"],
+                "measured": cfg["engine_measured"], "pairs": cfg["engine_pairs"],
+                "lora_rank": cfg["lora_rank"], "threads": cfg["threads"],
+                "profile": f"dp_overhead:{scale}"}
+    command = [sys.executable, "-m", "benchmarks.engine_cost", "run", "--settings",
+               json.dumps(settings), "--trainables", ",".join(MODES)]
+    if cfg["engine_budget_s"]:
+        command += ["--budget-s", str(cfg["engine_budget_s"])]
+    with tempfile.TemporaryDirectory(prefix="engine-cost-") as out:
+        subprocess.run([*command, "--out", out], cwd=ROOT, check=True,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        summary: dict[str, Any] = json.loads((Path(out) / "engine_summary.json").read_text())
+        rows = read_rows(Path(out) / "engine_rows.jsonl")
+    keep = ("round", "trainable", "engine", "status", "step_s_median", "cpu_s_median",
+            "peak_mem_mib", "process_wall_s", "reason")
+    summary["rows"] = [{k: r[k] for k in keep if k in r} for r in rows]
+    return summary
 
 
 def _ratio(value: float | None) -> str:
@@ -335,7 +369,47 @@ def table_markdown(results: dict[str, Any]) -> str:
             f"**{_ratio(cpu_ratio)}** | "
             f"{fmt(m['peak_mem_mib_nondp'])} | {fmt(m['peak_mem_mib_dp'])} | "
             f"**{_ratio(m['mem_ratio'])}** |")
+    if res.get("engines"):
+        lines += ["", *_engine_table(res["engines"])]
     return "\n".join(lines) + "\n"
+
+
+def _spread(entry: dict[str, Any] | None) -> str:
+    """``median [min–max]`` of a ratio spread, or an em dash."""
+    if not entry:
+        return "—"
+    return f"{entry['median']:.2f}x [{entry['min']:.2f}–{entry['max']:.2f}]"
+
+
+def _engine_table(engines: dict[str, Any]) -> list[str]:
+    """The engine rows: one per (trainable set, engine), the best engine of each set in bold."""
+    s = engines.get("settings", {})
+    cut = " (cut by the time budget)" if engines.get("cut") else ""
+    lines = [
+        f"Per engine, at the engine level (one logical step on one micro-batch of "
+        f"{s.get('batch')}, no data loading; {s.get('device')}): each ratio is the median "
+        f"over interleaved DP / non-DP pairs of fresh processes, [min–max] over the pairs; "
+        f"{engines.get('rounds_done')} rounds of {s.get('pairs')}{cut}. "
+        "**Bold**: the best engine of the set (lowest median time ratio).",
+        "",
+        "| trainable | engine | pairs | time DP/non-DP | CPU time DP/non-DP "
+        "| memory DP/non-DP | meets issue-17 aim |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for trainable, t in engines.get("trainables", {}).items():
+        best = (t.get("best") or {}).get("engine")
+        for engine, e in t["engines"].items():
+            name = f"**`{engine}`**" if engine == best else f"`{engine}`"
+            if e.get("time_ratio") is None:
+                why = str(e.get("reason") or e.get("status"))[:120].replace("|", "/")
+                lines.append(f"| `{trainable}` | {name} | 0 | {e.get('status')}: {why} "
+                             "| — | — | — |")
+                continue
+            aim = {True: "yes", False: "no", None: "—"}[e.get("meets_target")]
+            lines.append(f"| `{trainable}` | {name} | {e['pairs']} | "
+                         f"{_spread(e['time_ratio'])} | {_spread(e.get('cpu_ratio'))} | "
+                         f"{_spread(e.get('mem_ratio'))} | {aim} |")
+    return lines
 
 
 if __name__ == "__main__":

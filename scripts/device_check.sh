@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The checks to run whenever a GPU machine is available (issue 17): at most 6 minutes in all.
+#
+#   bash scripts/device_check.sh OUTDIR [--tiny]
+#
+# Writes, as it goes (so a time limit still leaves data):
+#   OUTDIR/device.json          the machine: host, nvidia-smi, Python, packages, torch/CUDA
+#   OUTDIR/engine_rows.jsonl    one line per measured process (benchmarks/engine_cost.py)
+#   OUTDIR/engine_summary.json  the engine ratios so far, rewritten after each process
+#   OUTDIR/summary.json         the final summary (ratios per trainable set and engine,
+#                               best engine per set, the machine)
+#   OUTDIR/device_check.log     everything printed
+#
+# Without --tiny: CUDA when torch sees it (preset "base", batch 64, 7 interleaved DP /
+# non-DP rounds as far as the budget allows), else the CPU with small settings. --tiny runs
+# the identical code path on the CPU with the tiny preset, batch 4 and 2 rounds (the test).
+#
+# Runs from a plain copy of the repository: .venv/bin/python when present, else python3,
+# with shared/src, services/worker/src and the repository root on PYTHONPATH, so dpsynth_ml,
+# dpsynth_shared and benchmarks import uninstalled. Third-party packages it needs: torch,
+# diffusers, opacus, peft, numpy (diffusers' and peft's own dependencies with them).
+# DEVICE_CHECK_BUDGET_S overrides the total budget (seconds, default 360).
+set -euo pipefail
+
+usage() { echo "usage: $0 OUTDIR [--tiny]" >&2; exit 2; }
+
+outdir=""
+tiny=0
+for arg in "$@"; do
+  case "$arg" in
+    --tiny) tiny=1 ;;
+    -h|--help) usage ;;
+    -*) echo "unknown option: $arg" >&2; usage ;;
+    *) [[ -z "$outdir" ]] || usage; outdir="$arg" ;;
+  esac
+done
+[[ -n "$outdir" ]] || usage
+
+budget_s="${DEVICE_CHECK_BUDGET_S:-360}"
+start_s=$(date +%s)
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$outdir"
+outdir="$(cd "$outdir" && pwd)"
+log="$outdir/device_check.log"
+cd "$root"
+
+if [[ -x .venv/bin/python ]]; then
+  py="$root/.venv/bin/python"
+elif command -v python3 >/dev/null 2>&1; then
+  py="$(command -v python3)"
+else
+  py="$(command -v python)"
+fi
+export PYTHONPATH="$root/shared/src:$root/services/worker/src:$root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONWARNINGS=ignore
+# opacus ships an unrelated top-level "benchmarks" package: the repository root (cwd, and
+# first on PYTHONPATH after the sources) must win; -m from the root puts cwd first.
+
+remaining() { echo $(( budget_s - ($(date +%s) - start_s) )); }
+say() { echo "[device_check] $*" | tee -a "$log"; }
+# run LIMIT_S CMD...: CMD under a hard limit (SIGTERM, then SIGKILL 5 s later), its output
+# appended to the log; prints nothing on success, returns CMD's status (124 on timeout)
+run_limited() {
+  local limit="$1"; shift
+  if (( limit < 1 )); then say "no time left for: $*"; return 124; fi
+  local rc=0
+  timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$log" || rc=$?
+  return "$rc"
+}
+
+say "start $(date -u +%FT%TZ) python=$py budget=${budget_s}s tiny=$tiny out=$outdir"
+
+# 1. the machine, first
+limit=$(( $(remaining) < 60 ? $(remaining) : 60 ))
+if ! run_limited "$limit" "$py" -m benchmarks.engine_cost device --to "$outdir/device.json"; then
+  say "device description failed; writing a minimal device.json"
+  gpus="$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null \
+    | tr -d '"\\' | tr '\n' ';' || true)"
+  printf '{"hostname": "%s", "error": "python device description failed", "nvidia_smi": "%s"}\n' \
+    "${HOSTNAME:-unknown}" "$gpus" > "$outdir/device.json"
+fi
+
+# 2. the engine rows
+if (( tiny )); then
+  profile=tiny
+else
+  cuda="$("$py" -c 'import json, sys
+print(json.load(open(sys.argv[1])).get("torch", {}).get("cuda_available", False))' \
+    "$outdir/device.json" 2>/dev/null || echo False)"
+  if [[ "$cuda" == "True" ]]; then profile=gpu; else profile=cpu; fi
+fi
+reserve=25  # seconds kept for the summary
+limit=$(( $(remaining) - reserve ))
+say "engine rows: profile=$profile, ${limit}s left for them"
+rc=0
+run_limited "$limit" "$py" -m benchmarks.engine_cost run --out "$outdir" --profile "$profile" \
+  --budget-s "$(( limit > 15 ? limit - 10 : limit ))" --quiet || rc=$?
+(( rc == 0 )) || say "engine rows ended with status $rc (124: the time limit); rows kept"
+
+# 3. the summary, from whatever rows were written
+limit=$(( $(remaining) < 20 ? $(remaining) : 20 ))
+src=0
+run_limited "$(( limit < 5 ? 5 : limit ))" "$py" -m benchmarks.engine_cost summarize \
+  --out "$outdir" || src=$?
+say "done in $(( $(date +%s) - start_s ))s: $outdir/summary.json (engine rows status $rc)"
+exit "$src"
