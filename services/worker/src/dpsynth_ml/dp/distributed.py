@@ -54,6 +54,7 @@ from opacus.optimizers.optimizer import DPOptimizer
 from torch import nn
 from torch.optim import Optimizer
 
+from dpsynth_ml.dp.bookkeeping import BookKeepingEngine, NormMode
 from dpsynth_ml.dp.engine import DpSgdEngine, SourcedNoiseDPOptimizer, set_grad_sample
 from dpsynth_ml.dp.noise import NoiseSource
 from dpsynth_ml.dp.sampler import PoissonSampler, SubjectBatch, SubjectPoissonSampler
@@ -213,6 +214,60 @@ class DistributedDpSgdEngine(DpSgdEngine):
         for p in self.params:
             assert p.grad is not None
             p.grad.div_(self.expected_batch_size)
+
+    def parameters_in_sync(self) -> bool:
+        """Whether every rank holds the same trainable parameters (collective, for checks)."""
+        flat = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self.params])
+        low, high = flat.clone(), flat.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        return bool(torch.equal(low, high))
+
+
+class DistributedBookKeepingEngine(BookKeepingEngine):
+    """:class:`BookKeepingEngine` for one rank of a W-rank job: the mechanism of
+    :class:`DistributedDpSgdEngine` (same arguments, same collective construction and
+    :meth:`privatize`), with book-keeping clipping on each rank.
+
+    Each rank clips its own units exactly (a subject's images are all on one rank), rank 0
+    alone adds N(0, sigma^2 C^2 I) from its own noise source to its clipped sum, one
+    all-reduce (SUM) adds the ranks' sums, and the result is divided by the GLOBAL expected
+    batch size E on every rank.
+
+    Raises:
+        RuntimeError: if torch.distributed is not initialised, or the ranks disagree.
+    """
+
+    def __init__(self, module: nn.Module, optimizer: Optimizer, *, noise_multiplier: float,
+                 max_grad_norm: float, expected_batch_size: int,
+                 generator: torch.Generator | None = None,
+                 _test_noise: NoiseSource | None = None, norm_mode: NormMode = "auto") -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("DistributedBookKeepingEngine needs an initialised process "
+                               "group")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        super().__init__(module, optimizer, noise_multiplier=noise_multiplier,
+                         max_grad_norm=max_grad_norm, expected_batch_size=expected_batch_size,
+                         generator=generator, _test_noise=_test_noise, norm_mode=norm_mode)
+        shapes = [float(n) for p in self.params for n in (p.numel(), p.dim())]
+        placement = Placement(rank=self.rank, world_size=self.world_size, device=self.device)
+        if not same_on_all_ranks(placement, [noise_multiplier, max_grad_norm,
+                                             float(expected_batch_size), *shapes]):
+            raise RuntimeError("the ranks disagree on noise multiplier, clipping norm, "
+                               "expected batch size or trainable parameter shapes")
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.params[0].device
+
+    def _release(self, sums: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Rank 0's sum + the one noise draw, the other ranks' sums, added over ranks."""
+        out = self._noised(sums) if self.rank == 0 else [s.clone() for s in sums]
+        _all_reduce_sum(out)
+        return out
 
     def parameters_in_sync(self) -> bool:
         """Whether every rank holds the same trainable parameters (collective, for checks)."""
