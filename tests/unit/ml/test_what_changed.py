@@ -54,6 +54,8 @@ def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) ->
 def recording(monkeypatch: pytest.MonkeyPatch) -> type[RecordingEngine]:
     RecordingEngine.instances = []
     monkeypatch.setattr(ft_setup, "DpSgdEngine", RecordingEngine)
+    # these tests read opacus' per-sample gradients: keep the hooks engine for every set
+    monkeypatch.setattr(ft_setup, "choose_engine", lambda *args, **kwargs: "hooks")
     return RecordingEngine
 
 

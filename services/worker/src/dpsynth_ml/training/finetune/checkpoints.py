@@ -15,6 +15,7 @@ from diffusers.training_utils import EMAModel
 
 from dpsynth_ml.dp import SubjectPoissonSampler
 from dpsynth_ml.dp.distributed import (
+    DistributedBookKeepingEngine,
     DistributedDpSgdEngine,
     ShardedSubjectPoissonSampler,
 )
@@ -140,15 +141,19 @@ def stamp(run: FinetuneRun, step: int) -> ModelInfo:
     return dataclasses.replace(run.info, steps=step, rng=run.rng, extra=extra)
 
 
+#: the engines of one rank of a multi-rank job
+_DISTRIBUTED = (DistributedDpSgdEngine, DistributedBookKeepingEngine)
+
+
 def checkpoint_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
 def checkpoint(run: FinetuneRun, step: int, hooks: TrainingHooks) -> None:
     """Write model dir + trainer state + optimizer state, then tell the platform."""
-    if run.placement.distributed and not isinstance(run.engine, DistributedDpSgdEngine):
+    if run.placement.distributed and not isinstance(run.engine, _DISTRIBUTED):
         raise RuntimeError("a multi-rank run needs the distributed engine")
-    if isinstance(run.engine, DistributedDpSgdEngine) and not run.engine.parameters_in_sync():
+    if isinstance(run.engine, _DISTRIBUTED) and not run.engine.parameters_in_sync():
         # collective (every rank checkpoints at the same steps); a diverged replica must
         # never be released
         raise RuntimeError("the ranks' model copies have diverged")

@@ -14,8 +14,15 @@ from diffusers.training_utils import EMAModel
 from torch.optim.lr_scheduler import LambdaLR
 
 from dpsynth_ml.data import ImageDataset, load_dataset, training_view
-from dpsynth_ml.dp import DpSgdEngine, PoissonSampler, SubjectPoissonSampler
+from dpsynth_ml.dp import (
+    BookKeepingEngine,
+    DpSgdEngine,
+    PoissonSampler,
+    SubjectPoissonSampler,
+    choose_engine,
+)
 from dpsynth_ml.dp.distributed import (
+    DistributedBookKeepingEngine,
     DistributedDpSgdEngine,
     ShardedPoissonSampler,
     ShardedSubjectPoissonSampler,
@@ -63,7 +70,7 @@ class FinetuneRun:
     info: ModelInfo
     latents: torch.Tensor
     labels: torch.Tensor
-    engine: DpSgdEngine
+    engine: DpSgdEngine | BookKeepingEngine
     sampler: PoissonSampler | SubjectPoissonSampler | ShardedPoissonSampler | (
         ShardedSubjectPoissonSampler)
     trainable_names: list[str]
@@ -175,11 +182,20 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
         _optimizer_state_to(optimizer, placement.device)
     # expected_batch_size is the GLOBAL E on every rank (the distributed engine divides the
     # all-reduced sum by it once).
-    engine_class = DistributedDpSgdEngine if placement.distributed else DpSgdEngine
+    # book-keeping where it is exact and faster, opacus hooks elsewhere (dp.choice); the
+    # mechanism is the same, the choice is recorded with the model
+    kind = choose_engine(denoiser, trainable=spec.trainable)
+    engine_class: type[DpSgdEngine] | type[BookKeepingEngine]
+    if kind == "bookkeeping":
+        engine_class = (DistributedBookKeepingEngine if placement.distributed
+                        else BookKeepingEngine)
+    else:
+        engine_class = DistributedDpSgdEngine if placement.distributed else DpSgdEngine
     engine = engine_class(denoiser, optimizer, noise_multiplier=dp.noise_multiplier,
                           max_grad_norm=dp.max_grad_norm,
                           expected_batch_size=dp.expected_batch_size,
                           generator=noise_generator)
+    info = dataclasses.replace(info, extra={**info.extra, "dp_engine": kind})
     sampler = _sampler(privacy, dataset, generator, placement, fixed.population)
     # the ranks must sample the same N at the same q from the same step on (a resume of
     # the same checkpoint), or the union would not be the accounted Poisson sample
