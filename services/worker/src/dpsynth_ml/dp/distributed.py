@@ -217,11 +217,7 @@ class DistributedDpSgdEngine(DpSgdEngine):
 
     def parameters_in_sync(self) -> bool:
         """Whether every rank holds the same trainable parameters (collective, for checks)."""
-        flat = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self.params])
-        low, high = flat.clone(), flat.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX)
-        return bool(torch.equal(low, high))
+        return _in_sync(self.params)
 
 
 class DistributedBookKeepingEngine(BookKeepingEngine):
@@ -271,11 +267,16 @@ class DistributedBookKeepingEngine(BookKeepingEngine):
 
     def parameters_in_sync(self) -> bool:
         """Whether every rank holds the same trainable parameters (collective, for checks)."""
-        flat = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in self.params])
-        low, high = flat.clone(), flat.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX)
-        return bool(torch.equal(low, high))
+        return _in_sync(self.params)
+
+
+def _in_sync(params: Sequence[torch.Tensor]) -> bool:
+    """Whether every rank holds the same ``params`` (collective: one MIN and one MAX)."""
+    flat = torch.cat([p.detach().reshape(-1).to(torch.float64) for p in params])
+    low, high = flat.clone(), flat.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(low, high))
 
 
 def _all_reduce_sum(tensors: Sequence[torch.Tensor]) -> None:
