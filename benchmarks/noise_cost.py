@@ -5,7 +5,10 @@ Times one noise draw of ``n`` float32 values, as the engine makes it once per lo
 
 * ``torch.normal``: opacus' non-secure path (Mersenne Twister on the CPU), the old noise;
 * ``ChaChaGaussian``: ChaCha20 keystream -> 53-bit uniforms -> Box–Muller (float64) ->
-  sum of 4 / 2 -> float32 (``dpsynth_ml.dp.noise``), the noise now.
+  sum of 4 / 2 -> float32 (``dpsynth_ml.dp.noise``), the noise now, once with each
+  implementation of the keystream: ``torch`` (int32 torch kernels, what a GPU runs) and
+  ``openssl`` (OpenSSL's ChaCha20 through ``cryptography``, what the CPU runs since issue
+  17). Both give the same values.
 
 Sizes: 1M and 10M values, and the trainable-parameter counts of the ``small`` preset's
 ``full`` / ``attention`` / ``lora`` finetunes, whose DP step CPU times are read from
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -61,7 +65,8 @@ def main() -> None:
                         help="torch threads (dp_overhead's CPU scale uses 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    source = ChaChaGaussian.from_os_entropy()
+    sources = {backend: ChaChaGaussian(secrets.token_bytes(32), kind="os", keystream=backend)
+               for backend in ("torch", "openssl")}
     generator = torch.Generator().manual_seed(0)
     steps = _step_times()
     rows: list[tuple[str, int, float | None]] = [
@@ -69,18 +74,25 @@ def main() -> None:
     rows += [(f"`small` {mode}", n, step) for mode, (n, step) in steps.items()]
     print(f"torch {torch.__version__}, {args.threads} torch thread(s), "
           f"1-min load average {os.getloadavg()[0]:.1f} before")
-    print("| draw | values | torch.normal CPU (ms) | ChaCha20 CPU (ms) | ChaCha20 wall (ms) "
-          "| CPU ratio | added to the DP step (CPU) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| draw | values | torch.normal CPU (ms) | ChaCha20, torch keystream CPU (ms) "
+          "| ChaCha20, OpenSSL keystream CPU (ms) | OpenSSL wall (ms) | CPU ratio (OpenSSL) "
+          "| added to the DP step (CPU, OpenSSL) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, n, step in rows:
         repeats = 3 if n >= 5_000_000 else 7
         _, normal = _median_times(lambda n=n: torch.normal(  # type: ignore[misc]
             0.0, 1.0, size=(n,), generator=generator), repeats)
-        chacha, chacha_cpu = _median_times(lambda n=n: source.gaussian(  # type: ignore[misc]
-            (n,), 1.0, device=CPU, dtype=torch.float32), repeats)
-        share = "" if step is None else f"+{(chacha_cpu - normal) / step:.0%} of {step:.3f} s"
-        print(f"| {label} | {n:,} | {normal * 1e3:.1f} | {chacha_cpu * 1e3:.0f} "
-              f"| {chacha * 1e3:.0f} | {chacha_cpu / max(normal, 1e-9):.0f}x | {share} |")
+        cpu: dict[str, float] = {}
+        wall: dict[str, float] = {}
+        for backend, source in sources.items():
+            wall[backend], cpu[backend] = _median_times(
+                lambda n=n, source=source: source.gaussian(  # type: ignore[misc]
+                    (n,), 1.0, device=CPU, dtype=torch.float32), repeats)
+        fast = cpu["openssl"]
+        share = "" if step is None else f"+{(fast - normal) / step:.0%} of {step:.3f} s"
+        print(f"| {label} | {n:,} | {normal * 1e3:.1f} | {cpu['torch'] * 1e3:.0f} "
+              f"| {fast * 1e3:.0f} | {wall['openssl'] * 1e3:.0f} "
+              f"| {fast / max(normal, 1e-9):.0f}x | {share} |")
     print(f"1-min load average {os.getloadavg()[0]:.1f} after")
 
 

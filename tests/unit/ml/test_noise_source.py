@@ -15,6 +15,8 @@ from dpsynth_ml.dp.noise import (
     ChaChaGaussian,
     box_muller,
     chacha20_blocks,
+    keystream_backend,
+    uniforms_from_le64,
     uniforms_from_words,
 )
 from scipy import stats
@@ -88,9 +90,61 @@ def test_a_device_whose_keystream_is_wrong_is_refused(monkeypatch: pytest.Monkey
     monkeypatch.setattr(noise_module, "_checked_devices", set())
     broken = (*noise_module._CONSTANTS[:3], 0)  # as a miscompiled backend might compute
     monkeypatch.setattr(noise_module, "_CONSTANTS", broken)
-    with pytest.raises(RuntimeError, match="known-answer test failed on cpu"):
-        ChaChaGaussian(bytes(32), kind="test").gaussian((4,), 1.0, device=CPU,
-                                                        dtype=torch.float32)
+    with pytest.raises(RuntimeError, match=r"known-answer test failed on cpu \(torch\)"):
+        ChaChaGaussian(bytes(32), kind="test", keystream="torch").gaussian(
+            (4,), 1.0, device=CPU, dtype=torch.float32)
+
+
+def test_an_openssl_keystream_that_is_wrong_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dpsynth_ml.dp.noise as noise_module
+
+    monkeypatch.setattr(noise_module, "_checked_devices", set())
+    real_read = noise_module._OpenSslKeystream.read
+
+    def flipped(self: object, num_blocks: int) -> torch.Tensor:
+        return real_read(self, num_blocks) ^ 1  # one wrong bit per 8 bytes
+
+    monkeypatch.setattr(noise_module._OpenSslKeystream, "read", flipped)
+    with pytest.raises(RuntimeError, match=r"known-answer test failed on cpu \(openssl\)"):
+        ChaChaGaussian(bytes(32), kind="test", keystream="openssl").gaussian(
+            (4,), 1.0, device=CPU, dtype=torch.float32)
+
+
+def test_the_cpu_uses_openssl_and_other_devices_the_torch_kernels() -> None:
+    assert keystream_backend(CPU) == "openssl"
+    assert keystream_backend(torch.device("cuda")) == "torch"
+    assert keystream_backend(torch.device("meta")) == "torch"
+
+
+@pytest.mark.parametrize(("size", "chunk"), [(1, None), (1001, None), (1001, 6),
+                                              ((1 << 16) + 3, None), (70_001, 1 << 12)])
+def test_both_keystream_implementations_give_the_same_noise(size: int,
+                                                           chunk: int | None) -> None:
+    g = torch.Generator().manual_seed(size)
+    for _ in range(3):
+        key = bytes(torch.randint(0, 256, (32,), generator=g).tolist())
+        sources = [ChaChaGaussian(key, kind="test", chunk=chunk, keystream=backend)
+                   for backend in ("torch", "openssl")]
+        for call in range(2):  # nonce 0, then nonce 1
+            a, b = (src.gaussian((size,), 0.9, device=CPU, dtype=torch.float64)
+                    for src in sources)
+            assert torch.equal(a, b), (size, chunk, call)
+
+
+def test_little_endian_uniforms_equal_the_word_pair_uniforms() -> None:
+    words = chacha20_blocks(bytes(range(32)), bytes(12), 2**32 - 3, 3)
+    as_le64 = torch.frombuffer(bytearray(_serialise(words)), dtype=torch.int64)
+    assert torch.equal(uniforms_from_le64(as_le64), uniforms_from_words(words))
+    # the extremes: all-ones words give the top uniform 1, all-zeros the bottom 2^-53
+    extremes = torch.tensor([-1, 0], dtype=torch.int64)
+    assert uniforms_from_le64(extremes).tolist() == [1.0, 2.0**-53]
+
+
+def test_a_tensor_past_the_block_counter_is_refused_before_any_draw() -> None:
+    source = ChaChaGaussian(bytes(32), kind="test")
+    with pytest.raises(ValueError, match="2\\^32 ChaCha20 blocks"):
+        source.gaussian((2**33 + 2,), 1.0, device=torch.device("meta"), dtype=torch.float32)
+    assert source.calls == 0
 
 
 @pytest.mark.gpu

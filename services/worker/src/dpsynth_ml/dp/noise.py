@@ -14,11 +14,22 @@ output costs about 2^(53 (2n - 1)) instead of 2^53.
 This module provides both, in plain torch integer ops that run unchanged on CPU and CUDA:
 
 * Keystream: the ChaCha20 block function of RFC 8439 §2.3 (20 rounds, 256-bit key, 32-bit
-  block counter, 96-bit nonce), vectorised over blocks. 32-bit words are held in int32
-  (torch.uint32 lacks most kernels): additions wrap modulo 2^32 and right shifts are masked
-  (they are arithmetic on signed ints). Wraparound is what every torch backend computes but
-  not a documented guarantee, so each device runs the RFC's known-answer block before its
-  first draw (:func:`check_keystream`) and refuses to draw noise if it differs.
+  block counter, 96-bit nonce). Two implementations of the same function, chosen per device
+  (:func:`keystream_backend`), whose bytes are identical (tested for random keys, nonces and
+  counters):
+
+  - ``torch`` (GPUs, and any device without the other): vectorised over blocks in int32
+    words (torch.uint32 lacks most kernels): additions wrap modulo 2^32 and right shifts are
+    masked (they are arithmetic on signed ints). Wraparound is what every torch backend
+    computes but not a documented guarantee.
+  - ``openssl`` (the CPU of a little-endian host): OpenSSL's ChaCha20 through the
+    ``cryptography`` package (already a dependency of ``dpsynth_shared``), i.e. the SIMD
+    assembly every TLS connection uses, encrypting zeros into a reused buffer: about 6 GB/s
+    per core here against ~0.5 GB/s for the torch kernels, which made the keystream 2/3 of
+    a CPU noise draw (benchmarks/noise_cost.py).
+
+  Each (device, implementation) runs the RFC's known-answer block before its first draw
+  (:func:`check_keystream`) and refuses to draw noise if it differs.
 * Key: 256 bits from the OS (``secrets``) per :class:`ChaChaGaussian`, i.e. per engine, i.e.
   per attempt (docs/privacy.md: noise is never replayed on resume).
 * Nonce and counter: the n-th call to :meth:`ChaChaGaussian.gaussian` uses nonce
@@ -45,11 +56,14 @@ from __future__ import annotations
 
 import math
 import secrets
+import sys
 from typing import Literal, Protocol
 
 import torch
 
 NoiseKind = Literal["os", "test"]
+#: Which implementation of the ChaCha20 block function computes a keystream.
+KeystreamBackend = Literal["torch", "openssl"]
 
 _MASK32 = 0xFFFFFFFF
 # "expand 32-byte k" as four little-endian words (RFC 8439 §2.3)
@@ -61,7 +75,7 @@ _KAT_NONCE = bytes.fromhex("000000090000004a00000000")
 _KAT_BLOCK = bytes.fromhex(
     "10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
     "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e")
-_checked_devices: set[torch.device] = set()
+_checked_devices: set[tuple[torch.device, KeystreamBackend]] = set()
 
 
 class NoiseSource(Protocol):
@@ -164,23 +178,71 @@ def chacha20_blocks(key: bytes, nonce: bytes, counter: int, num_blocks: int, *,
     return words.t().to(torch.int64).bitwise_and_(_MASK32)
 
 
-def check_keystream(device: torch.device) -> None:
-    """Known-answer test of the block function on ``device`` (once per process and device).
+def keystream_backend(device: torch.device) -> KeystreamBackend:
+    """The keystream implementation for ``device``: ``openssl`` on the CPU of a
+    little-endian host where the ``cryptography`` package imports, else ``torch``."""
+    if device.type != "cpu" or sys.byteorder != "little":
+        return "torch"
+    try:
+        import cryptography.hazmat.primitives.ciphers  # noqa: F401  # availability only
+    except ImportError:  # pragma: no cover - a dependency of dpsynth_shared
+        return "torch"
+    return "openssl"
 
-    The integer kernels differ per backend (CPU, CUDA, ...); a backend that computed a
-    wrong keystream would still give plausible-looking noise, so each device is checked
+
+class _OpenSslKeystream:
+    """Consecutive ChaCha20 blocks of one (key, nonce) from OpenSSL, read in order.
+
+    ``cryptography``'s ChaCha20 takes a 16-byte nonce: the 32-bit little-endian initial
+    block counter, then RFC 8439's 96-bit nonce; encrypting zeros yields the keystream.
+    The caller checks that the counter never passes 2^32 (OpenSSL would carry it into the
+    nonce). The output buffer is reused: a view returned by :meth:`read` is valid until
+    the next call.
+    """
+
+    def __init__(self, key: bytes, nonce: bytes, counter: int = 0) -> None:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+        self._encryptor = Cipher(algorithms.ChaCha20(key, counter.to_bytes(4, "little")
+                                                     + nonce), mode=None).encryptor()
+        self._zeros = bytes(0)
+        self._buffer = bytearray(0)
+
+    def read(self, num_blocks: int) -> torch.Tensor:
+        """The next ``num_blocks`` blocks as int64 values of 8 keystream bytes each
+        (little-endian): value j holds 32-bit words 2j (low half) and 2j + 1 (high half)."""
+        size = 64 * num_blocks
+        if len(self._buffer) < size:
+            self._zeros, self._buffer = bytes(size), bytearray(size)
+        out = memoryview(self._buffer)[:size]
+        self._encryptor.update_into(memoryview(self._zeros)[:size], out)
+        return torch.frombuffer(out, dtype=torch.int64)
+
+
+def check_keystream(device: torch.device,
+                    backend: KeystreamBackend | None = None) -> None:
+    """Known-answer test of the block function on ``device`` (once per process, device and
+    implementation).
+
+    The integer kernels differ per backend (CPU, CUDA, OpenSSL's assembly per instruction
+    set); a wrong keystream would still give plausible-looking noise, so each is checked
     against RFC 8439 §2.3.2 before its first draw (about a millisecond).
 
     Raises:
         RuntimeError: if the block differs from the RFC's.
     """
-    if device in _checked_devices:
+    backend = backend or keystream_backend(device)
+    if (device, backend) in _checked_devices:
         return
-    words = chacha20_blocks(bytes(range(32)), _KAT_NONCE, 1, 1, device=device)
-    got = b"".join(int(w).to_bytes(4, "little") for w in words.flatten().tolist())
+    key = bytes(range(32))
+    if backend == "openssl":
+        got = _OpenSslKeystream(key, _KAT_NONCE, 1).read(1).numpy().tobytes()
+    else:
+        words = chacha20_blocks(key, _KAT_NONCE, 1, 1, device=device)
+        got = b"".join(int(w).to_bytes(4, "little") for w in words.flatten().tolist())
     if got != _KAT_BLOCK:
-        raise RuntimeError(f"ChaCha20 known-answer test failed on {device}")
-    _checked_devices.add(device)
+        raise RuntimeError(f"ChaCha20 known-answer test failed on {device} ({backend})")
+    _checked_devices.add((device, backend))
 
 
 def uniforms_from_words(words: torch.Tensor) -> torch.Tensor:
@@ -195,6 +257,18 @@ def uniforms_from_words(words: torch.Tensor) -> torch.Tensor:
     pairs = words.reshape(-1, 2)
     k = (pairs[:, 0] << 21) | (pairs[:, 1] >> 11)
     return (k + 1).to(torch.float64).mul_(2.0**-53)
+
+
+def uniforms_from_le64(values: torch.Tensor) -> torch.Tensor:
+    """:func:`uniforms_from_words` of keystream bytes read as little-endian int64.
+
+    Value j of ``values`` holds the word pair (``hi`` = word 2j in its low 32 bits, ``lo`` =
+    word 2j + 1 in its high 32 bits); the uniform is the same ``(k + 1) * 2^-53`` with
+    ``k = hi << 21 | lo >> 11``. (``>> 43`` on a negative int64 sign-extends; the mask keeps
+    the 21 bits wanted.)
+    """
+    k = (values & _MASK32).bitwise_left_shift_(21).bitwise_or_((values >> 43) & 0x1FFFFF)
+    return k.add_(1).to(torch.float64).mul_(2.0**-53)
 
 
 def box_muller(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
@@ -220,22 +294,29 @@ class ChaChaGaussian:
     """
 
     def __init__(self, key: bytes, *, kind: NoiseKind, chunk: int | None = None,
+                 keystream: KeystreamBackend | None = None,
                  _key_generator: torch.Generator | None = None) -> None:
         """Args:
             key: 32 bytes; never reuse one across sources.
             kind: ``"os"`` or ``"test"`` (see the attribute).
             chunk: output values computed per pass (bounds the temporary memory); default
                 2^16 on a CPU (cache-sized), 2^22 on a GPU.
+            keystream: force one implementation of the block function (tests, benchmarks);
+                None picks per device (:func:`keystream_backend`). Both give the same
+                bytes, so the same noise.
             _key_generator: tests only, see :meth:`keyed_by`.
         """
         if len(key) != _KEY_BYTES:
             raise ValueError("a ChaCha20 key is 32 bytes")
         if chunk is not None and (chunk < 2 or chunk % 2):
             raise ValueError("chunk must be an even number >= 2")
+        if keystream == "openssl" and sys.byteorder != "little":
+            raise ValueError("the openssl keystream path reads little-endian words")
         self._key = key
         self.kind: NoiseKind = kind
         self.calls = 0
         self._chunk = chunk
+        self._keystream = keystream
         self._key_generator = _key_generator
 
     @classmethod
@@ -283,20 +364,30 @@ class ChaChaGaussian:
         count = math.prod(shape)
         if std == 0:
             return torch.zeros(shape, dtype=dtype, device=device)
-        check_keystream(device)
+        # 16 words per block = 2 output values; the last block may be half used
+        if (count + count % 2) * _WORDS_PER_OUTPUT // 16 > 2**32:
+            raise ValueError("the noise tensor needs more than 2^32 ChaCha20 blocks")
+        backend = self._keystream or keystream_backend(device)
+        check_keystream(device, backend)
         key, nonce = self._next_key_and_nonce()
         chunk = self._chunk or (1 << 22 if device.type == "cuda" else 1 << 16)
+        stream = _OpenSslKeystream(key, nonce) if backend == "openssl" else None
         out = torch.empty(count, dtype=dtype, device=device)
         for start in range(0, count, chunk):
             size = min(chunk, count - start)
             size_even = size + size % 2  # 16 words per block = 2 output values
-            first_block = start * _WORDS_PER_OUTPUT // 16
-            words = chacha20_blocks(key, nonce, first_block,
-                                    size_even * _WORDS_PER_OUTPUT // 16, device=device)
+            blocks = size_even * _WORDS_PER_OUTPUT // 16
             # value i uses keystream words 8i..8i+7 = uniforms (u1, u2, u1', u2'), whatever
-            # the chunking (so CPU and GPU give the same values for the same key)
-            uniforms = uniforms_from_words(words).view(size_even, 2, 2)
-            normals = box_muller(uniforms[..., 0], uniforms[..., 1])  # [size_even, 2, 2]
+            # the chunking and the implementation (so CPU and GPU give the same values for
+            # the same key); chunks are consecutive, so the OpenSSL stream is read in order
+            if stream is not None:
+                uniforms = uniforms_from_le64(stream.read(blocks))
+            else:
+                first_block = start * _WORDS_PER_OUTPUT // 16
+                uniforms = uniforms_from_words(
+                    chacha20_blocks(key, nonce, first_block, blocks, device=device))
+            quads = uniforms.view(size_even, 2, 2)
+            normals = box_muller(quads[..., 0], quads[..., 1])  # [size_even, 2, 2]
             # opacus secure mode: sum of 2n = 4 draws of N(0, std^2), divided by sqrt(2n)
             noise = normals.sum(dim=(1, 2)).mul_(std / 2.0)
             out[start:start + size] = noise[:size].to(dtype)
