@@ -5,9 +5,10 @@ examples and the same batch are finetuned twice through the ML core's real entry
 :func:`dpsynth_ml.train`:
 
 * **DP**: ``FinetuneTraining(privacy=RecordLevel(DpSpec(...)))``, the path every finetune
-  job takes: opacus
-  ``GradSampleModule`` per-example gradients, per-example clipping to C, one Gaussian draw
-  per logical step, AdamW (``dpsynth_ml.dp.DpSgdEngine``).
+  job takes: per-example clipping to C by the clipping engine the finetune chooses
+  (``dpsynth_ml.dp.choose_engine``: book-keeping for ``full`` and ``lora``, opacus hooks for
+  ``attention``; the run records which, from the model's ``extra.dp_engine``), one Gaussian
+  draw per logical step, AdamW.
 * **non-DP**: :func:`benchmarks.nonprivate_finetune.train_nonprivate` (benchmarks only,
   never reachable from the product): the same trainable set, loss, optimiser and data, the
   plain gradient of the minibatch's mean loss.
@@ -37,13 +38,16 @@ The figure is the ratio DP / non-DP of the same mode measured in the same run: t
 cores here are shared, absolute seconds are pessimistic, the ratio transfers.
 
 **Engine rows** (issue 17): then, for each trainable set, one row per DP engine of
-:data:`benchmarks.engine_cost.ENGINES` (``hooks`` = the DpSgdEngine above, ``bookkeeping``
-where it builds) measured at the engine level by :func:`benchmarks.engine_cost.run_rounds`:
+:data:`benchmarks.engine_cost.ENGINES` (``hooks`` = ``DpSgdEngine``, ``bookkeeping`` =
+``BookKeepingEngine``) measured at the engine level by :func:`benchmarks.engine_cost.run_rounds`:
 the same preset, batch and trainable set, one logical step (loss, backward, clipping, noise,
 AdamW) without data loading or sampling, in interleaved rounds of fresh processes (non-DP,
 then each engine); each ratio is the median over ``engine_pairs`` rounds with its min/max
 spread, and the best engine per set is named. An engine that does not build is a row saying
 why. ``engine_budget_s`` bounds that part (rounds are cut, and the results say so).
+A second engine run measures ``full`` at the product's default logical batch (``batch`` x
+``logical_micro_batches`` = 256, the default ``expected_batch_size``): the noise is drawn
+once per logical step, so at batch 16 it weighs 16 times what it weighs at 256.
 
 Run from the repository root: ``.venv/bin/python -m benchmarks.dp_overhead``.
 """
@@ -83,14 +87,20 @@ SCALES: dict[str, dict[str, Any]] = {
             # engine rows: 7 rounds x 3 sets x (non-DP + engines) forked processes, 1-7 s
             # each (about 4 minutes in all on the quiet machine)
             "engine_pairs": 7, "engine_warmup": 2, "engine_measured": 5,
-            "engine_budget_s": 900},
+            "engine_budget_s": 900,
+            # full at the default logical batch 256 = 16 micro-batches of 16: 5 rounds of
+            # 3 processes of 5-60 s (about 7 minutes on the quiet machine)
+            "logical_micro_batches": 16, "logical_pairs": 5, "logical_warmup": 1,
+            "logical_measured": 3, "logical_budget_s": 720},
     # a GPU-sized model: the "base" preset (~31M-parameter UNet) on 128x128 images = 32x32
     # latents. Never run: the ML core places nothing on a GPU yet, so today this would run
     # (slowly) on the CPU; see benchmarks/notes/dp_overhead.md.
     "full": {"preset": "base", "image_size": 128, "batch": 64, "warmup": 3, "measured": 20,
              "lora_rank": 8, "threads": None, "pretrain_records": 64,
              "engine_pairs": 7, "engine_warmup": 3, "engine_measured": 10,
-             "engine_budget_s": None},
+             "engine_budget_s": None,
+             "logical_micro_batches": 4, "logical_pairs": 7, "logical_warmup": 2,
+             "logical_measured": 5, "logical_budget_s": None},
 }
 
 NOISE_MULTIPLIER = 1.0
@@ -157,6 +167,7 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
     """Run ONE configuration (mode, dp or not) and return its measurements."""
     import torch
     from dpsynth_ml import DpSpec, FinetuneTraining, RecordLevel, train
+    from dpsynth_ml.models.model_io import read_model_info
 
     from benchmarks.nonprivate_finetune import NonprivateFinetune, train_nonprivate
 
@@ -177,7 +188,9 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
             result = train(spec, dataset_path=Path(config["data"]), out_dir=Path(out),
                            hooks=hooks, base_model_dir=Path(config["base_model"]),
                            _test_generator=torch.Generator().manual_seed(0))
+            dp_engine = str(read_model_info(result.model_dir).extra.get("dp_engine"))
         else:
+            dp_engine = None
             result = train_nonprivate(
                 NonprivateFinetune(**common, batch_size=batch, epochs=steps),
                 dataset_path=Path(config["data"]), out_dir=Path(out), hooks=hooks,
@@ -189,7 +202,8 @@ def _child(config: dict[str, Any]) -> dict[str, Any]:
                                                 if hooks.peak_method.startswith("VmHWM")
                                                 else hooks._maxrss_before_kib)))
     out_doc: dict[str, Any] = {
-        "mode": config["mode"], "dp": bool(config["dp"]), "steps": result.steps_completed,
+        "mode": config["mode"], "dp": bool(config["dp"]), "dp_engine": dp_engine,
+        "steps": result.steps_completed,
         "step_s_median": statistics.median(measured),
         "step_s_min": min(measured), "step_s_max": max(measured),
         "step_s_all": [round(s, 4) for s in hooks.step_s],
@@ -274,12 +288,19 @@ def run(scale: str) -> dict[str, Any]:
                       f" (cpu {measured['cpu_s_median']:.3f} s)"
                       f"  peak +{measured['peak_mem_mib']} MiB", flush=True)
                 runs.append(measured)
-    engines = _engine_rows(cfg, scale)
+    engines = _engine_rows(cfg, scale, micro_batches=1, trainables=MODES,
+                           pairs=cfg["engine_pairs"], warmup=cfg["engine_warmup"],
+                           measured=cfg["engine_measured"], budget_s=cfg["engine_budget_s"])
+    logical = _engine_rows(cfg, scale, micro_batches=cfg["logical_micro_batches"],
+                           trainables=("full",), pairs=cfg["logical_pairs"],
+                           warmup=cfg["logical_warmup"], measured=cfg["logical_measured"],
+                           budget_s=cfg["logical_budget_s"])
     modes: dict[str, Any] = {}
     for mode in MODES:
         plain, private = (next(r for r in runs if r["mode"] == mode and r["dp"] == dp)
                           for dp in (False, True))
         modes[mode] = {
+            "dp_engine": private.get("dp_engine"),
             "trainable_parameters": private["trainable_parameters"],
             "total_parameters": private["total_parameters"],
             "step_s_nondp": plain["step_s_median"], "step_s_dp": private["step_s_median"],
@@ -296,8 +317,8 @@ def run(scale: str) -> dict[str, Any]:
                                          "lora_rank", "threads")}
         | {"noise_multiplier": NOISE_MULTIPLIER, "max_grad_norm": MAX_GRAD_NORM,
            "sample_rate": 1.0, "dataset": "sklearn digits (public), batch-sized",
-           "path": "dpsynth_ml.train (DP: DpSgdEngine/opacus); "
-                   "non-DP: benchmarks.nonprivate_finetune",
+           "path": "dpsynth_ml.train (DP: the finetune's chosen clipping engine, "
+                   "modes[*].dp_engine); non-DP: benchmarks.nonprivate_finetune",
            "timing": "median step wall time (and process CPU time) after warm-up, from "
                      "the training hooks",
            "memory": "RSS high-water delta over the training steps, fresh process each"},
@@ -305,28 +326,31 @@ def run(scale: str) -> dict[str, Any]:
         "modes": modes,
         "runs": runs,
         "engines": engines,
+        "engines_logical": logical,
     }
 
 
-def _engine_rows(cfg: dict[str, Any], scale: str) -> dict[str, Any]:
-    """The engine rows: ``python -m benchmarks.engine_cost run`` at this scale's preset, batch
-    and trainable sets (CUDA when torch sees it), in its own process (its children are forked
-    from a parent that has run no torch operation, which this one has), with the compact
-    per-process rows."""
+def _engine_rows(cfg: dict[str, Any], scale: str, *, micro_batches: int,
+                 trainables: tuple[str, ...], pairs: int, warmup: int, measured: int,
+                 budget_s: float | None) -> dict[str, Any]:
+    """Engine rows: ``python -m benchmarks.engine_cost run`` at this scale's preset, batch
+    and the given trainable sets, ``micro_batches`` micro-batches per logical step (CUDA when
+    torch sees it), in its own process (its children are forked from a parent that has run
+    no torch operation, which this one has), with the compact per-process rows."""
     import torch
 
     from benchmarks.engine_cost import read_rows
 
     settings = {"device": "cuda" if torch.cuda.is_available() else "cpu",
                 "preset": cfg["preset"], "image_size": cfg["image_size"],
-                "batch": cfg["batch"], "warmup": cfg["engine_warmup"],
-                "measured": cfg["engine_measured"], "pairs": cfg["engine_pairs"],
+                "batch": cfg["batch"], "micro_batches": micro_batches, "warmup": warmup,
+                "measured": measured, "pairs": pairs,
                 "lora_rank": cfg["lora_rank"], "threads": cfg["threads"],
                 "profile": f"dp_overhead:{scale}"}
     command = [sys.executable, "-m", "benchmarks.engine_cost", "run", "--settings",
-               json.dumps(settings), "--trainables", ",".join(MODES)]
-    if cfg["engine_budget_s"]:
-        command += ["--budget-s", str(cfg["engine_budget_s"])]
+               json.dumps(settings), "--trainables", ",".join(trainables)]
+    if budget_s:
+        command += ["--budget-s", str(budget_s)]
     with tempfile.TemporaryDirectory(prefix="engine-cost-") as out:
         subprocess.run([*command, "--out", out], cwd=ROOT, check=True,
                        env={**os.environ, "PYTHONWARNINGS": "ignore"})
@@ -363,14 +387,16 @@ def table_markdown(results: dict[str, Any]) -> str:
     ]
     for mode, m in res["modes"].items():
         cpu_ratio = m.get("cpu_ratio")
+        engine = f" ({m['dp_engine']})" if m.get("dp_engine") else ""
         lines.append(
-            f"| `{mode}` | {m['trainable_parameters']:,} | {fmt(m['step_s_nondp'])} | "
+            f"| `{mode}`{engine} | {m['trainable_parameters']:,} | {fmt(m['step_s_nondp'])} | "
             f"{fmt(m['step_s_dp'])} | {_ratio(m['time_ratio'])} | "
             f"**{_ratio(cpu_ratio)}** | "
             f"{fmt(m['peak_mem_mib_nondp'])} | {fmt(m['peak_mem_mib_dp'])} | "
             f"**{_ratio(m['mem_ratio'])}** |")
-    if res.get("engines"):
-        lines += ["", *_engine_table(res["engines"])]
+    for key in ("engines", "engines_logical"):
+        if res.get(key):
+            lines += ["", *_engine_table(res[key])]
     return "\n".join(lines) + "\n"
 
 
@@ -385,9 +411,13 @@ def _engine_table(engines: dict[str, Any]) -> list[str]:
     """The engine rows: one per (trainable set, engine), the best engine of each set in bold."""
     s = engines.get("settings", {})
     cut = " (cut by the time budget)" if engines.get("cut") else ""
+    micro = int(s.get("micro_batches", 1))
+    shape = (f"one micro-batch of {s.get('batch')}" if micro == 1 else
+             f"a logical batch of {micro * int(s.get('batch', 0))} = {micro} micro-batches of "
+             f"{s.get('batch')}, one noise draw")
     lines = [
-        f"Per engine, at the engine level (one logical step on one micro-batch of "
-        f"{s.get('batch')}, no data loading; {s.get('device')}): each ratio is the median "
+        f"Per engine, at the engine level (one logical step on {shape}, no data loading; "
+        f"{s.get('device')}): each ratio is the median "
         f"over interleaved DP / non-DP pairs of fresh processes, [min–max] over the pairs; "
         f"{engines.get('rounds_done')} rounds of {s.get('pairs')}{cut}. "
         "**Bold**: the best engine of the set (lowest median time ratio).",

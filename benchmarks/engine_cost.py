@@ -4,17 +4,23 @@
 data loading and Poisson sampling included. This harness isolates the ENGINE: for one
 trainable set (``full``, ``attention``, ``lora``) of a preset, it builds the UNet and class
 embedder (:mod:`dpsynth_ml.models.architectures`), selects the trainable parameters with the
-core's own :func:`dpsynth_ml.models.trainable.apply_trainable`, draws ONE micro-batch of
-random latents and labels of size ``batch`` on the device, and times one logical step:
+core's own :func:`dpsynth_ml.models.trainable.apply_trainable`, draws ``micro_batches``
+(default 1) micro-batches of random latents and labels of size ``batch`` on the device, and
+times one logical step of ``batch * micro_batches`` examples:
 
 * ``nondp``: the trainer's per-example diffusion loss
   (:func:`dpsynth_ml.training.diffusion.per_sample_diffusion_loss`), the plain backward of
-  its mean, AdamW;
+  its mean over the logical batch (accumulated over the micro-batches), AdamW;
 * each DP engine of :data:`ENGINES` (``hooks`` = :class:`dpsynth_ml.dp.DpSgdEngine`, opacus
   per-sample gradients; ``bookkeeping`` = ``dpsynth_ml.dp.bookkeeping.BookKeepingEngine``
   where it imports): the same loss through ``engine.module``, then what the finetune loop
-  does per step: ``accumulate_draws`` (per-example clipping), ``privatize`` (one noise draw,
-  divided by the expected batch size) and ``apply_update`` (AdamW).
+  does per step: ``accumulate_draws`` (per-example clipping) per micro-batch, then once
+  ``privatize`` (one noise draw, divided by the expected batch size) and ``apply_update``
+  (AdamW).
+
+The noise is drawn once per logical step whatever its size, so its share falls as the
+logical batch grows: ``--micro-batches 16`` with ``--batch 16`` measures the product's
+default expected batch of 256 (``FinetuneJobSpec.expected_batch_size``).
 
 Each configuration runs in a FRESH process: one peak must not mask another, and the allocator
 starts clean. By default the parent imports torch, diffusers and the ML core once and FORKS a
@@ -169,25 +175,29 @@ def _step_fn(config: dict[str, Any]) -> tuple[Callable[[], None], int]:
 
     denoiser, scheduler, params, device = _build(config)
     batch = int(config["batch"])
+    micro = int(config.get("micro_batches", 1))
     data_gen = torch.Generator().manual_seed(int(config.get("seed", 0)))
     cfg_latent = int(denoiser.latent_channels)
     size = int(denoiser.unet.config["sample_size"])
-    latents = torch.randn((batch, cfg_latent, size, size), generator=data_gen).to(device)
-    labels = torch.randint(0, NUM_CLASSES, (batch,), generator=data_gen)
+    latents = [torch.randn((batch, cfg_latent, size, size), generator=data_gen).to(device)
+               for _ in range(micro)]
+    labels = [torch.randint(0, NUM_CLASSES, (batch,), generator=data_gen)
+              for _ in range(micro)]
     generator = torch.Generator().manual_seed(1)  # timesteps and noise, as the trainer's
     optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
     count = sum(p.numel() for p in params)
 
-    def step_labels() -> Any:
-        return drop_labels(labels, probability=0.1, null_class=NUM_CLASSES,
+    def step_labels(index: int) -> Any:
+        return drop_labels(labels[index], probability=0.1, null_class=NUM_CLASSES,
                            generator=generator).to(device)
 
     if config["engine"] == NONDP:
         def plain_step() -> None:
             optimizer.zero_grad(set_to_none=True)
-            losses = per_sample_diffusion_loss(denoiser, scheduler, latents, step_labels(),
-                                               generator)
-            (losses.sum() / batch).backward()  # type: ignore[no-untyped-call]
+            for index in range(micro):
+                losses = per_sample_diffusion_loss(denoiser, scheduler, latents[index],
+                                                   step_labels(index), generator)
+                (losses.sum() / (batch * micro)).backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
@@ -195,16 +205,17 @@ def _step_fn(config: dict[str, Any]) -> tuple[Callable[[], None], int]:
 
     engine = load_engine(config["engine"])(
         denoiser, optimizer, noise_multiplier=NOISE_MULTIPLIER, max_grad_norm=MAX_GRAD_NORM,
-        expected_batch_size=batch)
+        expected_batch_size=batch * micro)
 
     def dp_step() -> None:
-        step_labels_ = step_labels()
+        for index in range(micro):
+            step_labels_ = step_labels(index)
 
-        def draw() -> Any:
-            return per_sample_diffusion_loss(engine.module, scheduler, latents, step_labels_,
-                                             generator)
+            def draw(index: int = index, step_labels_: Any = step_labels_) -> Any:
+                return per_sample_diffusion_loss(engine.module, scheduler, latents[index],
+                                                 step_labels_, generator)
 
-        engine.accumulate_draws(draw, 1)
+            engine.accumulate_draws(draw, 1)
         engine.privatize()
         engine.apply_update()
 
@@ -276,6 +287,7 @@ def measure_one(config: dict[str, Any]) -> dict[str, Any]:
         "rss_before_mib": None if rss_before is None else round(rss_before / 1024, 1),
         "trainable_parameters": count,
         "batch": int(config["batch"]),
+        "micro_batches": int(config.get("micro_batches", 1)),
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
     }
 
@@ -404,8 +416,11 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 def human_summary(summary: dict[str, Any]) -> str:
     """A few lines for the terminal: per trainable set, each engine's median ratios."""
-    lines = [f"engine step cost on {summary.get('device')} (DP / non-DP, median [min-max] "
-             "over pairs)"]
+    settings = summary.get("settings") or {}
+    shape = (f", logical batch {settings['batch']} x {settings.get('micro_batches', 1)}"
+             if "batch" in settings else "")
+    lines = [f"engine step cost on {summary.get('device')}{shape} (DP / non-DP, median "
+             "[min-max] over pairs)"]
     for trainable, t in summary.get("trainables", {}).items():
         for engine, e in t["engines"].items():
             if e["time_ratio"] is None:
@@ -597,6 +612,7 @@ def run_rounds(settings: dict[str, Any], out: Path, *, trainables: Sequence[str]
     rounds_done, cut = 0, False
     fields = ("device", "preset", "image_size", "batch", "warmup", "measured", "lora_rank",
               "threads")
+    settings.setdefault("micro_batches", 1)
     for round_index in range(int(settings["pairs"])):
         for trainable in trainables:
             for engine in [NONDP, *engines]:
@@ -609,7 +625,8 @@ def run_rounds(settings: dict[str, Any], out: Path, *, trainables: Sequence[str]
                     cut = True
                     break
                 config = {k: settings[k] for k in fields} | {
-                    "engine": engine, "trainable": trainable, "seed": round_index}
+                    "micro_batches": settings["micro_batches"], "engine": engine,
+                    "trainable": trainable, "seed": round_index}
                 row = child(config, left if left is not None else 3600.0)
                 row["round"] = round_index
                 slowest[kind] = max(slowest.get(kind, 0.0), float(row.get("process_wall_s", 0)))
@@ -733,6 +750,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="a whole PROFILES-like JSON object, in place of --profile")
     run_p.add_argument("--pairs", type=int, default=None, help="rounds (default: profile's)")
     run_p.add_argument("--batch", type=int, default=None)
+    run_p.add_argument("--micro-batches", type=int, default=None,
+                       help="micro-batches per logical step (default 1; the noise is drawn "
+                            "once per logical step)")
     run_p.add_argument("--trainables", default=",".join(TRAINABLES))
     run_p.add_argument("--engines", default=",".join(ENGINES))
     run_p.add_argument("--budget-s", type=float, default=None)
@@ -782,6 +802,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings["pairs"] = args.pairs
     if args.batch is not None:
         settings["batch"] = args.batch
+    if args.micro_batches is not None:
+        settings["micro_batches"] = args.micro_batches
     summary = run_rounds(settings, args.out,
                          trainables=[t for t in args.trainables.split(",") if t],
                          engines=[e for e in args.engines.split(",") if e],

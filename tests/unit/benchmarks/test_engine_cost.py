@@ -155,6 +155,29 @@ def test_an_engine_that_does_not_import_is_a_row_not_a_crash(
     assert "ModuleNotFoundError" in row["reason"]
 
 
+@pytest.mark.parametrize("engine", [NONDP, "bookkeeping"])
+def test_a_logical_step_of_several_micro_batches_draws_the_noise_once(
+        engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsynth_ml.dp.noise import ChaChaGaussian
+
+    draws: list[int] = []
+    real = ChaChaGaussian.gaussian
+
+    def counting(self: ChaChaGaussian, shape: Any, std: float, **kwargs: Any) -> Any:
+        draws.append(1)
+        return real(self, shape, std, **kwargs)
+
+    monkeypatch.setattr(ChaChaGaussian, "gaussian", counting)
+    config = {k: engine_cost.PROFILES["tiny"][k] for k in (
+        "device", "preset", "image_size", "batch", "warmup", "measured", "lora_rank",
+        "threads")} | {"engine": engine, "trainable": "lora", "micro_batches": 3}
+    row = measure_one(config)
+    assert row["status"] == "ok", row
+    assert row["micro_batches"] == 3
+    steps = config["warmup"] + config["measured"]
+    assert len(draws) == (0 if engine == NONDP else steps)  # one draw per logical step
+
+
 def test_the_spawn_launcher_runs_one_configuration_in_a_new_interpreter() -> None:
     # the fallback when CUDA cannot be used in a forked child: `--one` in a fresh python
     config = {k: engine_cost.PROFILES["tiny"][k] for k in (
@@ -185,3 +208,12 @@ def test_dp_overhead_renders_the_engine_rows_and_old_results_without_them() -> N
     assert "| `full` | **`hooks`** | 7 | 1.53x [1.50–1.56] |" in table
     assert "| `full` | `bookkeeping` | 0 | unavailable: ImportError: no module |" in table
     assert "7 rounds of 7." in table
+    assert "one micro-batch of 16" in table
+    # the second run: full at the default logical batch, and the product path's engine
+    logical = engines | {"settings": {"batch": 16, "micro_batches": 16, "device": "cpu",
+                                      "pairs": 5}}
+    both = table_markdown(old | {"modes": {"full": mode | {"dp_engine": "bookkeeping"}},
+                                 "engines": engines, "engines_logical": logical})
+    assert "| `full` (bookkeeping) | 10 |" in both
+    assert "a logical batch of 256 = 16 micro-batches of 16, one noise draw" in both
+    assert both.count("| `full` | **`hooks`** |") == 2
