@@ -13,7 +13,6 @@ import pytest
 import torch
 from dpsynth_ml.dp.noise import (
     ChaChaGaussian,
-    box_muller,
     chacha20_blocks,
     keystream_backend,
     uniforms_from_le64,
@@ -48,6 +47,14 @@ def _encrypt(key: bytes, nonce: bytes, counter: int, plaintext: bytes,
     blocks = chacha20_blocks(key, nonce, counter, -(-len(plaintext) // 64), device=device)
     stream = _serialise(blocks)
     return bytes(p ^ s for p, s in zip(plaintext, stream, strict=False))
+
+
+def box_muller(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
+    """The textbook transform, both outputs: ``(r cos(2 pi u2), r sin(2 pi u2))`` with
+    ``r = sqrt(-2 ln u1)`` (Box & Muller 1958), the reference the source is checked against."""
+    radius = torch.sqrt(-2.0 * torch.log(u1))
+    angle = 2.0 * math.pi * u2
+    return torch.stack([radius * torch.cos(angle), radius * torch.sin(angle)], dim=-1)
 
 
 # keystream ---------------------------------------------------------------------------------
@@ -167,10 +174,10 @@ def test_rfc8439_vectors_and_gaussians_on_cuda() -> None:
 # uniforms and Gaussians --------------------------------------------------------------------
 
 def test_uniforms_use_53_bits_and_are_never_zero() -> None:
-    words = torch.tensor([0, 0, 0xFFFFFFFF, 0xFFFFFFFF, 0, 0x800, 0x80000000, 0])
+    words = torch.tensor([0, 0, 0xFFFFFFFF, 0xFFFFFFFF, 0x800, 0, 0, 0x80000000])
     u = uniforms_from_words(words)
     assert u.dtype == torch.float64
-    # (k + 1) 2^-53 with k = hi << 21 | lo >> 11
+    # (k + 1) 2^-53 with k the top 53 bits of the little-endian pair: hi << 21 | lo >> 11
     assert u.tolist() == [2.0**-53, 1.0, 2 * 2.0**-53, (2**52 + 1) * 2.0**-53]
     z = box_muller(u[:1], torch.tensor([0.25], dtype=torch.float64))
     assert torch.isfinite(z).all()
@@ -207,7 +214,8 @@ def test_each_value_is_opacus_secure_mode_sum_of_four_box_muller_draws() -> None
     # call 0 -> nonce 0, counters from 0; value i uses words 8i..8i+7 = 4 uniforms
     u = uniforms_from_words(chacha20_blocks(key, bytes(12), 0, 2)).view(-1, 2, 2)
     by_hand = box_muller(u[..., 0], u[..., 1]).sum(dim=(1, 2))[:3] * 1.5 / 2
-    torch.testing.assert_close(noise, by_hand, rtol=0, atol=0)
+    # the source adds each pair as r (cos + sin): equal to float64 rounding, not bit for bit
+    torch.testing.assert_close(noise, by_hand, rtol=1e-14, atol=1e-15)
 
 
 def test_values_do_not_depend_on_the_chunking() -> None:
@@ -230,7 +238,7 @@ def test_every_call_uses_a_fresh_nonce_so_no_block_is_reused() -> None:
     u = uniforms_from_words(chacha20_blocks(key, (1).to_bytes(12, "little"), 0, 32))
     u = u.view(-1, 2, 2)
     torch.testing.assert_close(second, box_muller(u[..., 0], u[..., 1]).sum(dim=(1, 2)) / 2,
-                               rtol=0, atol=0)
+                               rtol=1e-14, atol=1e-15)
 
 
 def test_zero_std_gives_zeros_and_negative_std_is_refused() -> None:
