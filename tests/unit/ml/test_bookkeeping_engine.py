@@ -352,6 +352,27 @@ def test_parameter_grads_are_not_touched_before_privatize() -> None:
     engine.close()
 
 
+@pytest.mark.parametrize("draws", [1, 4])
+def test_a_norm_layer_normalises_each_record_once(draws: int,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norms and the weighted sum share a norm layer's per-row gradients."""
+    from dpsynth_ml.dp.bookkeeping import layers
+
+    calls: list[int] = []
+    real = layers._GroupNormLayer.normalised
+
+    def counted(self: layers._GroupNormLayer, x: torch.Tensor) -> object:
+        calls.append(1)
+        return real(self, x)
+
+    monkeypatch.setattr(layers._GroupNormLayer, "normalised", counted)
+    task = make_task("groupnorm", RECORDS, draws)
+    engine = make(BookKeepingEngine, task, 1.0)
+    engine.accumulate_draws(lambda: task.loss(engine.module, torch.arange(3), 0), draws)
+    assert len(calls) == draws  # one record per forward pass, normalised once
+    engine.close()
+
+
 class _OwnLinear(nn.Linear):
     """A Linear subclass: its forward might differ, so it is refused."""
 

@@ -43,6 +43,8 @@ class _Record:
     inp_version: int
     out_version: int
     grad: torch.Tensor | None = None
+    # a small layer's per-row gradients, kept from its norms for its weighted sum
+    explicit: list[torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ class _ExplicitLayer(_Layer):
             per_row = self.rows_explicit(0)
             scale = rows.scale.to(per_row[0])
             for t in per_row:
-                total += _sq(t * scale.view(-1, *([1] * (t.dim() - 1)))).to(total.device)
+                weighted = t if rows.unit_weights else t * scale.view(-1, *([1] * (t.dim() - 1)))
+                total += _sq(weighted).to(total.device)
             return total
         per_unit: list[torch.Tensor] | None = None
         for k in range(len(self.records)):
@@ -204,7 +205,9 @@ class _MatrixLayer(_ExplicitLayer):
         a = torch.cat([p[0] for p in pieces], dim=1) if len(pieces) > 1 else pieces[0][0]
         g = torch.cat([p[1] for p in pieces], dim=1) if len(pieces) > 1 else pieces[0][1]
         del pieces
-        return self._sequence_sq_norms(a, g * rows.scale.to(g).view(-1, 1, 1), rows)
+        if not rows.unit_weights:
+            g = g * rows.scale.to(g).view(-1, 1, 1)
+        return self._sequence_sq_norms(a, g, rows)
 
     def _sequence_sq_norms(self, a: torch.Tensor, g: torch.Tensor,
                            rows: _Rows) -> torch.Tensor:
@@ -287,7 +290,11 @@ class _NormLayer(_ExplicitLayer):
         """(x_hat, the dims summed for a per-row parameter gradient)."""
 
     def rows_explicit(self, index: int) -> list[torch.Tensor]:
+        """The per-row gradients, computed once per record (the norms and the weighted sum
+        both read them; [b, C] each, so keeping them costs nothing next to the input)."""
         record = self.records[index]
+        if record.explicit is not None:
+            return record.explicit
         assert record.grad is not None
         g = record.grad
         x_hat, dims = self.normalised(record.inp)
@@ -296,6 +303,7 @@ class _NormLayer(_ExplicitLayer):
             out.append((x_hat * g).sum(dim=dims) if dims else x_hat * g)
         if self.train_bias:
             out.append(g.sum(dim=dims) if dims else g)
+        record.explicit = out
         return out
 
     def weighted(self, coef: torch.Tensor, index: int) -> list[torch.Tensor]:

@@ -8,6 +8,7 @@ fold rows into units; the engine (:mod:`.engine`) builds it and clips per unit.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,11 @@ class _Rows:
     unit: torch.Tensor  # [K, b] int64
     scale: torch.Tensor  # [b]
     num_units: int
+
+    @functools.cached_property
+    def unit_weights(self) -> bool:
+        """Whether every row weighs 1 in its unit (records; subjects of equal weight)."""
+        return bool((self.scale == 1).all())
 
     @property
     def example_units(self) -> bool:
