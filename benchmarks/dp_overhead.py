@@ -45,9 +45,10 @@ AdamW) without data loading or sampling, in interleaved rounds of fresh processe
 then each engine); each ratio is the median over ``engine_pairs`` rounds with its min/max
 spread, and the best engine per set is named. An engine that does not build is a row saying
 why. ``engine_budget_s`` bounds that part (rounds are cut, and the results say so).
-A second engine run measures ``full`` at the product's default logical batch (``batch`` x
-``logical_micro_batches`` = 256, the default ``expected_batch_size``): the noise is drawn
-once per logical step, so at batch 16 it weighs 16 times what it weighs at 256.
+A second engine run measures ``full`` with the engine the finetune chooses for it
+(book-keeping) at the product's default logical batch (``batch`` x ``logical_micro_batches``
+= 256, the default ``expected_batch_size``): the noise is drawn once per logical step, so at
+batch 16 it weighs 16 times what it weighs at 256.
 
 Run from the repository root: ``.venv/bin/python -m benchmarks.dp_overhead``.
 """
@@ -88,10 +89,10 @@ SCALES: dict[str, dict[str, Any]] = {
             # each (about 4 minutes in all on the quiet machine)
             "engine_pairs": 7, "engine_warmup": 2, "engine_measured": 5,
             "engine_budget_s": 900,
-            # full at the default logical batch 256 = 16 micro-batches of 16: 5 rounds of
-            # 3 processes of 5-60 s (about 7 minutes on the quiet machine)
-            "logical_micro_batches": 16, "logical_pairs": 5, "logical_warmup": 1,
-            "logical_measured": 3, "logical_budget_s": 720},
+            # full at the default logical batch 256 = 16 micro-batches of 16, with the engine
+            # the finetune chooses for it: 7 rounds of 2 processes of 8-15 s (about 3 minutes)
+            "logical_micro_batches": 16, "logical_pairs": 7, "logical_warmup": 1,
+            "logical_measured": 3, "logical_budget_s": 360},
     # a GPU-sized model: the "base" preset (~31M-parameter UNet) on 128x128 images = 32x32
     # latents. Never run: the ML core places nothing on a GPU yet, so today this would run
     # (slowly) on the CPU; see benchmarks/notes/dp_overhead.md.
@@ -292,7 +293,8 @@ def run(scale: str) -> dict[str, Any]:
                            pairs=cfg["engine_pairs"], warmup=cfg["engine_warmup"],
                            measured=cfg["engine_measured"], budget_s=cfg["engine_budget_s"])
     logical = _engine_rows(cfg, scale, micro_batches=cfg["logical_micro_batches"],
-                           trainables=("full",), pairs=cfg["logical_pairs"],
+                           trainables=("full",), engines=("bookkeeping",),
+                           pairs=cfg["logical_pairs"],
                            warmup=cfg["logical_warmup"], measured=cfg["logical_measured"],
                            budget_s=cfg["logical_budget_s"])
     modes: dict[str, Any] = {}
@@ -332,7 +334,8 @@ def run(scale: str) -> dict[str, Any]:
 
 def _engine_rows(cfg: dict[str, Any], scale: str, *, micro_batches: int,
                  trainables: tuple[str, ...], pairs: int, warmup: int, measured: int,
-                 budget_s: float | None) -> dict[str, Any]:
+                 budget_s: float | None,
+                 engines: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Engine rows: ``python -m benchmarks.engine_cost run`` at this scale's preset, batch
     and the given trainable sets, ``micro_batches`` micro-batches per logical step (CUDA when
     torch sees it), in its own process (its children are forked from a parent that has run
@@ -349,6 +352,8 @@ def _engine_rows(cfg: dict[str, Any], scale: str, *, micro_batches: int,
                 "profile": f"dp_overhead:{scale}"}
     command = [sys.executable, "-m", "benchmarks.engine_cost", "run", "--settings",
                json.dumps(settings), "--trainables", ",".join(trainables)]
+    if engines:
+        command += ["--engines", ",".join(engines)]
     if budget_s:
         command += ["--budget-s", str(budget_s)]
     with tempfile.TemporaryDirectory(prefix="engine-cost-") as out:
