@@ -1,7 +1,9 @@
-"""Recording subclasses of the real DP engine and sampler, patched into the trainer.
+"""Recording subclasses of the real DP engines and sampler, patched into the trainer.
 
 They run the real code and only record what it did: the Poisson batches, the released
 gradients and the Gaussian noise of every logical step, per instance (one per class run).
+Both clipping engines are recorded (the finetune chooses one, ``dp.choose_engine``); their
+instances go to the one list ``RecordingEngine.instances``.
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import torch
-from dpsynth_ml.dp import DpSgdEngine, PoissonSampler
+from dpsynth_ml.dp import BookKeepingEngine, DpSgdEngine, PoissonSampler
 from dpsynth_ml.training.finetune import setup as ft_setup
 
 
@@ -34,9 +36,10 @@ class RecordingSampler(PoissonSampler):
 
 
 class RecordingEngine(DpSgdEngine):
-    """The real engine, recording each step's released gradient, noise and learning rate."""
+    """The real hooks engine, recording each step's released gradient, noise and learning
+    rate."""
 
-    instances: ClassVar[list[RecordingEngine]] = []
+    instances: ClassVar[list[Any]] = []  # both engines' recorders
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -62,11 +65,43 @@ class RecordingEngine(DpSgdEngine):
         self.raw_after_step.append([p.detach().clone() for p in self.params])
 
 
+class RecordingBookKeepingEngine(BookKeepingEngine):
+    """The real book-keeping engine, recording what :class:`RecordingEngine` records."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.released: list[torch.Tensor] = []
+        self.noise: list[torch.Tensor] = []
+        self.learning_rates: list[float] = []
+        self.raw_after_step: list[list[torch.Tensor]] = []
+        self._step_noise: list[torch.Tensor] = []
+        RecordingEngine.instances.append(self)
+
+    def _release(self, sums: list[torch.Tensor]) -> list[torch.Tensor]:
+        noised = super()._release(sums)
+        # the noise of this step, in the units of the clipped sum (as the hooks recorder's)
+        self._step_noise = [(n - s).detach().flatten() for n, s in zip(noised, sums,
+                                                                        strict=True)]
+        return noised
+
+    def privatize(self) -> None:
+        super().privatize()
+        self.released.append(torch.cat([p.grad.detach().flatten().clone()  # type: ignore[union-attr]
+                                        for p in self.params]))
+        self.noise.append(torch.cat(self._step_noise))
+
+    def apply_update(self) -> None:
+        self.learning_rates.append(float(self.original_optimizer.param_groups[0]["lr"]))
+        super().apply_update()
+        self.raw_after_step.append([p.detach().clone() for p in self.params])
+
+
 @pytest.fixture()
 def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Patch the recording engine and sampler into the trainer."""
+    """Patch the recording engines and sampler into the trainer."""
     RecordingEngine.instances, RecordingSampler.instances = [], []
     monkeypatch.setattr(ft_setup, "DpSgdEngine", RecordingEngine)
+    monkeypatch.setattr(ft_setup, "BookKeepingEngine", RecordingBookKeepingEngine)
     monkeypatch.setattr(ft_setup, "PoissonSampler", RecordingSampler)
     yield
 

@@ -500,7 +500,7 @@ def test_the_engine_choice() -> None:
 
     full = tiny_denoiser(attention_only=False)
     assert choose_engine(full, trainable="full") == "bookkeeping"
-    assert choose_engine(tiny_denoiser(), trainable="attention") == "hooks"
+    assert choose_engine(tiny_denoiser(), trainable="attention") == "bookkeeping"
     odd = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     assert choose_engine(odd, trainable="blocks") == "hooks"
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dpsynth_ml import TrainingResult, train
-from dpsynth_ml.dp import DpSgdEngine
+from dpsynth_ml.dp import BookKeepingEngine, DpSgdEngine
 from dpsynth_ml.dp.distributed import DistributedDpSgdEngine
 from dpsynth_ml.dp.noise import ChaChaGaussian
 from dpsynth_ml.training.finetune import setup as ft_setup
@@ -109,10 +109,16 @@ def test_the_distributed_engine_noises_from_its_source(no_torch_normal: None,
 # the finetune runner picks the key ---------------------------------------------------------
 
 class KeyRecordingEngine(DpSgdEngine):
-    instances: ClassVar[list[KeyRecordingEngine]] = []
+    instances: ClassVar[list[Any]] = []  # both engines' instances
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        KeyRecordingEngine.instances.append(self)
+
+
+class KeyRecordingBookKeepingEngine(BookKeepingEngine):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         KeyRecordingEngine.instances.append(self)
 
 
@@ -120,6 +126,7 @@ class KeyRecordingEngine(DpSgdEngine):
 def recording(monkeypatch: pytest.MonkeyPatch) -> type[KeyRecordingEngine]:
     KeyRecordingEngine.instances = []
     monkeypatch.setattr(ft_setup, "DpSgdEngine", KeyRecordingEngine)
+    monkeypatch.setattr(ft_setup, "BookKeepingEngine", KeyRecordingBookKeepingEngine)
     return KeyRecordingEngine
 
 
