@@ -18,7 +18,9 @@
 # Runs from a plain copy of the repository: .venv/bin/python when present, else python3,
 # with shared/src, services/worker/src and the repository root on PYTHONPATH, so dpsynth_ml,
 # dpsynth_shared and benchmarks import uninstalled. Third-party packages it needs: torch,
-# diffusers, opacus, peft, numpy (diffusers' and peft's own dependencies with them).
+# diffusers, opacus, peft, numpy (diffusers' and peft's own dependencies with them); on the
+# GPU machines, whose image lacks diffusers and opacus, carry the wheels that
+# scripts/device_wheels.sh downloads (carry=[".whl"]).
 # DEVICE_CHECK_BUDGET_S overrides the total budget (seconds, default 360).
 set -euo pipefail
 
@@ -52,6 +54,15 @@ else
   py="$(command -v python)"
 fi
 export PYTHONPATH="$root/shared/src:$root/services/worker/src:$root${PYTHONPATH:+:$PYTHONPATH}"
+# Wheels carried to a machine that lacks packages (scripts/device_wheels.sh fills .whl/ on a
+# machine with a package index): installed into a scratch folder, LAST on the path, so the
+# image's own packages and the repository (opacus ships a top-level "benchmarks") come first.
+if compgen -G "$root/.whl/*.whl" >/dev/null; then
+  site="${TMPDIR:-/tmp}/device-check-site"
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$site" "$root"/.whl/*.whl
+  export PYTHONPATH="$PYTHONPATH:$site"
+fi
 export PYTHONWARNINGS=ignore
 # opacus ships an unrelated top-level "benchmarks" package: the repository root (cwd, and
 # first on PYTHONPATH after the sources) must win; -m from the root puts cwd first.
