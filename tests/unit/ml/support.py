@@ -80,7 +80,8 @@ class RecordingHooks(NullHooks):
 
 
 def model_state(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a saved model (UNet with LoRA unmerged, class embedder, VAE) by name."""
+    """Every tensor of a saved model (UNet with LoRA unmerged, class embedder, VAE if the
+    model has one) by name."""
     from dpsynth_ml.models.model_io import load_model
     from dpsynth_ml.models.trainable import plain_unet
 
@@ -88,6 +89,8 @@ def model_state(model_dir: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for prefix, module in (("unet", plain_unet(bundle.unet, merge=False)),
                            ("class_embedder", bundle.class_embedder), ("vae", bundle.vae)):
+        if module is None:
+            continue  # a pixel-space model has no VAE
         state.update({f"{prefix}.{k}": v for k, v in module.state_dict().items()})
     return state
 

@@ -311,7 +311,7 @@ def test_every_class_encodes_as_many_rows_as_its_declared_size(
         pretrained: TrainingResult, per_label_data: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from dpsynth_ml.models import architectures as models
-    from dpsynth_ml.training import padded_encoding
+    from dpsynth_ml.models import codec
     from dpsynth_ml.training.per_label import _PerLabelJob
 
     encoded: list[int] = []
@@ -320,8 +320,8 @@ def test_every_class_encodes_as_many_rows_as_its_declared_size(
         encoded.append(len(images))
         return models.encode_images(vae, images, **kwargs)
 
-    monkeypatch.setattr(ft_setup, "encode_images", counting)
-    monkeypatch.setattr(padded_encoding, "encode_images", counting)
+    # the finetune's records and the padded encoding's blanks both go through the codec
+    monkeypatch.setattr(codec, "encode_images", counting)
     dataset = load_dataset(per_label_data)
     job = _PerLabelJob(_per_label_spec(), dataset=dataset, dataset_path=per_label_data,
                        out_dir=tmp_path, hooks=RecordingHooks(),

@@ -19,6 +19,12 @@ RngKind = Literal["os", "test"]
 SamplerKind = Literal["ddpm", "ddim", "dpm_solver++"]
 TrainingTarget = Literal["images", "masks"]
 UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
+#: Where the denoiser works: on VAE latents (large images) or directly on pixels (small ones).
+Space = Literal["latent", "pixel"]
+
+#: Largest image side a pixel-space model takes: beyond it the UNet's cost on raw pixels
+#: (and its attention over them) is what the latent autoencoder exists to avoid.
+MAX_PIXEL_IMAGE_SIZE = 64
 
 #: Version of the on-disk model directory format (``dpsynth_model.json``).
 MODEL_FORMAT_VERSION = 1
@@ -179,6 +185,14 @@ class PretrainTraining(_TrainingBase):
     model; with ``layout_conditioning`` the dataset's masks are encoded by the VAE and
     concatenated to the noisy latent. ``epochs`` of shuffled minibatches of ``batch_size``,
     seeded by ``seed`` (public data: the run may be replayed).
+
+    ``space``: "latent" (VAE + latent UNet) or "pixel": no autoencoder, the UNet denoises
+    the images themselves (mapped to [-1, 1]); for images of at most
+    :data:`MAX_PIXEL_IMAGE_SIZE` pixels a side, where a VAE's reconstruction error costs more
+    than it saves. A custom pixel architecture gives no ``vae`` config. Layout conditioning
+    and layout generators work in either space (in pixel space the mask itself is the
+    conditioning input). The space is carried by the model (``ModelInfo.space``) through
+    finetunes and generation.
     """
 
     kind: ClassVar[TrainingKind] = "pretrain"
@@ -189,6 +203,7 @@ class PretrainTraining(_TrainingBase):
     epochs: int = 1
     batch_size: int = 64
     seed: int = 0
+    space: Space = "latent"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -196,6 +211,15 @@ class PretrainTraining(_TrainingBase):
             raise InvalidSpecError(f"unknown preset {self.preset!r}")
         if (self.preset == "custom") != (self.architecture is not None):
             raise InvalidSpecError("an architecture is given exactly when preset is 'custom'")
+        if self.space not in ("latent", "pixel"):
+            raise InvalidSpecError(f"unknown space {self.space!r} (latent or pixel)")
+        if self.space == "pixel" and self.image_size > MAX_PIXEL_IMAGE_SIZE:
+            raise InvalidSpecError(f"a pixel-space model takes images of at most "
+                                   f"{MAX_PIXEL_IMAGE_SIZE}x{MAX_PIXEL_IMAGE_SIZE} "
+                                   f"(image_size {self.image_size}): use space 'latent'")
+        if self.space == "pixel" and self.architecture is not None and self.architecture.vae:
+            raise InvalidSpecError("a pixel-space model has no autoencoder: the custom "
+                                   "architecture must not give a vae config")
         if self.target == "masks" and self.layout_conditioning:
             raise InvalidSpecError("a layout generator (target 'masks') is not "
                                    "layout-conditioned")
@@ -325,7 +349,13 @@ class SampleResult:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """Contents of ``dpsynth_model.json`` in a model directory."""
+    """Contents of ``dpsynth_model.json`` in a model directory.
+
+    ``space`` is where the denoiser works ("latent", the default of files written before
+    pixel-space models existed, or "pixel"). A pixel model has no VAE: its "latents" are
+    the images in [-1, 1], so ``latent_channels == channels`` and ``vae_scaling_factor ==
+    1.0``, which every consumer of these two fields then handles without a special case.
+    """
 
     format_version: int
     preset: Preset
@@ -340,3 +370,12 @@ class ModelInfo:
     training_kind: TrainingKind
     steps: int
     extra: Mapping[str, object] = field(default_factory=dict)
+    space: Space = "latent"
+
+    def __post_init__(self) -> None:
+        if self.space not in ("latent", "pixel"):
+            raise InvalidSpecError(f"unknown model space {self.space!r}")
+        if self.space == "pixel" and (self.latent_channels != self.channels
+                                      or self.vae_scaling_factor != 1.0):
+            raise InvalidSpecError("a pixel-space model's latent channels are its image "
+                                   "channels and its scaling factor is 1")

@@ -14,6 +14,10 @@ Classifier-free guidance (Ho & Salimans 2022) needs an extra "null" class: the l
 either table. With layout conditioning (DP-DocLDM), the layout mask is encoded by the same
 frozen VAE and concatenated channel-wise to the noisy latent, so the UNet has
 ``in_channels = 2 * latent_channels`` and ``out_channels = latent_channels``.
+
+Pixel-space models (small images) have no VAE: the same UNets denoise the images in
+[-1, 1] (:mod:`dpsynth_ml.models.pixel_plan` plans them, :mod:`dpsynth_ml.models.codec`
+maps records to and from the space a model works in).
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 from diffusers.models.unets.unet_2d import UNet2DModel
@@ -30,13 +33,16 @@ from diffusers.models.unets.unet_2d_condition import UNet2DConditionModel
 from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from torch import nn
 
-from dpsynth_ml.data import images_to_tensor
-from dpsynth_ml.spec import Architecture, InvalidSpecError, Preset, UnetClass
+# the encoders moved to the codec (both spaces); re-exported for existing callers
+from dpsynth_ml.models.codec import _ENCODE_CHUNK as _ENCODE_CHUNK
+from dpsynth_ml.models.codec import encode_images as encode_images
+from dpsynth_ml.models.codec import encode_layouts as encode_layouts
+from dpsynth_ml.spec import Architecture, InvalidSpecError, Preset, Space, UnetClass
 
 if TYPE_CHECKING:
     from diffusers.configuration_utils import FrozenDict
 
-    from dpsynth_ml.spec import ModelInfo, PretrainTraining
+    from dpsynth_ml.spec import PretrainTraining
 
 #: The diffusers UNet classes a dpsynth model may use.
 UNET_CLASSES: dict[str, type[nn.Module]] = {
@@ -55,8 +61,6 @@ PLATFORM_VAE_KEYS = frozenset({
     "sample_size", "in_channels", "out_channels", "scaling_factor", "shift_factor",
     "latents_mean", "latents_std", "force_upcast",
 })
-
-_ENCODE_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -175,22 +179,26 @@ class ModelPlan:
 
     Attributes:
         unet_class: the diffusers UNet class name.
-        vae_config: ``AutoencoderKL`` keyword arguments (platform keys filled in).
+        vae_config: ``AutoencoderKL`` keyword arguments (platform keys filled in); None for
+            a pixel-space model, which has no autoencoder.
         unet_config: UNet keyword arguments (platform keys filled in, except
             ``num_class_embeds`` which :func:`build_bundle` sets from the class count).
         latent_channels: channels of one VAE latent.
         layout_channels: extra UNet input channels for the layout latent (0 = none).
-        vae_epochs: autoencoder epochs (custom architectures: the spec's epochs).
+        vae_epochs: autoencoder epochs (custom architectures: the spec's epochs; 0 in
+            pixel space).
         vae_learning_rate: autoencoder learning rate.
+        space: "latent" or "pixel" (then ``latent_channels`` is the image channels).
     """
 
     unet_class: UnetClass
-    vae_config: Mapping[str, Any]
+    vae_config: Mapping[str, Any] | None
     unet_config: Mapping[str, Any]
     latent_channels: int
     layout_channels: int
     vae_epochs: int
     vae_learning_rate: float
+    space: Space = "latent"
 
 
 def plan_model(spec: PretrainTraining) -> ModelPlan:
@@ -203,8 +211,12 @@ def plan_model(spec: PretrainTraining) -> ModelPlan:
     Raises:
         InvalidSpecError: unknown preset, platform-owned or unknown keys, values outside
             the allow-list's limits (``dpsynth_shared.model_configs``), or an image size
-            the VAE cannot downsample evenly.
+            the VAE cannot downsample evenly (in pixel space: the UNet).
     """
+    if spec.space == "pixel":
+        from dpsynth_ml.models.pixel_plan import plan_pixel_model  # it builds on this module
+
+        return plan_pixel_model(spec)
     if spec.preset != "custom":
         cfg = preset_config(spec.preset)
         layout = cfg.latent_channels if spec.layout_conditioning else 0
@@ -268,8 +280,9 @@ def _check_divisible(image_size: int, factor: int) -> None:
 
 
 def build_bundle(plan: ModelPlan, *, num_classes: int) -> ModelBundle:
-    """Fresh VAE, UNet, class embedder (null class = last row) and scheduler."""
-    vae: AutoencoderKL = AutoencoderKL(**plan.vae_config)
+    """Fresh VAE (none in pixel space), UNet, class embedder (null class = last row) and
+    scheduler."""
+    vae = AutoencoderKL(**plan.vae_config) if plan.vae_config is not None else None
     if plan.unet_class == "UNet2DModel":
         unet2d: UNet2DModel = UNet2DModel(**plan.unet_config, num_class_embeds=num_classes + 1)
         bundle = ModelBundle(vae=vae, unet=unet2d, class_embedder=unet2d.class_embedding,
@@ -389,10 +402,11 @@ class ModelBundle:
     """All parts of a dpsynth model held in memory.
 
     ``unet`` is a ``UNet2DConditionModel`` or a ``UNet2DModel``; for the latter,
-    ``class_embedder`` is the UNet's own ``class_embedding`` module.
+    ``class_embedder`` is the UNet's own ``class_embedding`` module. ``vae`` is None for a
+    pixel-space model (``ModelInfo.space == "pixel"``).
     """
 
-    vae: AutoencoderKL
+    vae: AutoencoderKL | None
     unet: Any
     class_embedder: nn.Embedding
     scheduler: DDPMScheduler
@@ -407,9 +421,16 @@ class ModelBundle:
         """UNet input channels taken by the layout latent (0 without layout conditioning)."""
         return int(self.unet.config["in_channels"]) - int(self.unet.config["out_channels"])
 
+    @property
+    def space(self) -> Space:
+        """"pixel" when the model has no autoencoder, else "latent"."""
+        return "pixel" if self.vae is None else "latent"
+
     def parameter_count(self) -> int:
         """Scalars in VAE + UNet + class embedder (a shared embedder counted once)."""
-        modules: list[nn.Module] = [self.vae, self.unet, self.class_embedder]
+        modules: list[nn.Module] = [self.unet, self.class_embedder]
+        if self.vae is not None:
+            modules.append(self.vae)
         seen = {id(p): p.numel() for m in modules for p in m.parameters()}
         return sum(seen.values())
 
@@ -422,56 +443,3 @@ def is_attention_parameter(name: str) -> bool:
     """
     parts = name.split(".")
     return "attn1" in parts or "attn2" in parts
-
-
-# --- encoding images and layout masks with the frozen VAE ------------------------------
-
-@torch.no_grad()
-def encode_images(vae: AutoencoderKL, images: np.ndarray, *, image_size: int, channels: int,
-                  scaling_factor: float) -> torch.Tensor:
-    """Scaled VAE latents (posterior means x scaling factor) of uint8 [N, H, W, C] images.
-
-    The VAE is put in eval mode and frozen; encoding runs in chunks of 256.
-
-    Raises:
-        InvalidSpecError: if there is nothing to encode.
-    """
-    vae.requires_grad_(False).eval()
-    device = next(vae.parameters()).device
-    chunks = []
-    for start in range(0, len(images), _ENCODE_CHUNK):
-        x = images_to_tensor(images[start:start + _ENCODE_CHUNK], image_size=image_size,
-                             channels=channels).to(device)
-        chunks.append(vae.encode(x).latent_dist.mean * scaling_factor)
-    if not chunks:
-        raise InvalidSpecError("nothing to encode (no images)")
-    return torch.cat(chunks)
-
-
-def encode_layouts(bundle: ModelBundle, info: ModelInfo, masks: np.ndarray) -> torch.Tensor:
-    """Layout masks encoded as the denoiser expects them (DP-DocLDM's E(m)).
-
-    Masks (uint8 [N, H, W, 1], 255 = text line) are preprocessed like images (resized to the
-    model's image size, repeated to its channels, mapped to [-1, 1]) and encoded by the
-    model's own frozen VAE: posterior mean x the model's latent scaling factor.
-
-    Args:
-        bundle: the model (its VAE encodes).
-        info: the model's info (image size, channels, scaling factor).
-        masks: uint8 [N, H, W, 1].
-
-    Returns:
-        float [N, latent_channels, h, w], to pass as ``layout=`` to the denoiser.
-
-    Raises:
-        InvalidSpecError: on a wrong mask array or a model without layout conditioning.
-    """
-    if masks.dtype != np.uint8 or masks.ndim != 4 or masks.shape[-1] != 1:
-        raise InvalidSpecError("layout masks must be uint8 [N, H, W, 1]")
-    if bundle.layout_channels <= 0:
-        raise InvalidSpecError("this model has no layout conditioning")
-    latents = encode_images(bundle.vae, masks, image_size=info.image_size,
-                            channels=info.channels, scaling_factor=info.vae_scaling_factor)
-    if latents.shape[1] != bundle.layout_channels:
-        raise InvalidSpecError("the VAE's latent channels do not match the UNet's layout input")
-    return latents

@@ -4,14 +4,16 @@ Layout::
 
     vae/ unet/ scheduler/          diffusers save_pretrained (safetensors); unet/ is a
                                    UNet2DConditionModel or a UNet2DModel (its config's
-                                   ``_class_name``; no other class is loaded)
+                                   ``_class_name``; no other class is loaded); a
+                                   pixel-space model (info ``space: "pixel"``) has no vae/
     class_embedder/model.safetensors + config.json
                                    the class-token table (UNet2DConditionModel only; a
                                    UNet2DModel keeps its table as ``class_embedding``)
     unet_lora/                     finetune checkpoints under trainable "lora" only:
                                    adapter_model.safetensors (peft's adapter state dict)
                                    + adapter_config.json (rank, alpha, target projections)
-    dpsynth_model.json             ModelInfo
+    dpsynth_model.json             ModelInfo (a file without ``space`` is a latent model,
+                                   as every model written before pixel space existed)
 
 LoRA: a released model is a plain diffusers UNet with the adapters merged into its weights
 (W + alpha/r B A). A checkpoint keeps them apart so that a resume continues exactly: its
@@ -39,6 +41,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dpsynth_ml.models.architectures import UNET_CLASSES, ConditionalDenoiser, ModelBundle
+from dpsynth_ml.models.codec import check_space
 from dpsynth_ml.models.trainable import (
     add_lora,
     has_lora,
@@ -61,7 +64,7 @@ def save_model(bundle: ModelBundle, info: ModelInfo, model_dir: Path, *,
     """Write ``bundle`` and ``info`` as a model directory (created if needed).
 
     ``info.extra`` is stamped with ``unet_class`` and ``layout_channels`` (0 when none),
-    read from the bundle itself.
+    read from the bundle itself. A pixel-space bundle (no VAE) writes no ``vae/``.
 
     Args:
         bundle: the model parts.
@@ -72,10 +75,17 @@ def save_model(bundle: ModelBundle, info: ModelInfo, model_dir: Path, *,
 
     Returns:
         ``model_dir``.
+
+    Raises:
+        InvalidSpecError: if ``info.space`` disagrees with the bundle (a VAE or none).
     """
+    check_space(bundle, info)
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
-    bundle.vae.save_pretrained(model_dir / "vae", safe_serialization=True)
+    if bundle.vae is not None:
+        bundle.vae.save_pretrained(model_dir / "vae", safe_serialization=True)
+    elif (model_dir / "vae").exists():
+        shutil.rmtree(model_dir / "vae")  # a pixel model must not be read with another's VAE
     lora = has_lora(bundle.unet)
     unet = cast("ModelMixin", plain_unet(bundle.unet, merge=not keep_adapters))  # a UNet
     unet.save_pretrained(model_dir / "unet", safe_serialization=True)
@@ -114,8 +124,10 @@ def write_model_info(info: ModelInfo, model_dir: Path) -> None:
 def read_model_info(model_dir: Path) -> ModelInfo:
     """Read ``dpsynth_model.json`` of a model directory.
 
+    A file without ``space`` (written before pixel-space models) reads as ``"latent"``.
+
     Raises:
-        InvalidSpecError: if the file is missing or of an unknown format version.
+        InvalidSpecError: if the file is missing or of an unknown format version or space.
     """
     path = Path(model_dir) / INFO_FILE
     if not path.is_file():
@@ -132,20 +144,28 @@ def load_model(model_dir: Path) -> tuple[ModelBundle, ModelInfo]:
 
     The UNet class is read from ``unet/config.json``'s ``_class_name`` and must be
     ``UNet2DConditionModel`` or ``UNet2DModel``. A checkpoint's ``unet_lora/`` adapters
-    are injected into the (unmerged) UNet.
+    are injected into the (unmerged) UNet. A pixel-space model has no VAE (``bundle.vae``
+    is None) and its UNet's output channels are the image channels.
 
     Returns:
         The model parts (in eval mode, on CPU) and their info.
 
     Raises:
-        InvalidSpecError: a missing or unknown part, or a class table that does not have
-            ``num_classes + 1`` rows.
+        InvalidSpecError: a missing or unknown part, a part the model's space excludes (a
+            pixel model's vae/), or a class table that does not have ``num_classes + 1``
+            rows.
     """
     model_dir = Path(model_dir)
     info = read_model_info(model_dir)
-    vae = AutoencoderKL.from_pretrained(model_dir / "vae", use_safetensors=True,
-                                        low_cpu_mem_usage=False)
+    vae: AutoencoderKL | None = None
+    if info.space == "latent":
+        vae = AutoencoderKL.from_pretrained(model_dir / "vae", use_safetensors=True,
+                                            low_cpu_mem_usage=False).eval()
+    elif (model_dir / "vae").exists():
+        raise InvalidSpecError("a pixel-space model has no vae/")
     unet = _load_unet(model_dir / "unet")
+    if info.space == "pixel" and int(unet.config["out_channels"]) != info.channels:
+        raise InvalidSpecError("a pixel-space model's UNet must output the image channels")
     recorded = info.extra.get("unet_class")
     if recorded is not None and recorded != type(unet).__name__:
         raise InvalidSpecError(f"the model info says {recorded}, unet/ holds "
@@ -168,7 +188,7 @@ def load_model(model_dir: Path) -> tuple[ModelBundle, ModelInfo]:
         add_lora(unet, rank=int(saved["rank"]), alpha=float(saved["alpha"]),
                  targets=[str(t) for t in saved["targets"]])
         load_lora_state_dict(unet, load_file(str(lora_dir / _LORA_WEIGHTS)))
-    bundle = ModelBundle(vae=vae.eval(), unet=unet.eval(), class_embedder=embedder.eval(),
+    bundle = ModelBundle(vae=vae, unet=unet.eval(), class_embedder=embedder.eval(),
                          scheduler=scheduler)
     return bundle, info
 
@@ -211,7 +231,8 @@ def model_hash(model_dir: Path) -> str:
 
 # --- Per-label bundles (DP-DocLDM): one denoiser per class, a shared VAE and scheduler ---
 #
-#     vae/ scheduler/                    shared (frozen during finetuning, identical per class)
+#     vae/ scheduler/                    shared (frozen during finetuning, identical per class;
+#                                        no vae/ in pixel space)
 #     denoisers/<index>/unet/            the denoiser of the class ``class_names[index]``
 #     denoisers/<index>/class_embedder/  its class table (UNet2DConditionModel only)
 #     unet/ class_embedder/              a copy of the first bundled class's denoiser, so that
@@ -330,7 +351,8 @@ def export_denoiser(model_dir: Path, class_name: str, dest: Path, *,
     if rel.is_absolute() or ".." in rel.parts:
         raise InvalidSpecError("a denoiser folder must lie inside the model")
     dest.mkdir(parents=True, exist_ok=True)
-    parts = [(model_dir / p, dest / p) for p in _SHARED_PARTS]
+    parts = [(model_dir / p, dest / p) for p in _SHARED_PARTS
+             if (model_dir / p).is_dir()]  # a pixel model has no vae/
     parts += [(model_dir / rel / p, dest / p) for p in _DENOISER_PARTS
               if (model_dir / rel / p).is_dir()]
     for source, target in parts:

@@ -321,13 +321,15 @@ def plain_unet(unet: nn.Module, *, merge: bool) -> nn.Module:
 def apply_trainable(bundle: ModelBundle, spec: FinetuneRecipe) -> list[str]:
     """Make exactly the spec's parameters trainable (injecting LoRA when asked).
 
-    VAE parameters are always frozen. With ``lora``, adapters are injected unless the UNet
-    already has them (a resumed checkpoint), and their rank/alpha must then match the spec.
+    VAE parameters (if the model has a VAE) are always frozen. With ``lora``, adapters are
+    injected unless the UNet already has them (a resumed checkpoint), and their rank/alpha
+    must then match the spec.
 
     Returns:
         The trainable names (ConditionalDenoiser naming), in module order.
     """
-    bundle.vae.requires_grad_(False)
+    if bundle.vae is not None:
+        bundle.vae.requires_grad_(False)
     if spec.trainable == "lora":
         alpha = float(spec.lora_alpha) if spec.lora_alpha is not None else float(spec.lora_rank)
         if has_lora(bundle.unet):

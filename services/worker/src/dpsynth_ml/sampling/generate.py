@@ -24,8 +24,9 @@ apply: for such models ``guidance_scale`` is ignored (the corpus manifest says
 
 Layouts (DP-DocLDM layout conditioning): a layout-conditioned model needs one mask per
 image. Masks come from a :class:`LayoutSet` (a PUBLIC source: the caller is responsible for
-that), are drawn with the generation seed, encoded by the model's own VAE and passed to the
-denoiser as ``layout=``. The indices used are returned in :attr:`SampleResult.layouts`.
+that), are drawn with the generation seed, encoded by the model's own VAE (a pixel-space
+model takes them as pixels) and passed to the denoiser as ``layout=``. The indices used are
+returned in :attr:`SampleResult.layouts`.
 
 Layout generators: a model trained with ``target: masks`` (``extra.target``) draws masks
 instead of images. :func:`sample_layouts` samples them per class (with the generation seed,
@@ -52,6 +53,7 @@ from PIL import Image
 
 from dpsynth_ml.data import load_dataset
 from dpsynth_ml.models.architectures import ConditionalDenoiser, ModelBundle, encode_layouts
+from dpsynth_ml.models.codec import decode_samples
 from dpsynth_ml.models.model_io import load_model, load_per_label_denoisers
 from dpsynth_ml.spec import InvalidSpecError, ModelInfo, SampleResult, SamplerKind
 
@@ -385,7 +387,8 @@ def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoise
               n: int, *, sampler: SamplerKind, steps: int, guidance_scale: float,
               generators: list[torch.Generator],
               layout: torch.Tensor | None) -> np.ndarray:
-    """Denoise ``n`` latents with class label ``label``, decode them to uint8 [n, H, W, C]."""
+    """Denoise ``n`` latents with class label ``label``, decode them to uint8 [n, H, W, C]
+    (a pixel-space model's samples are the images: ``codec.decode_samples``)."""
     scheduler = make_scheduler(bundle, sampler, steps)
     size = int(bundle.unet.config["sample_size"])
     shape = (1, info.latent_channels, size, size)
@@ -408,8 +411,8 @@ def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoise
             eps = eps_uncond + guidance_scale * (eps_cond - eps_uncond)
         # One generator per image: DDPM's noise for an image is independent of its batch.
         latents = scheduler.step(eps, t, latents, generator=generators).prev_sample
-    images = bundle.vae.decode(latents / info.vae_scaling_factor).sample.clamp(-1.0, 1.0)
-    pixels = ((images + 1.0) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
+    images = decode_samples(bundle, info, latents)  # in [0, 1]
+    pixels = (images * 255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
     array: np.ndarray = pixels.numpy()
     return array
 

@@ -1,6 +1,7 @@
 """Encoding the private records at a cost set by the public size N̂, not the true count.
 
-A finetune encodes its records with the frozen VAE before its first step (per label: each
+A finetune encodes its records with the frozen VAE (a pixel-space model: preprocesses them,
+``models.codec``) before its first step (per label: each
 class's records before the class's first step), so the time that takes would show the
 true count between progress reports and in the job's run time. After the real records,
 :func:`encode_blanks` encodes blank images up to N̂ (and as many blank masks for a
@@ -14,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dpsynth_ml.models.architectures import _ENCODE_CHUNK, ModelBundle, encode_images
+from dpsynth_ml.models.architectures import ModelBundle
+from dpsynth_ml.models.codec import _ENCODE_CHUNK, encode_records
 from dpsynth_ml.spec import ModelInfo
 
 
@@ -41,8 +43,7 @@ def encode_blanks(bundle: ModelBundle, info: ModelInfo, *, real: int, public: in
                      dtype=np.uint8)
     for size in sizes:
         for _ in range(2 if masks else 1):
-            encode_images(bundle.vae, blank[:size], image_size=info.image_size,
-                          channels=info.channels, scaling_factor=info.vae_scaling_factor)
+            encode_records(bundle, info, blank[:size])
     return sum(sizes)
 
 

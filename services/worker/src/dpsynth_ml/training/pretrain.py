@@ -9,6 +9,10 @@ The architecture is a preset (tiny, small, base) or a custom diffusers config ch
 against the platform's allow-list (:func:`dpsynth_ml.models.architectures.plan_model`). With
 ``layout_conditioning`` (DP-DocLDM), the dataset's masks are encoded by the trained, frozen
 VAE and concatenated to every noisy latent the UNet sees.
+
+A pixel-space pretrain (``spec.space == "pixel"``) has no autoencoder phase: the UNet is
+trained on the images in [-1, 1] (scaling factor 1), and layout masks are concatenated as
+preprocessed pixels (:mod:`dpsynth_ml.models.codec`).
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
 from dpsynth_ml.data import images_to_tensor, load_dataset, training_view
 from dpsynth_ml.models.architectures import (
     ConditionalDenoiser,
     ModelBundle,
     build_bundle,
-    encode_images,
     plan_model,
 )
+from dpsynth_ml.models.codec import encode_with
 from dpsynth_ml.models.model_io import save_model
 from dpsynth_ml.spec import (
     MODEL_FORMAT_VERSION,
@@ -79,13 +84,16 @@ def run_pretrain(spec: PretrainTraining, *, dataset_path: Path, out_dir: Path,
     labels = torch.from_numpy(dataset.labels)
     per_epoch = -(-len(dataset) // spec.batch_size)
     progress = _Progress(hooks, per_epoch * (plan.vae_epochs + spec.epochs))
-    stopped = _train_vae(bundle, x, spec, plan.vae_epochs, plan.vae_learning_rate, g, progress)
-    scale = _latent_scaling(bundle, x)
+    stopped, scale = False, 1.0  # pixel space: no autoencoder, the images are the input
+    if bundle.vae is not None:
+        stopped = _train_vae(bundle.vae, x, spec, plan.vae_epochs, plan.vae_learning_rate,
+                             g, progress)
+        scale = _latent_scaling(bundle.vae, x)
     layouts = None
     if spec.layout_conditioning and not stopped and dataset.masks is not None:
         # DP-DocLDM: the masks are encoded by the same (now frozen) autoencoder.
-        layouts = encode_images(bundle.vae, dataset.masks, image_size=spec.image_size,
-                                channels=spec.channels, scaling_factor=scale)
+        layouts = encode_with(bundle.vae, dataset.masks, image_size=spec.image_size,
+                              channels=spec.channels, scaling_factor=scale)
     if not stopped:
         stopped = _train_unet(bundle, x, labels, scale, spec, g, progress, layouts)
     info = ModelInfo(format_version=MODEL_FORMAT_VERSION, preset=spec.preset,
@@ -93,7 +101,7 @@ def run_pretrain(spec: PretrainTraining, *, dataset_path: Path, out_dir: Path,
                      latent_channels=plan.latent_channels, vae_scaling_factor=scale,
                      num_classes=spec.num_classes, class_names=dataset.class_names,
                      null_class=spec.num_classes, rng=rng, training_kind="pretrain",
-                     steps=progress.done,
+                     steps=progress.done, space=plan.space,
                      extra={"class_conditional": spec.class_conditional, "seed": spec.seed,
                             "unet_class": plan.unet_class,
                             "layout_channels": plan.layout_channels,
@@ -105,10 +113,10 @@ def run_pretrain(spec: PretrainTraining, *, dataset_path: Path, out_dir: Path,
                           total_parameters=bundle.parameter_count(), rng=rng)
 
 
-def _train_vae(bundle: ModelBundle, x: torch.Tensor, spec: PretrainTraining, epochs: int,
+def _train_vae(vae: AutoencoderKL, x: torch.Tensor, spec: PretrainTraining, epochs: int,
                lr: float, g: torch.Generator, progress: _Progress) -> bool:
     """Reconstruction MSE + KL_WEIGHT * KL; returns True if stopped early."""
-    vae = bundle.vae.train()
+    vae = vae.train()
     opt = torch.optim.AdamW(vae.parameters(), lr=lr)
     for idx in _batches(len(x), spec.batch_size, epochs, g):
         posterior = vae.encode(x[idx]).latent_dist
@@ -123,10 +131,10 @@ def _train_vae(bundle: ModelBundle, x: torch.Tensor, spec: PretrainTraining, epo
     return False
 
 
-def _latent_scaling(bundle: ModelBundle, x: torch.Tensor) -> float:
+def _latent_scaling(vae: AutoencoderKL, x: torch.Tensor) -> float:
     """1 / std of the latents, so the diffusion sees unit-variance inputs (LDM §4.3.2)."""
     with torch.no_grad():
-        latents = torch.cat([bundle.vae.encode(c).latent_dist.mean for c in torch.split(x, 256)])
+        latents = torch.cat([vae.encode(c).latent_dist.mean for c in torch.split(x, 256)])
     return float(1.0 / latents.std().clamp_min(1e-6))
 
 
@@ -135,12 +143,16 @@ def _train_unet(bundle: ModelBundle, x: torch.Tensor, labels: torch.Tensor, scal
                 layouts: torch.Tensor | None = None) -> bool:
     """Class-conditional epsilon-prediction training; returns True if stopped early.
 
-    ``layouts`` (encoded masks, one per image) condition every prediction when given.
+    ``layouts`` (encoded masks, one per image) condition every prediction when given. A
+    pixel-space model (no VAE) trains on ``x`` itself (``scale`` is 1).
     """
-    bundle.vae.eval().requires_grad_(False)
-    with torch.no_grad():
-        latents = torch.cat([bundle.vae.encode(c).latent_dist.mean for c in torch.split(x, 256)])
-    latents = latents * scale
+    latents = x
+    if bundle.vae is not None:
+        bundle.vae.eval().requires_grad_(False)
+        with torch.no_grad():
+            latents = torch.cat([bundle.vae.encode(c).latent_dist.mean
+                                 for c in torch.split(x, 256)])
+        latents = latents * scale
     if not spec.class_conditional:
         labels = torch.full_like(labels, spec.num_classes)  # everything is the null class
     denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).train()

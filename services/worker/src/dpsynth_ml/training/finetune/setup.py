@@ -1,6 +1,6 @@
 """Setting up one DP finetune attempt: base model and private examples (encoded by the
-frozen VAE), the trainable set, the optimizer, the DP engine and the Poisson sampler of
-the privacy unit, all held in one :class:`FinetuneRun`."""
+frozen VAE, or as pixels for a pixel-space model), the trainable set, the optimizer, the DP
+engine and the Poisson sampler of the privacy unit, all held in one :class:`FinetuneRun`."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ from dpsynth_ml.dp.padding import (
 from dpsynth_ml.models.architectures import (
     ConditionalDenoiser,
     ModelBundle,
-    encode_images,
     reset_class_embedder,
 )
+from dpsynth_ml.models.codec import encode_records
 from dpsynth_ml.models.model_io import load_model, model_hash
 from dpsynth_ml.models.trainable import apply_trainable, trains_embedder
 from dpsynth_ml.parallel.distributed import Placement, same_on_all_ranks
@@ -302,15 +302,15 @@ def _finetune_info(spec: FinetuneRecipe, base: ModelInfo, dataset: ImageDataset,
                      vae_scaling_factor=base.vae_scaling_factor,
                      num_classes=spec.num_classes, class_names=tuple(class_names),
                      null_class=spec.num_classes, rng=base.rng, training_kind="finetune",
-                     steps=base.steps if not fresh else 0, extra=extra)
+                     steps=base.steps if not fresh else 0, extra=extra, space=base.space)
 
 
 def _encode(bundle: ModelBundle, dataset: ImageDataset, info: ModelInfo) -> torch.Tensor:
-    """Scaled VAE latents (posterior means) of all images; the VAE stays frozen."""
+    """Scaled VAE latents (posterior means) of all images, the VAE frozen; a pixel-space
+    model's images in [-1, 1] (``codec``)."""
     if len(dataset) == 0:
         return _no_latents(bundle, info)
-    return encode_images(bundle.vae, dataset.images, image_size=info.image_size,
-                         channels=info.channels, scaling_factor=info.vae_scaling_factor)
+    return encode_records(bundle, info, dataset.images)
 
 
 def _no_latents(bundle: ModelBundle, info: ModelInfo) -> torch.Tensor:
@@ -322,8 +322,7 @@ def _no_latents(bundle: ModelBundle, info: ModelInfo) -> torch.Tensor:
     comes from a blank image, not data.
     """
     blank = np.zeros((1, info.image_size, info.image_size, info.channels), dtype=np.uint8)
-    return encode_images(bundle.vae, blank, image_size=info.image_size,
-                         channels=info.channels, scaling_factor=info.vae_scaling_factor)[:0]
+    return encode_records(bundle, info, blank)[:0]
 
 
 def _encode_masks(bundle: ModelBundle, dataset: ImageDataset,
@@ -340,8 +339,7 @@ def _encode_masks(bundle: ModelBundle, dataset: ImageDataset,
                                "carry one layout mask per image")
     if len(dataset) == 0:
         return _no_latents(bundle, info)
-    return encode_images(bundle.vae, dataset.masks, image_size=info.image_size,
-                         channels=info.channels, scaling_factor=info.vae_scaling_factor)
+    return encode_records(bundle, info, dataset.masks)
 
 
 def _model_labels(dataset: ImageDataset, spec: FinetuneRecipe) -> torch.Tensor:
