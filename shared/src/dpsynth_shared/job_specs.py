@@ -43,6 +43,19 @@ class Architecture(BaseModel):
 #: (a layout generator: masks taken as grayscale images, with the same labels).
 TrainingTarget = Literal["images", "masks"]
 
+#: Where a model's denoiser works: on the autoencoder's latents, or on the pixels themselves.
+DenoiserSpace = Literal["latent", "pixel"]
+
+#: The largest image side a pixel-space denoiser takes (a UNet on pixels grows with the image;
+#: latent models are for larger images).
+MAX_PIXEL_IMAGE_SIZE = 64
+
+_SPACE_DOC = ("latent: the presets' autoencoder (diffusers AutoencoderKL) and a UNet on its "
+              "latents (any image_size); pixel: no autoencoder, the UNet denoises the images "
+              f"themselves (image_size at most {MAX_PIXEL_IMAGE_SIZE}, i.e. up to "
+              f"{MAX_PIXEL_IMAGE_SIZE}x{MAX_PIXEL_IMAGE_SIZE}); finetunes and generation "
+              "keep the base model's space")
+
 _TARGET_DOC = ("images, or masks: train on the dataset's layout masks as if they were the "
                "images (same labels, grayscale), i.e. a class-conditional generator of "
                "layout masks usable as GenerateSpec.layout_source.model_id (the dataset must "
@@ -50,19 +63,26 @@ _TARGET_DOC = ("images, or masks: train on the dataset's layout masks as if they
 
 
 class PretrainSpec(_Spec):
-    """Non-private pretraining of the autoencoder and the denoiser on a public dataset."""
+    """Non-private pretraining on a public dataset: of the autoencoder and the latent
+    denoiser (space 'latent'), or of a denoiser on the pixels alone (space 'pixel', images up
+    to 64x64)."""
 
     type: Literal["pretrain"] = "pretrain"
     dataset_id: str
     preset: Literal["tiny", "small", "base", "custom"] = "small"
     architecture: Architecture | None = Field(
-        None, description="required with preset 'custom', forbidden otherwise")
-    image_size: int = Field(32, ge=8, le=256)
+        None, description="required with preset 'custom', forbidden otherwise (with space "
+        "'pixel' its vae must be empty)")
+    space: DenoiserSpace = Field("latent", description=_SPACE_DOC)
+    image_size: int = Field(32, ge=8, le=256, description="side of the square images the "
+                            f"model makes (a multiple of 4; at most {MAX_PIXEL_IMAGE_SIZE} "
+                            "with space 'pixel')")
     channels: Literal[1, 3] = 1
     class_conditional: bool = True
     layout_conditioning: bool = Field(
         False, description="DP-DocLDM: the dataset's layout masks, encoded by the same "
-        "autoencoder, are concatenated to the noisy latent (the dataset must carry masks)")
+        "autoencoder (space 'pixel': as pixels), are concatenated to the denoiser's noisy "
+        "input (the dataset must carry masks)")
     target: TrainingTarget = Field("images", description=_TARGET_DOC)
     epochs: int = Field(10, ge=1, le=10_000)
     batch_size: int = Field(64, ge=1, le=4096)
@@ -76,6 +96,11 @@ class PretrainSpec(_Spec):
             raise ValueError("image_size must be a multiple of 4")
         if (self.preset == "custom") != (self.architecture is not None):
             raise ValueError("an architecture is given exactly when preset is 'custom'")
+        if self.space == "pixel" and self.image_size > MAX_PIXEL_IMAGE_SIZE:
+            raise ValueError(f"space 'pixel' takes image_size at most {MAX_PIXEL_IMAGE_SIZE} "
+                             "(a UNet on pixels); use space 'latent' for larger images")
+        if self.space == "pixel" and self.architecture is not None and self.architecture.vae:
+            raise ValueError("space 'pixel' has no autoencoder: architecture.vae must be empty")
         if self.target == "masks" and (self.layout_conditioning or self.channels != 1):
             raise ValueError("a layout generator (target 'masks') is grayscale (channels 1) "
                              "and not layout-conditioned itself")

@@ -22,6 +22,7 @@ from dpsynth_api.datasets.derive import selection_of
 from dpsynth_api.jobs import repository as jobs_repo
 from dpsynth_api.models import repository as models_repo
 from dpsynth_api.models.conditioning import check_layout_generator, layout_channels, model_target
+from dpsynth_api.models.info_file import model_space
 from dpsynth_api.settings import ApiSettings
 from dpsynth_api.tables import Artifact, Dataset, Job, Model
 
@@ -202,6 +203,10 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
         info["layout_channels"] = channels
     if model_target(meta) == "masks":
         info["target"] = "masks"  # a layout generator (GenerateSpec.layout_source.model_id)
+    if job.type in ("pretrain", "finetune"):
+        # the denoiser's space: a pretrain's spec says it, a finetune keeps its base's
+        stated = meta if "space" in meta or base is None else (base.info or {})
+        info["space"] = model_space(stated)
     if job.type == "feature_net":
         # a feature network (jobs/kinds/feature_net.py): usable only as an evaluate job's
         # feature_model_id, never as a diffusion base or a sampled model

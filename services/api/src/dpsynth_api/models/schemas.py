@@ -42,7 +42,11 @@ class ModelOut(BaseModel):
     delta: float | None = None
     rng: str | None = Field(None, description="'test' when trained with an injected seeded rng")
     publishable: bool
-    info: dict[str, Any] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(
+        default_factory=dict, description="the model's shape, from its dpsynth_model.json or "
+        "its training job: preset, space ('latent': autoencoder + latent denoiser; 'pixel': "
+        "a denoiser on images up to 64x64, no autoencoder), image_size, channels, "
+        "class_names, unet_class, layout_channels, target, ...")
     sha256: str
     size_bytes: int
     created_at: datetime

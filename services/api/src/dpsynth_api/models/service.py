@@ -16,6 +16,7 @@ from dpsynth_api.archives import SafeArchive
 from dpsynth_api.models import repository as repo
 from dpsynth_api.models.conditioning import layout_channels, model_target
 from dpsynth_api.models.download import tar_to_zip
+from dpsynth_api.models.info_file import model_space
 from dpsynth_api.models.schemas import ModelMetadata
 from dpsynth_api.models.validation import check_model_archive, repack
 from dpsynth_api.ports import ObjectStore
@@ -76,6 +77,7 @@ def _public_info(info: dict[str, object]) -> dict[str, object]:
     keep = ("format_version", "preset", "image_size", "channels", "num_classes", "class_names",
             "training_kind", "steps")
     public = {k: info[k] for k in keep if k in info}
+    public["space"] = model_space(info)  # "latent" when dpsynth_model.json does not say
     extra = info.get("extra")
     if isinstance(extra, dict) and isinstance(extra.get("unet_class"), str):
         public["unet_class"] = extra["unet_class"]

@@ -1,10 +1,12 @@
 """Checking an uploaded model folder and repacking it as an uncompressed tar.
 
 A model upload is the zip (or tar) of a diffusers ``save_pretrained`` folder plus dpsynth's
-``dpsynth_model.json``::
+``dpsynth_model.json``, in one of two layouts (``space`` in ``dpsynth_model.json``,
+:mod:`dpsynth_api.models.info_file`): a latent model has every folder below, a pixel model
+(a denoiser on images up to 64x64, no autoencoder) every folder but ``vae/``::
 
-    dpsynth_model.json                                  format version, classes, sizes, rng
-    vae/config.json + diffusion_pytorch_model.safetensors            AutoencoderKL
+    dpsynth_model.json                                  format version, space, classes, sizes
+    vae/config.json + diffusion_pytorch_model.safetensors   AutoencoderKL (latent models only)
     unet/config.json + diffusion_pytorch_model.safetensors           the denoiser, or
     denoisers/<key>/unet/...  (+ denoisers/<key>/class_embedder/...)  one per class
     scheduler/scheduler_config.json                                  DDPM/DDIM/DPM-Solver
@@ -21,7 +23,8 @@ Checks, each refusal a 422 ``invalid_model`` problem naming the file:
    :mod:`dpsynth_shared.model_configs` (classes, keys, block types, sizes, no ``auto_map`` or
    other remote-code hints); every safetensors header parsed and checked (length prefix,
    JSON, dtypes, shapes, offsets contiguous and inside the file); ``dpsynth_model.json``
-   against its schema; and the parts against each other (channels, classes).
+   against its schema; and the parts against each other (the layout of the model's space,
+   channels, sizes, classes).
 """
 
 from __future__ import annotations
@@ -35,25 +38,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dpsynth_shared.errors import DpsynthError, ErrorCode
+from dpsynth_shared.errors import DpsynthError
+from dpsynth_shared.job_specs import MAX_PIXEL_IMAGE_SIZE
 from dpsynth_shared.model_configs import (
     DEFAULT_LIMITS,
     ConfigLimits,
     ModelConfigError,
     check_config,
-    config_class,
-    estimate_parameters,
     parse_config,
 )
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from dpsynth_api.archives import MemberStream, SafeArchive, read_exactly, read_whole
+from dpsynth_api.models.consistency import check_consistency as _check_parts
+
+# dpsynth_model.json's schema and checks live in info_file; re-exported for their readers
+from dpsynth_api.models.info_file import INFO_FILE as INFO_FILE
+from dpsynth_api.models.info_file import MODEL_FORMAT_VERSION as MODEL_FORMAT_VERSION
+from dpsynth_api.models.info_file import ModelInfoFile as ModelInfoFile
+from dpsynth_api.models.info_file import invalid_model as _invalid
+from dpsynth_api.models.info_file import parse_info as parse_info
 
 FORBIDDEN_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".dll", ".dylib", ".sh", ".ipynb")
-INFO_FILE = "dpsynth_model.json"
 PROVENANCE_FILE = "dpsynth_provenance.json"
-MODEL_FORMAT_VERSION = 1
 _MAX_INFO_BYTES = 1 << 20
 _MAX_HEADER_BYTES = 8 << 20
 _MAX_TENSORS = 100_000
@@ -68,14 +75,12 @@ COMPONENT_FILES: dict[str, tuple[str, str | None]] = {
 }
 _PER_LABEL = ("unet", "class_embedder")
 _KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
-_LAYOUT_HINT = ("a model holds dpsynth_model.json, vae/, scheduler/, unet/ (or "
-                "denoisers/<key>/unet/ per class) and class_embedder/, with safetensors weights")
+_LAYOUT_HINT = ("a latent model holds dpsynth_model.json, vae/, scheduler/, unet/ (or "
+                "denoisers/<key>/unet/ per class) and class_embedder/, with safetensors "
+                "weights; a pixel model (dpsynth_model.json space 'pixel', images up to "
+                f"{MAX_PIXEL_IMAGE_SIZE}x{MAX_PIXEL_IMAGE_SIZE}) holds the same without vae/")
 
 Kind = Literal["info", "provenance", "config", "weights"]
-
-
-def _invalid(detail: str, **extensions: Any) -> DpsynthError:
-    return DpsynthError(ErrorCode.INVALID_MODEL, detail, **extensions)
 
 
 @dataclass(frozen=True)
@@ -188,9 +193,10 @@ def _check_complete(entries: dict[str, Entry | None]) -> None:
         if weights_file and (prefix, comp, "weights") not in present:
             raise _invalid(f"{prefix}{comp}/ has no {weights_file} (safetensors weights)",
                            file=f"{prefix}{comp}/{weights_file}")
-    for comp in ("vae", "scheduler"):
-        if ("", comp) not in folders:
-            raise _invalid(f"the model has no {comp}/ folder; {_LAYOUT_HINT}")
+    # vae/ is there or not by the model's space, which only dpsynth_model.json says: that is
+    # checked with the contents (check_consistency)
+    if ("", "scheduler") not in folders:
+        raise _invalid(f"the model has no scheduler/ folder; {_LAYOUT_HINT}")
     denoisers = {p for p, c in folders if c == "unet"}
     if not denoisers:
         raise _invalid(f"the model has no unet/ (nor denoisers/<key>/unet/); {_LAYOUT_HINT}")
@@ -299,64 +305,6 @@ def check_safetensors_head(data: bytes, size: int, *, name: str, max_elements: i
     return elements
 
 
-# --- dpsynth_model.json ----------------------------------------------------------------
-
-class ModelInfoFile(BaseModel):
-    """The schema of ``dpsynth_model.json`` (the ML core's ``ModelInfo``)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    format_version: StrictInt
-    preset: Literal["tiny", "small", "base", "custom"]
-    image_size: StrictInt = Field(ge=4, le=1024)
-    channels: StrictInt = Field(ge=1, le=4)
-    latent_channels: StrictInt = Field(ge=1, le=16)
-    vae_scaling_factor: float = Field(gt=0, le=1e3, allow_inf_nan=False)
-    num_classes: StrictInt = Field(ge=1, le=DEFAULT_LIMITS.max_classes)
-    class_names: list[StrictStr] = Field(min_length=1, max_length=DEFAULT_LIMITS.max_classes)
-    null_class: StrictInt
-    rng: Literal["os", "test"]
-    training_kind: Literal["pretrain", "finetune"]
-    steps: StrictInt = Field(ge=0)
-    extra: dict[str, Any] = Field(default_factory=dict)
-
-
-def parse_info(data: bytes) -> dict[str, Any]:
-    """Parse and validate ``dpsynth_model.json``.
-
-    Raises:
-        DpsynthError: 422 ``invalid_model`` naming the field.
-    """
-    try:
-        info = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise _invalid(f"{INFO_FILE} is not valid JSON", file=INFO_FILE) from exc
-    if not isinstance(info, dict):
-        raise _invalid(f"{INFO_FILE} must be a JSON object", file=INFO_FILE)
-    if info.get("format_version") != MODEL_FORMAT_VERSION:
-        raise _invalid(f"{INFO_FILE} has format_version {info.get('format_version')!r}; "
-                       f"this platform reads version {MODEL_FORMAT_VERSION}", file=INFO_FILE)
-    try:
-        checked = ModelInfoFile.model_validate(info)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise _invalid(f"{INFO_FILE}: {loc}: {first['msg']}", file=INFO_FILE,
-                       errors=[{"loc": list(e["loc"]), "msg": e["msg"]}
-                               for e in exc.errors()]) from exc
-    names = checked.class_names
-    if any(not n or len(n) > 200 for n in names) or len(set(names)) != len(names):
-        raise _invalid(f"{INFO_FILE}: class_names must be distinct non-empty names of at most "
-                       "200 characters", file=INFO_FILE)
-    if checked.num_classes != len(names):
-        raise _invalid(f"{INFO_FILE}: num_classes is {checked.num_classes} but class_names "
-                       f"has {len(names)} names", file=INFO_FILE)
-    if checked.null_class != checked.num_classes:
-        raise _invalid(f"{INFO_FILE}: null_class must be num_classes ({checked.num_classes})",
-                       file=INFO_FILE)
-    return info
-
-
 # --- contents and repacking ------------------------------------------------------------
 
 @dataclass
@@ -461,53 +409,10 @@ def repack(archive: SafeArchive, root: str, dest: Path,
 
 
 def check_consistency(checked: CheckedModel) -> None:
-    """The parts must fit together: image and latent channels, classes, class tokens.
+    """The parts must fit together (:mod:`dpsynth_api.models.consistency`): the layout of
+    the model's space, image and latent channels, sizes, classes, class tokens.
 
     Raises:
         DpsynthError: 422 ``invalid_model`` naming the two sides that disagree.
     """
-    info = checked.info
-    for entry, config in checked.configs.values():
-        values = checked.values.get((entry.prefix, entry.component or ""))
-        if values is None:
-            continue
-        described = estimate_parameters(config_class(entry.component or "", config), config)
-        if values > described:
-            raise _invalid(f"{entry.prefix}{entry.component}/ weights hold {values:,} values, "
-                           f"more than the {described:,} parameters its config describes")
-    vae = checked.config("vae") or {}
-    if vae.get("in_channels", 3) != info["channels"]:
-        raise _invalid(f"vae/config.json has in_channels {vae.get('in_channels', 3)}, "
-                       f"{INFO_FILE} says channels {info['channels']}")
-    latent = vae.get("latent_channels", 4)
-    if latent != info["latent_channels"]:
-        raise _invalid(f"vae/config.json has latent_channels {latent}, {INFO_FILE} says "
-                       f"{info['latent_channels']}")
-    unet_class = info.get("extra", {}).get("unet_class")
-    prefixes = sorted({e.prefix for e, _ in checked.configs.values() if e.component == "unet"})
-    for prefix in prefixes:
-        unet = checked.config("unet", prefix) or {}
-        where = f"{prefix}unet/config.json"
-        if unet_class is not None and unet.get("_class_name") != unet_class:
-            raise _invalid(f"{where} holds {unet.get('_class_name')}, {INFO_FILE} says "
-                           f"{unet_class}")
-        if unet.get("out_channels", latent) != latent:
-            raise _invalid(f"{where} has out_channels {unet.get('out_channels')}, the vae "
-                           f"has {latent} latent channels")
-        if unet.get("in_channels", latent) < latent:
-            raise _invalid(f"{where} has in_channels {unet.get('in_channels')}, fewer than "
-                           f"the vae's {latent} latent channels")
-        embedder = checked.config("class_embedder", prefix) or checked.config("class_embedder")
-        if embedder is None and unet.get("_class_name") == "UNet2DConditionModel":
-            raise _invalid(f"{prefix}class_embedder/ is missing: a UNet2DConditionModel takes "
-                           "its class token from it")
-        if embedder is not None:
-            if embedder["num_embeddings"] != info["num_classes"] + 1:
-                raise _invalid(f"{prefix}class_embedder/config.json has "
-                               f"{embedder['num_embeddings']} rows, {INFO_FILE} needs "
-                               f"num_classes + 1 = {info['num_classes'] + 1}")
-            cross = unet.get("cross_attention_dim")
-            if isinstance(cross, int) and embedder["embedding_dim"] != cross:
-                raise _invalid(f"{prefix}class_embedder/config.json has embedding_dim "
-                               f"{embedder['embedding_dim']}, {where} has cross_attention_dim "
-                               f"{cross}")
+    _check_parts(checked, layout_hint=_LAYOUT_HINT)

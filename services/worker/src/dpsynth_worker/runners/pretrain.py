@@ -39,7 +39,8 @@ def run_pretrain(ctx: JobContext) -> Outcome:
         metadata={"dp": False, "trainable_parameters": result.trainable_parameters,
                   "total_parameters": result.total_parameters,
                   "steps": result.steps_completed, "public_dataset_id": dataset.dataset_id,
-                  "preset": spec.preset, "layout_conditioning": spec.layout_conditioning,
+                  "preset": spec.preset, "space": spec.space,
+                  "layout_conditioning": spec.layout_conditioning,
                   "target": spec.target})
     propose(ctx, JobState.SUCCEEDED, result={"model_id": published.model_id,
                                               "artifact_id": published.artifact_id,

@@ -26,11 +26,13 @@ if TYPE_CHECKING:
 
 
 def pretrain_training_spec(spec: PretrainSpec, dataset: DatasetInfo) -> PretrainTraining:
-    """A pretrain's spec: the job's shape over the public dataset's classes."""
+    """A pretrain's spec: the job's shape over the public dataset's classes, in the job's
+    space (``latent``: autoencoder + latent UNet; ``pixel``: a UNet on the pixels, no
+    autoencoder). Finetunes and generation read the space from the base model's info."""
     from dpsynth_ml import Architecture, PretrainTraining
 
     arch = spec.architecture
-    return PretrainTraining(preset=spec.preset, image_size=spec.image_size,
+    return PretrainTraining(preset=spec.preset, space=spec.space, image_size=spec.image_size,
                             architecture=Architecture(unet_class=arch.unet_class,
                                                       unet=dict(arch.unet), vae=dict(arch.vae))
                             if arch is not None else None,
