@@ -256,21 +256,37 @@ def _plan_custom(spec: PretrainTraining, arch: Architecture) -> ModelPlan:
     layout = latent if spec.layout_conditioning else 0
     unet_config: dict[str, Any] = {**arch.unet, "sample_size": spec.image_size // factor,
                                    "in_channels": latent + layout, "out_channels": latent}
+    try:
+        check_config("vae", vae_config, class_name="AutoencoderKL")
+    except ModelConfigError as exc:
+        raise InvalidSpecError(str(exc)) from exc
+    check_custom_unet(arch, unet_config, num_classes=spec.num_classes)
+    return ModelPlan(unet_class=arch.unet_class, vae_config=vae_config,
+                     unet_config=unet_config, latent_channels=latent, layout_channels=layout,
+                     vae_epochs=spec.epochs, vae_learning_rate=1e-3)
+
+
+def check_custom_unet(arch: Architecture, unet_config: Mapping[str, Any], *,
+                      num_classes: int) -> None:
+    """The checks a custom UNet config passes in either space, its sizes filled in: one
+    class-token width, and diffusers' allow-list (``dpsynth_shared.model_configs``).
+
+    Raises:
+        InvalidSpecError: on a failed check.
+    """
+    from dpsynth_shared.model_configs import ModelConfigError, check_config
+
     if arch.unet_class == "UNet2DConditionModel" and not isinstance(
             unet_config.get("cross_attention_dim", 1280), int):
         raise InvalidSpecError("cross_attention_dim must be one number: the class token is "
                                "the same in every block")
     checked = dict(unet_config)
     if arch.unet_class == "UNet2DModel":
-        checked["num_class_embeds"] = spec.num_classes + 1
+        checked["num_class_embeds"] = num_classes + 1
     try:
-        check_config("vae", vae_config, class_name="AutoencoderKL")
         check_config("unet", checked, class_name=arch.unet_class)
     except ModelConfigError as exc:
         raise InvalidSpecError(str(exc)) from exc
-    return ModelPlan(unet_class=arch.unet_class, vae_config=vae_config,
-                     unet_config=unet_config, latent_channels=latent, layout_channels=layout,
-                     vae_epochs=spec.epochs, vae_learning_rate=1e-3)
 
 
 def _check_divisible(image_size: int, factor: int) -> None:

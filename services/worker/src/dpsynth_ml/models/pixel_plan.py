@@ -20,6 +20,7 @@ from dpsynth_ml.models.architectures import (
     UNET_CLASSES,
     ModelPlan,
     _preset_unet_config,
+    check_custom_unet,
     preset_config,
 )
 from dpsynth_ml.spec import Architecture, InvalidSpecError
@@ -53,8 +54,6 @@ def plan_pixel_model(spec: PretrainTraining) -> ModelPlan:
 
 
 def _plan_custom_pixel(spec: PretrainTraining, arch: Architecture, layout: int) -> ModelPlan:
-    from dpsynth_shared.model_configs import ModelConfigError, check_config
-
     if arch.vae:
         raise InvalidSpecError("a pixel-space model has no autoencoder: the custom "
                                "architecture must not give a vae config")
@@ -68,17 +67,7 @@ def _plan_custom_pixel(spec: PretrainTraining, arch: Architecture, layout: int) 
     unet_config: dict[str, Any] = {**arch.unet, "sample_size": spec.image_size,
                                    "in_channels": spec.channels + layout,
                                    "out_channels": spec.channels}
-    if arch.unet_class == "UNet2DConditionModel" and not isinstance(
-            unet_config.get("cross_attention_dim", 1280), int):
-        raise InvalidSpecError("cross_attention_dim must be one number: the class token is "
-                               "the same in every block")
-    checked = dict(unet_config)
-    if arch.unet_class == "UNet2DModel":
-        checked["num_class_embeds"] = spec.num_classes + 1
-    try:
-        check_config("unet", checked, class_name=arch.unet_class)
-    except ModelConfigError as exc:
-        raise InvalidSpecError(str(exc)) from exc
+    check_custom_unet(arch, unet_config, num_classes=spec.num_classes)
     _check_divisible(spec.image_size, unet_config, arch.unet_class)
     return ModelPlan(unet_class=arch.unet_class, vae_config=None, unet_config=unet_config,
                      latent_channels=spec.channels, layout_channels=layout, vae_epochs=0,
