@@ -183,6 +183,27 @@ def test_dp_finetune_from_a_pixel_model_stays_pixel(pixel_model: TrainingResult,
     assert image.mode == "L" and image.size == (IMAGE_SIZE, IMAGE_SIZE)
 
 
+def test_subject_level_finetune_from_a_pixel_model(pixel_model: TrainingResult,
+                                                   digits_path: Path, tmp_path: Path) -> None:
+    """User-level DP (subjects split across micro-batches) trains a pixel model too."""
+    with np.load(digits_path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["subjects"] = np.arange(arrays["images"].shape[0]) % 7  # up to ~20 images each
+    data = tmp_path / "subjects.npz"
+    np.savez(data, **arrays)
+    spec = finetune_spec(privacy_unit="subject", max_images_per_subject=3, dp_steps=2,
+                         dp_sample_rate=0.5, dp_expected_batch_size=3, checkpoint_every=2,
+                         max_physical_batch_size=4)
+    result = train(spec, dataset_path=data, out_dir=tmp_path / "ft",
+                   base_model_dir=pixel_model.model_dir, _test_generator=seeded())
+    assert result.steps_completed == 2
+    info = read_model_info(result.model_dir)
+    assert info.space == "pixel" and not (result.model_dir / "vae").exists()
+    changed = changed_parameters(model_state(pixel_model.model_dir),
+                                 model_state(result.model_dir))
+    assert any(k.startswith("unet.") for k in changed)
+
+
 def test_per_label_finetune_from_a_pixel_model(pixel_model: TrainingResult, digits_path: Path,
                                                tmp_path: Path) -> None:
     keep = np.flatnonzero(np.load(digits_path)["labels"] < 2)
