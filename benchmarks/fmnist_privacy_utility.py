@@ -8,7 +8,10 @@ directly, as the worker would, without the REST platform:
    ``pretrain``). It is trained ONCE per source (seed 0) and shared by every seed: at CPU scale
    a pretraining per seed does not fit in the budget, so the standard deviations below cover
    the DP fine-tune, the sampling and the classifier, not the pretraining (the same holds for
-   the public pretraining of the DP-Adam baseline's CNN, step 7);
+   the public pretraining of the DP-Adam baseline's CNN, step 7). It goes through the
+   pretraining cache (``benchmarks/pretrain_cache.py``): a run with the same spec, data, ML
+   core and library versions reuses the stored model, and the results record it per source
+   (``pretrain_cache``: hit / miss / off, the key, the original pretraining time);
 2. **ε = 0**: sample the pretrained model (no private data at all);
 3. **ε = 1, 10**: DP fine-tune it on the private images (DP-SGD, Poisson rate
    ``q = B / N``, a fixed number of steps; the noise multiplier is the ledger's own calibration
@@ -496,6 +499,7 @@ def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: Feature
     from dpsynth_ml import DpSpec, FinetuneTraining, PretrainTraining, RecordLevel, sample, train
 
     from benchmarks.nonprivate_finetune import NonprivateFinetune, train_nonprivate
+    from benchmarks.pretrain_cache import cached_pretrain
 
     src = data["sources"][key]
     size = cfg["image_size"]
@@ -505,13 +509,15 @@ def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: Feature
     seeds = list(range(cfg["seeds"]))
     has_nonprivate = nonprivate_supported()
     print(f"== source {key}", flush=True)
-    pre_dir = work_root / key / "pretrain"
-    pre = clock.run("pretrain", lambda: train(
+    # public data only: reused from the pretraining cache when the same spec, data and ML
+    # core were pretrained before (benchmarks/pretrain_cache.py)
+    cached = clock.run("pretrain", lambda: cached_pretrain(
         PretrainTraining(preset=cfg["preset"], image_size=size, channels=1,
-                     num_classes=10, epochs=src["epochs"],
-                     batch_size=cfg["pretrain_batch_size"],
-                     learning_rate=cfg["pretrain_learning_rate"], seed=0),
-        dataset_path=src["path"], out_dir=pre_dir))
+                         num_classes=10, epochs=src["epochs"],
+                         batch_size=cfg["pretrain_batch_size"],
+                         learning_rate=cfg["pretrain_learning_rate"], seed=0),
+        src["path"], label=f"{NAME}:{key}", scratch_dir=work_root / key / "pretrain"))
+    pre = cached.result
     # the in-distribution split has the private label domain: keep the pretrained class
     # table (identity class map); the digits' labels mean something else: a fresh table.
     class_map = {i: i for i in range(10)} if src["same_labels"] else None
@@ -573,6 +579,7 @@ def _run_source(cfg: dict[str, Any], key: str, data: dict[str, Any], fs: Feature
                                                          / cfg["pretrain_batch_size"]),
         "pretrain_steps": pre.steps_completed,
         "pretrain_parameters": pre.total_parameters,
+        "pretrain_cache": cached.record(),
         "rows": {k: {m: _mean_std(v) for m, v in r.items()} for k, r in rows.items()},
     }
     if not has_nonprivate:
@@ -735,6 +742,19 @@ def _pretraining(results: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _pretrain_reuse(results: dict[str, Any]) -> str:
+    """Says which pretrainings came from the pretraining cache (results before it: none)."""
+    reused = [(src["label"].split(" (")[0], src["pretrain_cache"])
+              for src in results["sources"].values()
+              if src.get("pretrain_cache", {}).get("cache") == "hit"]
+    if not reused:
+        return ""
+    parts = ", ".join(f"{label}: trained once in {c['pretrain_s']:.0f} s, key "
+                      f"`{c['key'][:12]}…`" for label, c in reused)
+    return (f" (reused from the pretraining cache, `benchmarks/pretrain_cache.py`; {parts}; "
+            "that time is not in this run's total)")
+
+
 def table_markdown(results: dict[str, Any]) -> str:
     """The tables of docs/benchmarks.md: measured rows, then the published reference points."""
     s = results["settings"]
@@ -794,7 +814,9 @@ def table_markdown(results: dict[str, Any]) -> str:
                   f"(not Inception FID)."]
     ph = results.get("phases", {})
     if ph:
-        parts = ", ".join(f"{k} {v['wall_s']:.0f} s" for k, v in ph.items())
+        parts = ", ".join(f"{k} {v['wall_s']:.0f} s"
+                          + (_pretrain_reuse(results) if k == "pretrain" else "")
+                          for k, v in ph.items())
         lines += ["", f"Wall time by phase: {parts}; total {results['total_wall_s']:.0f} s "
                       f"wall, {results['total_cpu_s']:.0f} s CPU."]
     return "\n".join(lines) + "\n"
