@@ -1,4 +1,6 @@
-"""The on-disk model directory: save, load (safetensors only), hash, read info.
+"""The on-disk model directory: save, load (safetensors only), read info.
+
+A directory's content hashes are in :mod:`dpsynth_ml.models.hashing`.
 
 Layout::
 
@@ -24,7 +26,6 @@ LoRA: a released model is a plain diffusers UNet with the adapters merged into i
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
 import tempfile
@@ -42,6 +43,10 @@ from torch import nn
 
 from dpsynth_ml.models.architectures import UNET_CLASSES, ConditionalDenoiser, ModelBundle
 from dpsynth_ml.models.codec import check_space
+
+# the content hashes live in their own module; model_hash is re-exported for existing callers
+from dpsynth_ml.models.hashing import _part_fingerprint
+from dpsynth_ml.models.hashing import model_hash as model_hash
 from dpsynth_ml.models.trainable import (
     add_lora,
     has_lora,
@@ -206,29 +211,6 @@ def _load_unet(unet_dir: Path) -> Any:
         unet_dir, use_safetensors=True, low_cpu_mem_usage=False)
 
 
-def model_hash(model_dir: Path) -> str:
-    """SHA-256 over the sorted files of a model directory.
-
-    Each file contributes its POSIX relative path, a NUL byte, its size and its bytes, so
-    renames and content changes both change the hash.
-
-    Args:
-        model_dir: the model directory.
-
-    Returns:
-        Hex digest.
-    """
-    root = Path(model_dir)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        digest.update(rel.encode() + b"\0" + str(path.stat().st_size).encode() + b"\0")
-        with path.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 # --- Per-label bundles (DP-DocLDM): one denoiser per class, a shared VAE and scheduler ---
 #
 #     vae/ scheduler/                    shared (frozen during finetuning, identical per class;
@@ -298,22 +280,6 @@ def save_per_label_model(class_model_dirs: Mapping[str, Path], model_dir: Path) 
     write_model_info(dataclasses.replace(first, steps=sum(i.steps for i in infos.values()),
                                          rng=rng, extra=extra), model_dir)
     return model_dir
-
-
-def _part_fingerprint(part_dir: Path) -> str:
-    """SHA-256 of a part's weights and configs, ignoring where diffusers loaded it from and
-    which version wrote it (a resumed job bundles classes saved by two attempts)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(part_dir).rglob("*") if p.is_file()):
-        digest.update(path.relative_to(part_dir).as_posix().encode() + b"\0")
-        if path.suffix == ".json":
-            config = json.loads(path.read_text())
-            for key in ("_diffusers_version", "_name_or_path"):
-                config.pop(key, None)
-            digest.update(json.dumps(config, sort_keys=True).encode())
-        else:
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def per_label_denoiser_dirs(info: ModelInfo) -> dict[str, str]:

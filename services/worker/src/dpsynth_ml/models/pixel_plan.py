@@ -19,10 +19,9 @@ from dpsynth_ml.models.architectures import (
     PLATFORM_UNET_KEYS,
     UNET_CLASSES,
     ModelPlan,
-    _preset_unet_config,
     check_custom_unet,
-    preset_config,
 )
+from dpsynth_ml.models.presets import _preset_unet_config, preset_config
 from dpsynth_ml.spec import Architecture, InvalidSpecError
 
 if TYPE_CHECKING:

@@ -28,6 +28,9 @@ that), are drawn with the generation seed, encoded by the model's own VAE (a pix
 model takes them as pixels) and passed to the denoiser as ``layout=``. The indices used are
 returned in :attr:`SampleResult.layouts`.
 
+The denoising itself (model loading, random streams, samplers, the guided loop) is in
+:mod:`dpsynth_ml.sampling.denoise`.
+
 Layout generators: a model trained with ``target: masks`` (``extra.target``) draws masks
 instead of images. :func:`sample_layouts` samples them per class (with the generation seed,
 on a random stream of its own, so a mask's noise is independent of the image it conditions)
@@ -42,26 +45,24 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
-from diffusers.schedulers.scheduling_ddim import DDIMScheduler
-from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
-from diffusers.schedulers.scheduling_dpmsolver_multistep import DPMSolverMultistepScheduler
 from PIL import Image
 
 from dpsynth_ml.data import load_dataset
 from dpsynth_ml.models.architectures import ConditionalDenoiser, ModelBundle, encode_layouts
-from dpsynth_ml.models.codec import decode_samples
-from dpsynth_ml.models.model_io import load_model, load_per_label_denoisers
+
+# the denoising core lives in its own module; its names are re-exported for existing callers
+from dpsynth_ml.sampling.denoise import _LAYOUT_STREAM, _SEED_MASK, _check_sampler, _is_per_label
+from dpsynth_ml.sampling.denoise import _generate as _generate
+from dpsynth_ml.sampling.denoise import _image_generator as _image_generator
+from dpsynth_ml.sampling.denoise import _layout_model_generator as _layout_model_generator
+from dpsynth_ml.sampling.denoise import _load as _load
+from dpsynth_ml.sampling.denoise import make_scheduler as make_scheduler
 from dpsynth_ml.spec import InvalidSpecError, ModelInfo, SampleResult, SamplerKind
 
 #: Default number of images denoised together.
 DEFAULT_BATCH_SIZE = 64
-
-_SEED_MASK = (1 << 64) - 1
-_IMAGE_STREAM, _LAYOUT_STREAM, _LAYOUT_MODEL_STREAM = 0, 1, 2
 
 #: Binarisation threshold of generated masks (uint8 gray levels; above = text line, 255).
 MASK_THRESHOLD = 127.5
@@ -302,43 +303,9 @@ class _Run:
         return picks
 
 
-def _check_sampler(kind: str) -> None:
-    if kind not in ("ddpm", "ddim", "dpm_solver++"):
-        raise InvalidSpecError(f"unknown sampler {kind!r}")
-
-
-def _is_per_label(info: ModelInfo) -> bool:
-    return bool(info.extra.get("per_label", False))
-
-
 def _layout_channels(info: ModelInfo) -> int:
     value = info.extra.get("layout_channels", 0)
     return value if isinstance(value, int) else 0
-
-
-def _load(model_dir: Path) -> tuple[ModelBundle, ModelInfo, Mapping[int, ConditionalDenoiser]]:
-    """The model, its info and the denoiser of each class index it can draw."""
-    bundle, info = load_model(model_dir)
-    if not _is_per_label(info):
-        shared = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
-        return bundle, info, dict.fromkeys(range(info.num_classes), shared)
-    by_name = load_per_label_denoisers(model_dir, bundle, info)
-    if not by_name or any(name not in info.class_names for name in by_name):
-        raise InvalidSpecError("a per-label bundle's denoisers must be named by its classes")
-    return bundle, info, {info.class_names.index(n): d.eval() for n, d in by_name.items()}
-
-
-def _image_generator(seed: int, cls: int, index: int) -> torch.Generator:
-    """The generator of one image: a function of (seed, class index, image index) only."""
-    sequence = np.random.SeedSequence(seed & _SEED_MASK, spawn_key=(_IMAGE_STREAM, cls, index))
-    return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
-
-
-def _layout_model_generator(seed: int, cls: int, index: int) -> torch.Generator:
-    """The generator of one generated layout mask: (seed, class index, mask index) only."""
-    sequence = np.random.SeedSequence(seed & _SEED_MASK,
-                                      spawn_key=(_LAYOUT_MODEL_STREAM, cls, index))
-    return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
 
 
 def _draw_layouts(layouts: LayoutSet, class_name: str, cls: int, n: int,
@@ -361,60 +328,6 @@ def _class_dirs(info: ModelInfo) -> list[str]:
         safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or f"class_{idx}"
         names.append(safe if safe not in names else f"{safe}_{idx}")
     return names
-
-
-def make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int) -> Any:
-    """A fresh sampler (schedulers keep per-run state) from the model's scheduler config."""
-    config = bundle.scheduler.config
-    if kind == "ddpm":
-        scheduler: Any = DDPMScheduler.from_config(config)
-    elif kind == "ddim":
-        scheduler = DDIMScheduler.from_config(config)
-    elif kind == "dpm_solver++":
-        # The solver's own spacing (from t = T; "leading" would start at T - T/steps, which
-        # costs most at the few steps DPM-Solver++ is for); no learned variance here.
-        scheduler = DPMSolverMultistepScheduler.from_config(
-            config, algorithm_type="dpmsolver++", timestep_spacing="linspace",
-            variance_type=None)
-    else:
-        raise InvalidSpecError(f"unknown sampler {kind!r}")
-    scheduler.set_timesteps(steps)
-    return scheduler
-
-
-@torch.no_grad()
-def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoiser, label: int,
-              n: int, *, sampler: SamplerKind, steps: int, guidance_scale: float,
-              generators: list[torch.Generator],
-              layout: torch.Tensor | None) -> np.ndarray:
-    """Denoise ``n`` latents with class label ``label``, decode them to uint8 [n, H, W, C]
-    (a pixel-space model's samples are the images: ``codec.decode_samples``)."""
-    scheduler = make_scheduler(bundle, sampler, steps)
-    size = int(bundle.unet.config["sample_size"])
-    shape = (1, info.latent_channels, size, size)
-    latents = torch.cat([torch.randn(shape, generator=g) for g in generators])
-    latents = latents * scheduler.init_noise_sigma
-    cond = torch.full((n,), label, dtype=torch.long)
-    uncond = torch.full((n,), info.null_class, dtype=torch.long)
-    guided = guidance_scale != 1.0
-    both_layout = None if layout is None or not guided else torch.cat([layout, layout])
-    for t in scheduler.timesteps:
-        model_in = scheduler.scale_model_input(latents, t)
-        ts = torch.full((n,), int(t), dtype=torch.long)
-        if not guided:
-            eps = denoiser(model_in, ts, cond, layout=layout)
-        else:
-            # Guidance is over the class only: both branches see the image's layout.
-            both = denoiser(torch.cat([model_in, model_in]), torch.cat([ts, ts]),
-                            torch.cat([cond, uncond]), layout=both_layout)
-            eps_cond, eps_uncond = both.chunk(2)
-            eps = eps_uncond + guidance_scale * (eps_cond - eps_uncond)
-        # One generator per image: DDPM's noise for an image is independent of its batch.
-        latents = scheduler.step(eps, t, latents, generator=generators).prev_sample
-    images = decode_samples(bundle, info, latents)  # in [0, 1]
-    pixels = (images * 255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
-    array: np.ndarray = pixels.numpy()
-    return array
 
 
 def _save_png(image: np.ndarray, path: Path) -> None:
