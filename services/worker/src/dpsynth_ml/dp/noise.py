@@ -24,9 +24,9 @@ This module provides both, in plain torch integer ops that run unchanged on CPU 
     computes but not a documented guarantee.
   - ``openssl`` (the CPU of a little-endian host): OpenSSL's ChaCha20 through the
     ``cryptography`` package (already a dependency of ``dpsynth_shared``), i.e. the SIMD
-    assembly every TLS connection uses, encrypting zeros into a reused buffer: about 6 GB/s
-    per core here against ~0.5 GB/s for the torch kernels, which made the keystream 2/3 of
-    a CPU noise draw (benchmarks/noise_cost.py).
+    assembly every TLS connection uses, encrypting zeros into a reused buffer. With the
+    torch kernels the keystream was about 2/3 of a CPU noise draw; with OpenSSL a full-UNet
+    draw fell from 485 to 134 ms at one thread (``benchmarks/noise_cost.py``).
 
   Each (device, implementation) runs the RFC's known-answer block before its first draw
   (:func:`check_keystream`) and refuses to draw noise if it differs.
