@@ -499,10 +499,10 @@ def test_the_engine_choice() -> None:
     from dpsynth_ml.dp import choose_engine
 
     full = tiny_denoiser(attention_only=False)
-    assert choose_engine(full, trainable="full") == "bookkeeping"
-    assert choose_engine(tiny_denoiser(), trainable="attention") == "bookkeeping"
+    assert choose_engine(full) == "bookkeeping"
+    assert choose_engine(tiny_denoiser()) == "bookkeeping"
     odd = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
-    assert choose_engine(odd, trainable="blocks") == "hooks"
+    assert choose_engine(odd) == "hooks"
 
 
 @pytest.mark.parametrize("kind", ["conv", "linear-seq", "groupnorm"])

@@ -35,9 +35,7 @@ from dpsynth_ml.dp.bookkeeping import unsupported_parameters
 EngineKind = Literal["bookkeeping", "hooks"]
 
 
-def choose_engine(module: nn.Module, *, trainable: str) -> EngineKind:
-    """The engine for ``module`` with its current trainable parameters (``trainable`` is the
-    spec's trainable set: full, attention, output_attention, blocks, lora; it is not part of
-    the rule today, see the module docstring)."""
-    del trainable
+def choose_engine(module: nn.Module) -> EngineKind:
+    """The engine for ``module`` with its current trainable parameters (whatever trainable
+    set selected them: the rule depends only on their layers, see the module docstring)."""
     return "hooks" if unsupported_parameters(module) else "bookkeeping"

@@ -184,7 +184,7 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
     # all-reduced sum by it once).
     # book-keeping where it is exact and faster, opacus hooks elsewhere (dp.choice); the
     # mechanism is the same, the choice is recorded with the model
-    kind = choose_engine(denoiser, trainable=spec.trainable)
+    kind = choose_engine(denoiser)
     engine_class: type[DpSgdEngine] | type[BookKeepingEngine]
     if kind == "bookkeeping":
         engine_class = (DistributedBookKeepingEngine if placement.distributed
