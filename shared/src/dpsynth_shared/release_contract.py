@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from dpsynth_shared.dp_events import GaussianEvent, Neighbouring
+from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, Neighbouring
 from dpsynth_shared.text import MIN_EPSILON, ContractBody
 
 MIN_DELTA = 1e-30
@@ -179,6 +179,56 @@ class DpEvaluationRelease(BaseModel):
     admission_order: int
     rdp_charge: float = Field(description="RDP at the order added to the held-out partition")
     partition: str = Field(description="the held-out partition's name")
+    dataset_epsilon_spent_before: float
+    dataset_epsilon_spent_after: float
+    admissible: bool
+    charged: bool
+    accountant: str
+
+
+class CentralImagesRequest(_Body):
+    """worker → ledger: charge a finetune's DP central-image release (DP-FETA warm-up) to the
+    budget of the job's reservation, before the worker draws the noise.
+
+    The ledger computes the public bound from the image shape
+    (:func:`dpsynth_shared.central_images.central_image_bound`), calibrates the noise for
+    ``target_epsilon`` at the dataset's δ and charges every partition once (docs/privacy.md,
+    "Central images"). Each accepted call is a new charge (a retried attempt pays again).
+    """
+
+    job_id: str
+    attempt: int = Field(ge=1)
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the release's "
+                                  "standalone epsilon at the dataset's delta")
+    image_size: int = Field(ge=1, le=4096, description="side of the model's images")
+    channels: int = Field(ge=1, le=4)
+    downsample: int = Field(ge=1, le=8)
+    sample_rate: float | None = Field(None, gt=0, lt=1, description="None: one query over "
+                                      "every unit; else Poisson-subsampled queries")
+    queries: int = Field(1, ge=1, le=64)
+    dry_run: bool = False
+
+
+class CentralImagesRelease(BaseModel):
+    """A calibrated central-image release and its charge to every partition of the budget."""
+
+    release_id: str | None = Field(None, description="None for a dry run")
+    reservation_id: str
+    dataset_id: str
+    job_id: str
+    event: DpSgdEvent | GaussianEvent = Field(
+        discriminator="kind", description="gaussian: one full-data query (sigma = noise std "
+        "on each coordinate of each class sum, sensitivity under the dataset's relation); "
+        "dp_sgd: `queries` subsampled queries (noise std = noise_multiplier x bound)")
+    bound: float = Field(description="public L2 bound of one unit's centred contribution")
+    noise_std: float = Field(description="std of the Gaussian noise the worker adds to each "
+                             "coordinate of each class sum")
+    target_epsilon: float
+    epsilon: float = Field(description="the release's standalone PLD epsilon at delta")
+    delta: float
+    admission_order: int
+    rdp_charge: float = Field(description="RDP at the order added to each partition")
+    partitions: list[str]
     dataset_epsilon_spent_before: float
     dataset_epsilon_spent_after: float
     admissible: bool

@@ -29,6 +29,7 @@ from dpsynth_ml.sampling.generate import (
 )
 from dpsynth_ml.spec import (
     Architecture,
+    CentralImages,
     DpSpec,
     FinetuneTraining,
     InvalidSpecError,
@@ -46,8 +47,9 @@ from dpsynth_ml.training.entry import check_training, train
 from dpsynth_ml.training.hooks import NullHooks, TrainingHooks
 
 __all__ = [
-    "Architecture", "Classifier", "DpSpec", "EvaluationResult", "FeatureNet", "FeatureNetInfo",
-    "FinetuneTraining", "ImageDataset", "InvalidSpecError", "LayoutSet", "MlError", "ModelInfo",
+    "Architecture", "CentralImages", "Classifier", "DpSpec", "EvaluationResult", "FeatureNet",
+    "FeatureNetInfo", "FinetuneTraining", "ImageDataset", "InvalidSpecError", "LayoutSet",
+    "MlError", "ModelInfo",
     "NullHooks", "PerLabel", "PretrainTraining", "RecordLevel", "SampleResult", "SubjectLevel",
     "TrainingHooks", "TrainingResult", "TrainingSpec",
     "check_feature_net", "check_training", "evaluate_corpus", "holdout_correct_counts",

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from dpsynth_ml.spec import CentralImages
 
 
 class TrainingHooks(Protocol):
@@ -22,6 +25,15 @@ class TrainingHooks(Protocol):
 
         Returns:
             How many are granted (0 = stop now).
+        """
+        ...
+
+    def charge_release(self, release: CentralImages) -> None:
+        """Charge the one-shot DP release ``release`` the run is about to make.
+
+        Called once per release actually drawn, before its noise is drawn (never for a
+        release restored from a checkpoint: its images are public and kept). Raise to refuse
+        (the budget would be overspent): nothing private has left the run then.
         """
         ...
 
@@ -48,6 +60,9 @@ class NullHooks:
     def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         """Grant all ``count`` steps."""
         return count
+
+    def charge_release(self, release: CentralImages) -> None:
+        """Nothing to charge: the caller accounted the release (benchmarks, tests)."""
 
     def should_stop(self) -> bool:
         """Never stop."""
