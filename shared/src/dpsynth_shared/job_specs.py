@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dpsynth_shared.central_images import CentralImagesSpec
 from dpsynth_shared.text import MAX_INT32, MIN_EPSILON, ContractBody, Name
 
 SPEC_VERSION = 1
@@ -182,6 +183,12 @@ class FinetuneTraining(BaseModel):
         "embedding is re-initialised and trained under DP.",
     )
     checkpoint_every: int = Field(10, ge=1, le=MAX_INT32)
+    central_images: CentralImagesSpec | None = Field(
+        None, description="DP-FETA warm-up that needs no public data: release the per-class "
+        "means of the private images once through the Gaussian mechanism (charged to the "
+        "budget as its own event, under the same filter), warm the whole denoiser up on them, "
+        "then DP-SGD (docs/privacy.md, 'Central images'). Needs public class sizes declared "
+        "at upload; not with per_label or target 'masks'")
     max_images_per_subject: int = Field(
         8, ge=1, le=4096, description="datasets whose privacy unit is 'subject' (user-level "
         "DP-SGD): each sampled subject contributes the mean gradient of up to this many of "
@@ -197,6 +204,10 @@ class FinetuneTraining(BaseModel):
         if self.per_label and self.class_map is not None:
             raise ValueError("per_label trains one unconditional model per class; a "
                              "class_map does not apply")
+        if self.central_images is not None and (self.per_label or self.target == "masks"
+                                                or not self.class_conditional):
+            raise ValueError("central_images warms up one class-conditional image model: "
+                             "not with per_label, target 'masks' or class_conditional false")
         if self.per_label and self.target == "masks":
             raise ValueError("a layout generator (target 'masks') is one class-conditional "
                              "model: per_label does not apply")

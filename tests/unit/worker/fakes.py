@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpsynth_shared.dp_events import DpSgdEvent
+from dpsynth_shared.central_images import central_image_bound
+from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
 from dpsynth_shared.grants import GrantClaims, generate_signing_key, public_key_of, sign_grant
 from dpsynth_shared.ledger_contract import (
@@ -24,6 +25,7 @@ from dpsynth_shared.ledger_contract import (
     Reservation,
     ReservationState,
 )
+from dpsynth_shared.release_contract import CentralImagesRelease, CentralImagesRequest
 from dpsynth_shared.worker_contract import (
     Claim,
     Heartbeat,
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
     )
 
 EPS_PER_STEP = 0.05
+CENTRAL_Z = 4.0
+"""The fake ledger's noise multiplier of a central-image release (σ = z·bound)."""
 
 
 @dataclass
@@ -72,6 +76,8 @@ class FakeLedger:
     max_lease_steps: int | None = None
     extend_admits: bool = True
     refuse_leases_with: ErrorCode | None = None
+    central_admits: bool = True
+    central_refuses_charge: bool = False
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     @property
@@ -114,6 +120,26 @@ class FakeLedger:
                            steps_reserved=r.steps_reserved, steps_granted=r.steps_granted,
                            current_attempt=1, job_epsilon=EPS_PER_STEP * r.steps_reserved,
                            job_epsilon_granted=EPS_PER_STEP * r.steps_granted, plan=plan)
+
+    def central_images_release(self, reservation_id: str,
+                               request: CentralImagesRequest) -> CentralImagesRelease:
+        """Calibrate (dry run) or charge a central-image release: σ = CENTRAL_Z·bound; a
+        charge the filter refuses raises 409 like the ledger."""
+        self.calls.append(("central_images", request.model_dump(mode="json")))
+        r = self.reservations[reservation_id]
+        bound = central_image_bound(request.image_size, request.channels, request.downsample)
+        if not request.dry_run and self.central_refuses_charge:
+            raise BudgetExhausted("the filter refuses the central-image release",
+                                  max_admissible_target_epsilon=None)
+        return CentralImagesRelease(
+            release_id=None if request.dry_run else f"rel_{uuid.uuid4().hex}",
+            reservation_id=reservation_id, dataset_id=r.dataset_id, job_id=r.job_id,
+            event=GaussianEvent(sigma=CENTRAL_Z * bound, sensitivity=bound), bound=bound,
+            noise_std=CENTRAL_Z * bound, target_epsilon=request.target_epsilon,
+            epsilon=request.target_epsilon, delta=1e-5, admission_order=12, rdp_charge=0.5,
+            partitions=["*"], dataset_epsilon_spent_before=0.0,
+            dataset_epsilon_spent_after=1.0, admissible=self.central_admits,
+            charged=not request.dry_run, accountant="rdp-filter+pld")
 
     def read_grant(self, reservation_id: str, *, attempt: int, worker_id: str) -> ReadGrant:
         self.calls.append(("read_grant", {"attempt": attempt, "worker_id": worker_id}))

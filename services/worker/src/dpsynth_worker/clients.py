@@ -31,6 +31,8 @@ from dpsynth_shared.ledger_contract import (
     Reservation,
 )
 from dpsynth_shared.release_contract import (
+    CentralImagesRelease,
+    CentralImagesRequest,
     DpEvaluationRelease,
     DpEvaluationRequest,
     EvaluationGrantRequest,
@@ -228,6 +230,15 @@ class LedgerClient:
         data = self._http.request("POST", f"/v1/evaluations/{evaluation_id}/dp-releases",
                                   request)
         return _parse(DpEvaluationRelease, data)
+
+    def central_images_release(self, reservation_id: str,
+                               request: CentralImagesRequest) -> CentralImagesRelease:
+        """Charge (or with ``dry_run`` calibrate) a finetune's central-image release; the
+        noise is drawn by the caller only after a charged answer. A write: retried only when
+        the request never left (a repeated release would be charged twice)."""
+        data = self._http.request("POST",
+                                  f"/v1/reservations/{reservation_id}/central-images", request)
+        return _parse(CentralImagesRelease, data)
 
     def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,
               partition: str | None = None) -> Lease:

@@ -10,7 +10,12 @@ from __future__ import annotations
 from typing import Literal, Protocol
 
 from dpsynth_shared.ledger_contract import BudgetView, Lease, ReadGrant, Reservation
-from dpsynth_shared.release_contract import DpEvaluationRelease, DpEvaluationRequest
+from dpsynth_shared.release_contract import (
+    CentralImagesRelease,
+    CentralImagesRequest,
+    DpEvaluationRelease,
+    DpEvaluationRequest,
+)
 from dpsynth_shared.worker_contract import (
     Claim,
     Heartbeat,
@@ -63,6 +68,13 @@ class LedgerPort(Protocol):
                               request: DpEvaluationRequest) -> DpEvaluationRelease:
         """Charge a DP evaluation release to the budget's held-out partition (committed at
         once; 409 ``privacy_budget_exhausted`` when the filter refuses it)."""
+        ...
+
+    def central_images_release(self, reservation_id: str,
+                               request: CentralImagesRequest) -> CentralImagesRelease:
+        """Charge a finetune's central-image release to its budget (every partition, at
+        once; ``dry_run`` only calibrates); 409 ``privacy_budget_exhausted`` when the filter
+        refuses it. The noise is drawn by the caller only after a charged answer."""
         ...
 
     def lease(self, reservation_id: str, *, attempt: int, start_step: int, steps: int,

@@ -17,6 +17,7 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import FinetuneSpec
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.ledger_contract import LINEAGE_LABEL, Reservation
+from dpsynth_shared.release_contract import CentralImagesRelease, CentralImagesRequest
 from dpsynth_shared.worker_contract import DatasetInfo, ModelRef
 
 from dpsynth_worker.ports import JobEpsilon, StepsUsed
@@ -26,6 +27,7 @@ from dpsynth_worker.runners.artifacts import (
     read_provenance,
     upload_and_register,
 )
+from dpsynth_worker.runners.central_images import calibrate, release_request
 from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.hooks import LeasedHooks
 from dpsynth_worker.runners.outcome import Outcome, close_reservation, fail, propose, stopped
@@ -34,7 +36,7 @@ from dpsynth_worker.runners.selection import fetch_dataset
 from dpsynth_worker.runners.training_specs import finetune_training_spec
 
 if TYPE_CHECKING:
-    from dpsynth_ml import TrainingResult, TrainingSpec
+    from dpsynth_ml import ModelInfo, TrainingResult, TrainingSpec
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +57,14 @@ def run_finetune(ctx: JobContext) -> Outcome:
     """Run one attempt of a DP finetune; see ``docs/architecture.md`` ("Job flow")."""
     inputs = _fetch_inputs(ctx)
     # bad specs fail before private data is touched
+    info = ctx.ml.read_model_info(inputs.base_dir)
+    central = _calibrate_central_images(ctx, inputs, info)
     training = finetune_training_spec(inputs.spec, reservation=inputs.reservation,
-                                      dataset=inputs.dataset,
-                                      base=ctx.ml.read_model_info(inputs.base_dir))
+                                      dataset=inputs.dataset, base=info,
+                                      central=central[1] if central else None)
     ctx.ml.check_training(training, inputs.base_dir)
     _fetch_private_data(ctx, inputs)
-    hooks = LeasedHooks(ctx, inputs.reservation.reservation_id)
+    hooks = LeasedHooks(ctx, inputs.reservation.reservation_id, central=central)
     ctx.heartbeat.phase("training")
     try:
         result = _train(ctx, training, inputs, hooks)
@@ -79,7 +83,8 @@ def run_finetune(ctx: JobContext) -> Outcome:
         if not ctx.flags.cancel.is_set():
             hooks.end_lease()
         return stopped(ctx)
-    return _succeed(ctx, inputs, result)
+    return _succeed(ctx, inputs, result, central=central[1] if central else None,
+                    charged=hooks.releases)
 
 
 def _train(ctx: JobContext, training: TrainingSpec, inputs: _Inputs,
@@ -95,6 +100,17 @@ def _train(ctx: JobContext, training: TrainingSpec, inputs: _Inputs,
     return ctx.ml.train_placed(ctx.ml.devices, training, dataset_path=inputs.data_path,
                                out_dir=out_dir, hooks=hooks, base_model_dir=inputs.base_dir,
                                resume_from=inputs.resume_dir)
+
+
+def _calibrate_central_images(ctx: JobContext, inputs: _Inputs, info: ModelInfo
+                              ) -> tuple[CentralImagesRequest, CentralImagesRelease] | None:
+    """The ledger's calibration (a dry run) of the job's central-image release, if any."""
+    asked = inputs.spec.training.central_images
+    if asked is None:
+        return None
+    rid = inputs.reservation.reservation_id
+    return (release_request(ctx, asked, info, dry_run=False),
+            calibrate(ctx, rid, asked, info))
 
 
 def _fetch_inputs(ctx: JobContext) -> _Inputs:
@@ -206,7 +222,22 @@ def epsilon_labels(ancestors: list[str], spent: float) -> dict[str, str | float 
             "dataset_epsilon_spent": spent}
 
 
-def _succeed(ctx: JobContext, inputs: _Inputs, result: TrainingResult) -> Outcome:
+def central_record(plan: CentralImagesRelease,
+                   charged: list[CentralImagesRelease]) -> dict[str, object]:
+    """The central-image release for the manifest: the mechanism as the ledger calibrated
+    and charged it (public numbers only). ``release_ids`` are the releases charged by this
+    attempt (a resumed attempt reuses the released images of its checkpoint and charges
+    none); the model's ``job_epsilon`` composes every release charged under the job's
+    reservation."""
+    return {"event": plan.event.model_dump(mode="json"), "noise_std": plan.noise_std,
+            "bound": plan.bound, "epsilon": plan.epsilon, "delta": plan.delta,
+            "target_epsilon": plan.target_epsilon,
+            "release_ids": [c.release_id for c in charged]}
+
+
+def _succeed(ctx: JobContext, inputs: _Inputs, result: TrainingResult, *,
+             central: CentralImagesRelease | None = None,
+             charged: list[CentralImagesRelease] | None = None) -> Outcome:
     """Job epsilon from the ledger, publish the model, close the reservation, propose."""
     rid, dataset_id = inputs.reservation.reservation_id, inputs.dataset.dataset_id
     reservation_ids = [*inputs.ancestors, rid]
@@ -233,6 +264,8 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: TrainingResult) -> Outcom
         "training": inputs.spec.training.model_dump(mode="json")}
     if inputs.reservation.per_label is not None:
         record["per_label"] = per_label_record(inputs, result, eps)
+    if central is not None:
+        record["central_images"] = central_record(central, charged or [])
     published = publish_model(ctx, result.model_dir, provenance=record, metadata={
         **record, "trainable_parameters": result.trainable_parameters,
         "total_parameters": result.total_parameters})

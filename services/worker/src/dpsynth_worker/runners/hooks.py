@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING
 
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.ledger_contract import LabelReservation, Lease, Reservation
+from dpsynth_shared.release_contract import CentralImagesRelease, CentralImagesRequest
 
 from dpsynth_worker.runners.artifacts import checkpoint_key, tar_folder, upload_and_register
 from dpsynth_worker.runners.heartbeat import FENCED_CODES
 
 if TYPE_CHECKING:
+    from dpsynth_ml import CentralImages
+
     from dpsynth_worker.runners.context import JobContext
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,10 @@ class PlainHooks:
     def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         """Grant all steps: public data costs no budget."""
         return count
+
+    def charge_release(self, release: CentralImages) -> None:
+        """A pretrain releases nothing private: asking is a bug."""
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "only a finetune makes a DP release")
 
     def should_stop(self) -> bool:
         """Stop on cancel, SIGTERM or a fenced-off attempt."""
@@ -57,17 +64,45 @@ class LeasedHooks(PlainHooks):
     Args:
         ctx: the attempt.
         reservation_id: the job's reservation at the ledger.
+        central: the job's central-image release as calibrated by the ledger (its request
+            and the dry run's answer), charged by :meth:`charge_release`; None: the job
+            makes no such release.
     """
 
-    def __init__(self, ctx: JobContext, reservation_id: str) -> None:
+    def __init__(self, ctx: JobContext, reservation_id: str, *,
+                 central: tuple[CentralImagesRequest, CentralImagesRelease] | None = None
+                 ) -> None:
         super().__init__(ctx)
         self._rid = reservation_id
+        self._central = central
+        self.releases: list[CentralImagesRelease] = []
         self.budget_refused = False
         self.lease: Lease | None = None
         self.leases: list[Lease] = []
         self.checkpoints: list[int] = []
         self.private_stats: list[dict[str, float]] = []
         self._step = 0
+
+    def charge_release(self, release: CentralImages) -> None:
+        """Charge the central-image release at the ledger before the ML core draws its noise.
+
+        The release must be the one the ledger calibrated for this job (noise std and bound
+        verbatim); the charged answer must match it too, or nothing is released. A refusal
+        (409 ``privacy_budget_exhausted``) propagates: the job fails, nothing released.
+        """
+        from dpsynth_worker.runners.central_images import charge
+
+        if self._central is None:
+            raise DpsynthError(ErrorCode.INVALID_SPEC, "this job planned no central-image "
+                               "release")
+        request, planned = self._central
+        if release.noise_std != planned.noise_std or release.bound != planned.bound:
+            raise DpsynthError(ErrorCode.INVALID_SPEC, "the ML core asked to charge a release "
+                               "other than the one calibrated for this job")
+        charged = charge(self._ctx, self._rid, request, planned)
+        self.releases.append(charged)
+        log.info("central-image release charged",
+                 extra={"release_id": charged.release_id, "epsilon": charged.epsilon})
 
     def should_stop(self) -> bool:
         """Also stop once the ledger refused more steps."""

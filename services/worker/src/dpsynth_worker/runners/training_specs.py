@@ -12,10 +12,12 @@ from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import FinetuneSpec, PretrainSpec
 from dpsynth_shared.ledger_contract import Reservation
+from dpsynth_shared.release_contract import CentralImagesRelease
 from dpsynth_shared.worker_contract import DatasetInfo
 
 if TYPE_CHECKING:
     from dpsynth_ml import (
+        CentralImages,
         DpSpec,
         FinetuneTraining,
         ModelInfo,
@@ -45,13 +47,17 @@ def pretrain_training_spec(spec: PretrainSpec, dataset: DatasetInfo) -> Pretrain
 
 
 def finetune_training_spec(spec: FinetuneSpec, *, reservation: Reservation,
-                           dataset: DatasetInfo, base: ModelInfo) -> FinetuneTraining:
-    """A finetune's spec: shape from the base model, DP parameters from the reservation.
+                           dataset: DatasetInfo, base: ModelInfo,
+                           central: CentralImagesRelease | None = None) -> FinetuneTraining:
+    """A finetune's spec: shape from the base model, DP parameters from the reservation,
+    and the central-image release (``training.central_images``) as the ledger calibrated it
+    (``central``: its dry run; noise and bound verbatim).
 
     Raises:
         DpsynthError: ``invalid_spec`` when the reservation does not match the job (a
-            per-label reservation for a whole-dataset job or the reverse) or the class map
-            does not cover the dataset's classes.
+            per-label reservation for a whole-dataset job or the reverse), the class map
+            does not cover the dataset's classes, or a central-image release was asked for
+            without the ledger's calibration.
     """
     from dpsynth_ml import DpSpec, FinetuneTraining, PerLabel
 
@@ -85,7 +91,22 @@ def finetune_training_spec(spec: FinetuneSpec, *, reservation: Reservation,
                             learning_rate=t.learning_rate, label_dropout=t.label_dropout,
                             max_physical_batch_size=t.max_physical_batch_size,
                             class_map=class_map, checkpoint_every=t.checkpoint_every,
-                            target=t.target, privacy=privacy)
+                            target=t.target, privacy=privacy,
+                            central_images=central_images_of(spec, central, dataset))
+
+
+def central_images_of(spec: FinetuneSpec, central: CentralImagesRelease | None,
+                      dataset: DatasetInfo) -> CentralImages | None:
+    """The ML core's central-image release, or None when the job asks for none."""
+    from dpsynth_worker.runners.central_images import ml_central_images
+
+    asked = spec.training.central_images
+    if asked is None:
+        return None
+    if central is None:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "training.central_images needs the ledger's "
+                           "calibration of the release")
+    return ml_central_images(asked, central, dataset)
 
 
 def unit_privacy(spec: FinetuneSpec, dataset: DatasetInfo,

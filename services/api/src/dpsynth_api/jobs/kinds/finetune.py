@@ -57,6 +57,7 @@ def admit(ctx: AdmitContext, spec: FinetuneSpec) -> Admission:
         return _admit_per_label(ctx, spec, dataset, base)
     batch = spec.training.expected_batch_size
     budget_id, population = budget_terms(dataset)
+    check_central_images(dataset, base, spec, charges_other_budget=population is not None)
     if batch > dataset.declared_size:
         raise DpsynthError(ErrorCode.INVALID_SPEC,
                            f"expected_batch_size {batch} exceeds the dataset's declared size "
@@ -136,6 +137,43 @@ def per_label_shapes(dataset: Dataset, spec: FinetuneSpec) -> dict[str, LabelSha
         shapes[name] = LabelShape(expected_batch_size=batch, steps=steps_for(
             epochs=t.epochs, expected_batch_size=batch, declared_size=size))
     return shapes
+
+
+def check_central_images(dataset: Dataset, base: Model, spec: FinetuneSpec, *,
+                         charges_other_budget: bool) -> None:
+    """Refuse a central-image warm-up the platform cannot release correctly on this dataset.
+
+    The release divides each class's noisy sum by the dataset's PUBLIC class size N̂_c
+    (never the true count), so the dataset must declare class sizes, and they must be the
+    budget's own (a derived or linked dataset reads a subset of its parent's records under
+    the parent's sizes). The release block-averages the base model's images by
+    ``downsample``, which must divide their side. Public facts only.
+
+    Raises:
+        DpsynthError: 422 ``invalid_spec``.
+    """
+    central = spec.training.central_images
+    if central is None:
+        return
+    if not dataset.class_sizes:
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"training.central_images divides each class's noisy sum by the "
+                           f"class's public size N̂_c, and dataset {dataset.id} declares none "
+                           "(they are never read from the data). Upload the dataset with "
+                           "class_sizes in its metadata, or release them first through the "
+                           "charged class-size histogram", dataset_id=dataset.id)
+    if charges_other_budget:
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"dataset {dataset.id} charges another dataset's budget; "
+                           "training.central_images runs only on the dataset that owns its "
+                           "budget (its declared class sizes normalise the release)",
+                           dataset_id=dataset.id)
+    size = int((base.info or {}).get("image_size") or 0)
+    if size and size % central.downsample:
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"training.central_images.downsample {central.downsample} must "
+                           f"divide the base model's image size {size}",
+                           model_id=base.id, image_size=size)
 
 
 def check_finetune_options(dataset: Dataset, spec: FinetuneSpec) -> None:

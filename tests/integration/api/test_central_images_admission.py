@@ -1,0 +1,70 @@
+"""Admitting a finetune with a DP central-image warm-up (training.central_images): what the
+api refuses before any budget is reserved, and what it accepts (in-memory ledger)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.integration.api.conftest import Api, auth
+from tests.unit.api import builders as b
+
+SIZES = {"x": 5, "y": 4, "z": 6}  # the 12 records are 4 per class
+CENTRAL = {"target_epsilon": 0.5, "downsample": 2, "warmup_steps": 10}
+
+
+def _private(api: Api, token: str, **meta: Any) -> Any:
+    return api.upload(token, b.digits_npz(12, k=3), {
+        "name": "priv", "visibility": "private", "epsilon_limit": 10.0,
+        "label_domain": ["x", "y", "z"], "declared_size": 12, **meta}, filename="d.npz")
+
+
+def _spec(dataset_id: str, model_id: str, **training: Any) -> dict[str, Any]:
+    return {"type": "finetune", "dataset_id": dataset_id, "base_model_id": model_id,
+            "privacy": {"target_epsilon": 2.0},
+            "training": {"expected_batch_size": 4, "epochs": 1.0,
+                         "central_images": CENTRAL, **training}}
+
+
+def _post(api: Api, token: str, spec: dict[str, Any], *, dry: bool = False) -> Any:
+    return api.client.post("/v1/jobs" + ("?dry_run=true" if dry else ""), json=spec,
+                           headers=auth(token))
+
+
+def test_central_images_need_public_class_sizes(api: Api) -> None:
+    _, token = api.tenant()
+    dataset = _private(api, token).json()["dataset_id"]
+    model = api.model(token)
+    for dry in (True, False):
+        r = _post(api, token, _spec(dataset, model), dry=dry)
+        assert r.status_code == 422 and r.json()["code"] == "invalid_spec", r.text
+        assert "class_sizes" in r.json()["detail"] and "N̂_c" in r.json()["detail"]
+    assert api.ledger.reservations == {} and api.sender.sent == []
+
+
+def test_central_images_refuse_per_label_masks_and_bad_settings(api: Api) -> None:
+    _, token = api.tenant()
+    dataset = _private(api, token, class_sizes=SIZES).json()["dataset_id"]
+    model = api.model(token)
+    bad = {"per_label": {"per_label": True},
+           "masks": {"target": "masks"},
+           "unconditional": {"class_conditional": False},
+           "queries without sampling": {"central_images": {**CENTRAL, "queries": 3}},
+           "downsample not dividing": {"central_images": {**CENTRAL, "downsample": 3}}}
+    for why, training in bad.items():
+        r = _post(api, token, _spec(dataset, model, **training))
+        assert r.status_code == 422, (why, r.text)
+        assert r.json()["code"] in ("invalid_spec", "validation_error"), (why, r.text)
+    assert api.ledger.reservations == {} and api.sender.sent == []
+
+
+def test_a_central_images_finetune_is_admitted_with_class_sizes(api: Api) -> None:
+    _, token = api.tenant()
+    dataset = _private(api, token, class_sizes=SIZES).json()["dataset_id"]
+    model = api.model(token)
+    r = _post(api, token, _spec(dataset, model, central_images={
+        **CENTRAL, "sample_rate": 0.5, "queries": 2}))
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["spec"]["training"]["central_images"]["queries"] == 2
+    claim = api.worker(f"{job['job_id']}/claim", {"attempt": 1, "worker_id": "w"}).json()
+    assert claim["dataset"]["class_sizes"] == SIZES
