@@ -18,6 +18,7 @@ from dpsynth_ml.evaluation import (
     train_feature_net,
 )
 from dpsynth_ml.evaluation.dp import holdout_correct_counts, release_accuracies
+from dpsynth_ml.models.initial import initial_model
 from dpsynth_ml.models.model_io import model_hash, read_model_info
 from dpsynth_ml.parallel.placement import train_placed
 from dpsynth_ml.sampling.generate import (
@@ -53,7 +54,8 @@ __all__ = [
     "NullHooks", "PerLabel", "PretrainTraining", "RecordLevel", "SampleResult", "SubjectLevel",
     "TrainingHooks", "TrainingResult", "TrainingSpec",
     "check_feature_net", "check_training", "evaluate_corpus", "holdout_correct_counts",
-    "is_layout_generator", "load_dataset", "load_feature_net", "load_layouts", "model_hash",
+    "initial_model", "is_layout_generator", "load_dataset", "load_feature_net", "load_layouts",
+    "model_hash",
     "read_model_info", "release_accuracies", "sample", "sample_layouts", "train",
     "train_feature_net", "train_placed",
 ]
