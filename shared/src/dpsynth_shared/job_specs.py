@@ -69,7 +69,16 @@ class PretrainSpec(_Spec):
     to 64x64)."""
 
     type: Literal["pretrain"] = "pretrain"
-    dataset_id: str
+    dataset_id: str | None = Field(None, description="the PUBLIC dataset to train on; "
+                                   "required unless initialise_only")
+    initialise_only: bool = Field(
+        False, description="train nothing: write a seeded, untrained pixel-space model for "
+        "class_names, the base of a finetune with no public data at all (warmed up on the "
+        "private data's DP central images, training.central_images; DP-FETA). Needs space "
+        "'pixel' and class_names, and takes no dataset")
+    class_names: list[Name] | None = Field(
+        None, min_length=1, max_length=1000, description="with initialise_only: the classes "
+        "of the model (the private dataset's declared label domain)")
     preset: Literal["tiny", "small", "base", "custom"] = "small"
     architecture: Architecture | None = Field(
         None, description="required with preset 'custom', forbidden otherwise (with space "
@@ -93,6 +102,18 @@ class PretrainSpec(_Spec):
 
     @model_validator(mode="after")
     def _size(self) -> PretrainSpec:
+        if self.initialise_only:
+            if self.dataset_id is not None or not self.class_names:
+                raise ValueError("initialise_only takes class_names and no dataset_id")
+            if len(set(self.class_names)) != len(self.class_names):
+                raise ValueError("class_names must be distinct")
+            if self.space != "pixel" or self.layout_conditioning or self.target != "images":
+                raise ValueError("initialise_only writes a pixel-space image model without "
+                                 "layout conditioning (a latent model's autoencoder must be "
+                                 "pretrained on public data)")
+        elif self.dataset_id is None or self.class_names is not None:
+            raise ValueError("a pretrain trains on a dataset_id (class_names only with "
+                             "initialise_only)")
         if self.image_size % 4:
             raise ValueError("image_size must be a multiple of 4")
         if (self.preset == "custom") != (self.architecture is not None):

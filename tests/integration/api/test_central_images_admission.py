@@ -68,3 +68,22 @@ def test_a_central_images_finetune_is_admitted_with_class_sizes(api: Api) -> Non
     assert job["spec"]["training"]["central_images"]["queries"] == 2
     claim = api.worker(f"{job['job_id']}/claim", {"attempt": 1, "worker_id": "w"}).json()
     assert claim["dataset"]["class_sizes"] == SIZES
+
+
+def test_an_initialise_only_pretrain_takes_class_names_and_no_dataset(api: Api) -> None:
+    _, token = api.tenant()
+    spec = {"type": "pretrain", "initialise_only": True, "class_names": ["x", "y", "z"],
+            "space": "pixel", "preset": "tiny", "image_size": 16}
+    r = api.client.post("/v1/jobs", json=spec, headers=auth(token))
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["dataset_id"] is None and job["spec"]["initialise_only"] is True
+    bad = {"latent": {"space": "latent"}, "no classes": {"class_names": None},
+           "a dataset too": {"dataset_id": "ds_x"}, "repeated": {"class_names": ["x", "x"]},
+           "layout": {"layout_conditioning": True}}
+    for why, change in bad.items():
+        r = api.client.post("/v1/jobs", json={**spec, **change}, headers=auth(token))
+        assert r.status_code == 422, (why, r.text)
+    r = api.client.post("/v1/jobs", json={"type": "pretrain", "preset": "tiny"},
+                        headers=auth(token))
+    assert r.status_code == 422, r.text  # an ordinary pretrain still needs its dataset

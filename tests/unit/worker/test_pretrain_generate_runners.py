@@ -61,6 +61,23 @@ def test_pretrain_publishes_a_non_dp_model(world: World) -> None:
     assert world.api.heartbeats[-1].step == world.api.heartbeats[-1].total > 0
 
 
+def test_an_initialise_only_pretrain_reads_no_data(world: World) -> None:
+    """The base of a finetune with no public data: a seeded, untrained pixel-space model."""
+    spec = {"type": "pretrain", "initialise_only": True, "class_names": CLASS_NAMES,
+            "space": "pixel", "preset": "tiny", "image_size": 16, "seed": 3}
+    claim = Claim(job_id=world.job_id, tenant_id="ten_x", attempt=1, type="pretrain",
+                  spec=spec, lease_ttl_s=60, heartbeat_s=10)
+    assert world.run(claim) == Outcome.SUCCEEDED
+    (model,) = world.api.of_kind("model")
+    meta = model.metadata
+    assert meta["dp"] is False and meta["initialised_only"] is True and meta["steps"] == 0
+    assert meta["class_names"] == CLASS_NAMES and meta["public_dataset_id"] is None
+    with tarfile.open(world.store.root / model.object_key) as tar:
+        names = tar.getnames()
+    assert "unet/config.json" in names and not any(n.startswith("vae") for n in names)
+    assert world.api.final.to_state == JobState.SUCCEEDED and world.ledger.calls == []
+
+
 def test_generate_from_a_non_dp_model_has_null_epsilons(world: World) -> None:
     model_id = world.upload_model()
     ref = ModelRef(model_id=model_id, object_key=model_key(model_id), job_ids=["job_pre"])

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         ImageDataset,
         LayoutSet,
         ModelInfo,
+        PretrainTraining,
         SampleResult,
         TrainingHooks,
         TrainingResult,
@@ -58,6 +59,12 @@ class MlAdapter:
         return dpsynth_ml.train_placed(setting, spec, dataset_path=dataset_path,
                                        out_dir=out_dir, hooks=hooks,
                                        base_model_dir=base_model_dir, resume_from=resume_from)
+
+    def initial_model(self, spec: PretrainTraining, class_names: Sequence[str],
+                      out_dir: Path) -> Path:
+        import dpsynth_ml
+
+        return dpsynth_ml.initial_model(spec, class_names, out_dir)
 
     def check_training(self, spec: TrainingSpec, base_model_dir: Path) -> None:
         import dpsynth_ml

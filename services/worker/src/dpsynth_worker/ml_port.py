@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         ImageDataset,
         LayoutSet,
         ModelInfo,
+        PretrainTraining,
         SampleResult,
         TrainingHooks,
         TrainingResult,
@@ -71,6 +72,11 @@ class MlPort(Protocol):
                      out_dir: Path, hooks: TrainingHooks, base_model_dir: Path | None = None,
                      resume_from: Path | None = None) -> TrainingResult:
         """:meth:`train` on the devices of ``setting`` (rank 0 is this process)."""
+        ...
+
+    def initial_model(self, spec: PretrainTraining, class_names: Sequence[str],
+                      out_dir: Path) -> Path:
+        """Write a seeded, untrained pixel-space model (no data read); its folder."""
         ...
 
     def check_training(self, spec: TrainingSpec, base_model_dir: Path) -> None:

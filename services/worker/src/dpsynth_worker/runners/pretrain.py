@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 def run_pretrain(ctx: JobContext) -> Outcome:
     """Download the public dataset, train, publish the model, propose ``succeeded``."""
     spec = PretrainSpec.model_validate(ctx.claim.spec)
+    if spec.initialise_only:
+        return _initialise_only(ctx, spec)
     dataset = ctx.claim.dataset
     if dataset is None or dataset.visibility != "public":
         raise DpsynthError(ErrorCode.VISIBILITY_MISMATCH, "a pretrain needs a public dataset")
@@ -46,4 +48,24 @@ def run_pretrain(ctx: JobContext) -> Outcome:
                                               "artifact_id": published.artifact_id,
                                               "model_hash": published.model_hash})
     log.info("pretrain succeeded", extra={"steps": result.steps_completed})
+    return Outcome.SUCCEEDED
+
+
+def _initialise_only(ctx: JobContext, spec: PretrainSpec) -> Outcome:
+    """Write and publish a seeded, untrained pixel-space model (no data is read): the base
+    of a finetune with no public data, warmed up on DP central images."""
+    training = pretrain_training_spec(spec, None)
+    ctx.heartbeat.phase("initialising")
+    model_dir = ctx.ml.initial_model(training, spec.class_names or [], ctx.work_dir / "out")
+    published = publish_model(
+        ctx, model_dir,
+        provenance={"dp": False, "job_ids": [ctx.job_id], "public_dataset_id": None,
+                    "initialised_only": True},
+        metadata={"dp": False, "steps": 0, "public_dataset_id": None,
+                  "initialised_only": True, "preset": spec.preset, "space": spec.space,
+                  "layout_conditioning": False, "target": "images"})
+    propose(ctx, JobState.SUCCEEDED, result={"model_id": published.model_id,
+                                              "artifact_id": published.artifact_id,
+                                              "model_hash": published.model_hash})
+    log.info("initial model written", extra={"classes": len(spec.class_names or [])})
     return Outcome.SUCCEEDED

@@ -27,11 +27,14 @@ if TYPE_CHECKING:
     )
 
 
-def pretrain_training_spec(spec: PretrainSpec, dataset: DatasetInfo) -> PretrainTraining:
-    """A pretrain's spec: the job's shape over the public dataset's classes, in the job's
-    space (``latent``: autoencoder + latent UNet; ``pixel``: a UNet on the pixels, no
+def pretrain_training_spec(spec: PretrainSpec, dataset: DatasetInfo | None) -> PretrainTraining:
+    """A pretrain's spec: the job's shape over the public dataset's classes (an
+    ``initialise_only`` job: over its own ``class_names``, no dataset), in the job's space
+    (``latent``: autoencoder + latent UNet; ``pixel``: a UNet on the pixels, no
     autoencoder). Finetunes and generation read the space from the base model's info."""
     from dpsynth_ml import Architecture, PretrainTraining
+
+    names = dataset.class_names if dataset is not None else (spec.class_names or [])
 
     arch = spec.architecture
     return PretrainTraining(preset=spec.preset, space=spec.space, image_size=spec.image_size,
@@ -40,7 +43,7 @@ def pretrain_training_spec(spec: PretrainSpec, dataset: DatasetInfo) -> Pretrain
                             if arch is not None else None,
                             layout_conditioning=spec.layout_conditioning, target=spec.target,
                             channels=spec.channels, class_conditional=spec.class_conditional,
-                            num_classes=len(dataset.class_names),
+                            num_classes=len(names),
                             learning_rate=spec.learning_rate, epochs=spec.epochs,
                             batch_size=spec.batch_size, label_dropout=spec.label_dropout,
                             seed=spec.seed)

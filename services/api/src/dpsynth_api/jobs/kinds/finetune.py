@@ -98,7 +98,9 @@ def _class_table_warnings(dataset: Dataset, base: Model, spec: FinetuneSpec) -> 
     facts only: the dataset's declared class names and the model's."""
     training = spec.training
     base_names = (base.info or {}).get("class_names") or []
-    if training.class_map is not None or not training.class_conditional or not base_names:
+    extra = (base.info or {}).get("extra") or {}
+    if (training.class_map is not None or not training.class_conditional or not base_names
+            or extra.get("initialised_only")):  # an untrained table has nothing to keep
         return []
     same = [name for name in dataset.class_names if name in base_names]
     if len(same) != len(dataset.class_names):

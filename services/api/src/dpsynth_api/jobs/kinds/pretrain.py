@@ -20,10 +20,15 @@ _PUBLIC_ONLY = ("pretrain jobs train without differential privacy, so they only 
 def admit(ctx: AdmitContext, spec: PretrainSpec) -> Admission:
     """The public dataset a pretrain job trains on.
 
+    An ``initialise_only`` pretrain reads no dataset (its class names are in the spec).
+
     Raises:
         DpsynthError: 404, 410 ``dataset_deleted``, 422 ``visibility_mismatch`` /
             ``invalid_spec`` (target 'masks' on a dataset without masks).
     """
+    if spec.initialise_only:
+        return Admission()
+    assert spec.dataset_id is not None  # the spec's validator: a dataset unless initialise_only
     dataset = get_dataset(ctx.session, principal=ctx.principal, dataset_id=spec.dataset_id)
     check_not_deleted(dataset)
     require_visibility(dataset, "public", "pretrain", _PUBLIC_ONLY)
