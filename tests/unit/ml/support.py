@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from dpsynth_ml import DpSpec, FinetuneTraining, NullHooks, RecordLevel, SubjectLevel
+from dpsynth_ml.spec import CentralImages
 
 IMAGE_SIZE = 16
 NUM_RECORDS = 100
@@ -56,7 +57,15 @@ class RecordingHooks(NullHooks):
     progress: list[tuple[int, int]] = field(default_factory=list)
     checkpoints: list[tuple[int, Path]] = field(default_factory=list)
     private_stats: list[Mapping[str, float]] = field(default_factory=list)
+    releases: list[CentralImages] = field(default_factory=list)
+    refuse_release: bool = False
     granted_total: int = 0
+
+    def charge_release(self, release: CentralImages) -> None:
+        """Record the charge; with ``refuse_release`` refuse it (an overspent budget)."""
+        if self.refuse_release:
+            raise RuntimeError("release refused: budget exhausted")
+        self.releases.append(release)
 
     def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         grant = (count if self.budget is None

@@ -14,11 +14,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from dpsynth_ml.training.hooks import TrainingHooks
+
+if TYPE_CHECKING:
+    from dpsynth_ml.spec import CentralImages
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,12 @@ class RankHooks:
         granted = (int(self._hooks.acquire_steps(start, count, partition))
                    if self._placement.is_main else 0)
         return broadcast_int(self._placement, granted)
+
+    def charge_release(self, release: CentralImages) -> None:
+        """Rank 0 charges (it alone draws the release); the other ranks never call this
+        (:mod:`dpsynth_ml.warmup.stage` tells them the outcome) and charge nothing."""
+        if self._placement.is_main:
+            self._hooks.charge_release(release)
 
     def should_stop(self) -> bool:
         stop = bool(self._hooks.should_stop()) if self._placement.is_main else False

@@ -7,6 +7,7 @@ EMA when ``ema_decay`` is set) plus::
     optimizer.safetensors    per-parameter optimizer state keyed by trainable-parameter name
     trainable.safetensors    the raw (non-averaged) trainable weights, to resume from
     ema.safetensors          the EMA of the trainable weights (only with ``ema_decay``)
+    central_images.npz       the released central images (only with ``central_images``)
 
 The RNG state is deliberately *not* saved: DP noise and Poisson sampling are never restored
 or replayed on resume (docs/privacy.md), so every attempt's steps are fresh releases.

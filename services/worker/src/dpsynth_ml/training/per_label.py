@@ -53,6 +53,7 @@ from dpsynth_ml.models.model_io import (
     write_model_info,
 )
 from dpsynth_ml.spec import (
+    CentralImages,
     DpSpec,
     FinetuneTraining,
     InvalidSpecError,
@@ -217,6 +218,10 @@ class _ClassHooks:
 
     def acquire_steps(self, start: int, count: int, partition: str | None = None) -> int:
         return self._job.hooks.acquire_steps(start, count, partition=self._name)
+
+    def charge_release(self, release: CentralImages) -> None:
+        # a per-label finetune takes no central_images (spec); forwarded all the same
+        self._job.hooks.charge_release(release)
 
     def should_stop(self) -> bool:
         return self._job.hooks.should_stop()

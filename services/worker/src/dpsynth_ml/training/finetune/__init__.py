@@ -25,6 +25,13 @@ With ``SubjectLevel`` privacy the step is user-level DP-SGD (``loop._subject_ste
 Poisson sampling over subjects, up to ``max_images_per_subject`` images of each sampled
 subject chosen uniformly, their per-example gradients averaged into ONE contribution per
 subject, clipped once; the noised sum is divided by the expected number of subjects.
+
+With ``central_images`` (DP-FETA), ``setup.prepare`` first releases noisy class means
+(charged through ``hooks.charge_release`` before any noise is drawn) and warms the whole
+denoiser up on them, before the DP optimizer, engine and EMA are built
+(:mod:`dpsynth_ml.warmup`); the release travels with every checkpoint and the model
+(``central_images.npz``, plus ``central_images.png`` in the model), and a resume reuses it
+without charging or warming up again.
 """
 
 from __future__ import annotations
@@ -62,7 +69,8 @@ def run_finetune(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path, h
         hooks = RankHooks(hooks, placement)
     run = setup.prepare(spec, dataset_path=dataset_path, out_dir=out_dir,
                         base_model_dir=base_model_dir, resume_from=resume_from,
-                        generator=generator, rng=rng, dataset=dataset, placement=placement)
+                        generator=generator, rng=rng, dataset=dataset, placement=placement,
+                        hooks=hooks)
     checkpoints.attach_schedule_and_ema(run, resume_from)
     step, stopped = loop.train_loop(run, hooks)
     run.engine.close()
@@ -74,6 +82,7 @@ def run_finetune(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path, h
     if placement.is_main:
         with checkpoints.released_weights(run):
             model_dir = save_model(run.bundle, checkpoints.stamp(run, step), model_dir)
+        checkpoints.copy_central_images(run, model_dir, preview=True)
         write_trainer_state(out_dir, checkpoints.trainer_state(run, step))
     trainable = sum(p.numel() for p in run.engine.params)
     return TrainingResult(steps_completed=step, stopped_early=stopped, model_dir=model_dir,

@@ -5,11 +5,13 @@ under the same DpSpec, the schedule and EMA restored exactly; randomness never).
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from diffusers.training_utils import EMAModel
 
@@ -38,6 +40,7 @@ from dpsynth_ml.training.checkpoint import (
     write_trainer_state,
 )
 from dpsynth_ml.training.hooks import TrainingHooks
+from dpsynth_ml.warmup.store import PREVIEW_FILE, RELEASE_FILE, write_preview
 
 if TYPE_CHECKING:
     from dpsynth_ml.training.finetune.setup import FinetuneRun
@@ -169,4 +172,24 @@ def checkpoint(run: FinetuneRun, step: int, hooks: TrainingHooks) -> None:
     save_named_tensors(run.engine.params, run.trainable_names, ckpt / TRAINABLE_FILE)
     if run.ema is not None:
         save_named_tensors(run.ema.shadow_params, run.trainable_names, ckpt / EMA_FILE)
+    copy_central_images(run, ckpt)
     hooks.on_checkpoint(step, ckpt)
+
+
+def copy_central_images(run: FinetuneRun, target_dir: Path, *, preview: bool = False) -> None:
+    """Put the released central images (public) into a checkpoint or the model directory;
+    with ``preview`` also their grid (one row per class). A no-op without central_images.
+
+    A resume reads them back from the checkpoint and never releases (or charges) again.
+    """
+    if run.spec.central_images is None:
+        return
+    source = run.out_dir / RELEASE_FILE
+    if not source.is_file():
+        raise RuntimeError("the run's central_images.npz is missing")
+    shutil.copyfile(source, Path(target_dir) / RELEASE_FILE)
+    if preview:
+        with np.load(source, allow_pickle=False) as npz:
+            images = npz["images"]
+        write_preview(Path(target_dir) / PREVIEW_FILE, images,
+                      num_classes=len(images) // run.spec.central_images.queries)

@@ -57,7 +57,9 @@ from dpsynth_ml.training.checkpoint import (
     load_optimizer_state,
 )
 from dpsynth_ml.training.finetune import checkpoints
+from dpsynth_ml.training.hooks import TrainingHooks
 from dpsynth_ml.training.padded_encoding import encode_blanks
+from dpsynth_ml.warmup.stage import central_images_stage
 
 
 @dataclass
@@ -148,8 +150,11 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
              base_model_dir: Path | None, resume_from: Path | None,
              generator: torch.Generator, rng: RngKind,
              dataset: ImageDataset | None = None,
-             placement: Placement | None = None) -> FinetuneRun:
-    """Load model and data, select trainable parameters, build the DP engine."""
+             placement: Placement | None = None,
+             hooks: TrainingHooks | None = None) -> FinetuneRun:
+    """Load model and data, select trainable parameters, warm up on the central images
+    (``spec.central_images``: released and charged through ``hooks``, see
+    :mod:`dpsynth_ml.warmup.stage`), build the DP engine."""
     placement = placement if placement is not None else Placement()
     privacy = whole_dataset_privacy(spec)
     dp = privacy.dp
@@ -173,7 +178,26 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
         encode_blanks(bundle, info, real=len(dataset), masks=layouts is not None,
                       public=public_size(sample_rate=dp.sample_rate,
                                          expected_batch_size=dp.expected_batch_size))
+    # built (no draw yet) before the central images: a dataset whose unit does not fit the
+    # privacy is refused before any release is charged
+    sampler = _sampler(privacy, dataset, generator, placement, fixed.population)
+    # the ranks must sample the same N at the same q from the same step on (a resume of
+    # the same checkpoint), or the union would not be the accounted Poisson sample
+    if not same_on_all_ranks(placement, [dp.sample_rate, float(sampler.num_records),
+                                         float(dp.steps), float(start_step),
+                                         float(spec.noise_multiplicity)]):
+        raise RuntimeError("the ranks disagree on the dataset size, q, steps or start step")
     denoiser.to(placement.device)  # before the optimizer: its state lives with the params
+    if spec.central_images is not None:
+        if hooks is None:
+            raise InvalidSpecError("central_images needs the run's hooks (to charge it)")
+        # DP release + non-private warm-up of the whole denoiser, before the DP optimizer,
+        # engine and EMA exist: DP-SGD starts from the warmed-up weights
+        info = central_images_stage(spec, dataset=dataset, bundle=bundle, info=info,
+                                    denoiser=denoiser, out_dir=Path(out_dir),
+                                    resume_from=resume_from, hooks=hooks,
+                                    generator=generator, test_generator=noise_generator,
+                                    train_embedder=trains_embedder(spec), placement=placement)
     named = dict(denoiser.named_parameters())
     optimizer = torch.optim.AdamW([named[n] for n in names], lr=spec.learning_rate,
                                   weight_decay=0.0)
@@ -196,13 +220,6 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
                           expected_batch_size=dp.expected_batch_size,
                           generator=noise_generator)
     info = dataclasses.replace(info, extra={**info.extra, "dp_engine": kind})
-    sampler = _sampler(privacy, dataset, generator, placement, fixed.population)
-    # the ranks must sample the same N at the same q from the same step on (a resume of
-    # the same checkpoint), or the union would not be the accounted Poisson sample
-    if not same_on_all_ranks(placement, [dp.sample_rate, float(sampler.num_records),
-                                         float(dp.steps), float(start_step),
-                                         float(spec.noise_multiplicity)]):
-        raise RuntimeError("the ranks disagree on the dataset size, q, steps or start step")
     return FinetuneRun(spec=spec, dp=dp, bundle=bundle, info=info, latents=latents, labels=labels,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
                 out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts,

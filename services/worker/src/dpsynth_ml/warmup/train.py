@@ -1,0 +1,104 @@
+"""The non-private warm-up of the whole denoiser on the released central images.
+
+Post-processing of the DP release (:mod:`dpsynth_ml.warmup.release`): the images are public,
+so this is ordinary training (ordinary torch randomness, no clipping, no noise). Every UNet
+parameter is trained (LoRA adapters included when injected), and the class embedder when the
+finetune trains one; afterwards the parameters' ``requires_grad`` flags are restored (the
+DP finetune's trainable selection) and their gradients cleared, so DP-SGD's optimizer and
+EMA start from the warmed-up weights. Same objective and noise schedule as the finetune
+(:func:`dpsynth_ml.training.diffusion.per_sample_diffusion_loss`), same label dropout, the
+images (optionally augmented, :mod:`dpsynth_ml.warmup.augment`) mapped into the model's
+space as :mod:`dpsynth_ml.models.codec` maps records (pixels in [-1, 1], or scaled VAE
+posterior means).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from dpsynth_ml.models.architectures import ConditionalDenoiser, ModelBundle
+from dpsynth_ml.models.codec import check_space, pixels_to_model
+from dpsynth_ml.spec import CentralImages, ModelInfo
+from dpsynth_ml.training.diffusion import drop_labels, per_sample_diffusion_loss
+from dpsynth_ml.warmup.augment import augment as augment_images
+
+
+@torch.no_grad()
+def encode_unit_images(bundle: ModelBundle, info: ModelInfo, images: torch.Tensor,
+                       device: torch.device) -> torch.Tensor:
+    """Float images in [0, 1] [n, c, H, W] in the model's space, on ``device``: pixel space
+    ``x·2 − 1``; latent space the VAE's posterior means × the scaling factor (as
+    :func:`dpsynth_ml.models.codec.encode_records` does for uint8 records)."""
+    check_space(bundle, info)
+    x = pixels_to_model(images.to(device))
+    if bundle.vae is None:
+        return x
+    latents: torch.Tensor = bundle.vae.encode(x).latent_dist.mean * info.vae_scaling_factor
+    return latents
+
+
+def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
+            images: np.ndarray, labels: torch.Tensor, spec: CentralImages, *,
+            train_embedder: bool, label_dropout: float, device: torch.device,
+            generator: torch.Generator) -> list[float]:
+    """Train ``denoiser`` (already on ``device``) for ``spec.warmup_steps`` steps.
+
+    Args:
+        denoiser: UNet + class embedder of the finetune (before its DP engine is built).
+        bundle, info: the model (its VAE encodes a latent model's batches).
+        images: float32 [n, H, W, c] in [0, 1], the released images.
+        labels: int64 [n], model class indices (the null class for an unconditional model).
+        spec: steps, batch size, learning rate, augmentation.
+        train_embedder: whether the class embedder is trained (as in the finetune).
+        label_dropout: the finetune's classifier-free-guidance dropout.
+        device: the training device.
+        generator: a CPU torch generator (batches, augmentation, diffusion draws).
+
+    Returns:
+        The loss of each step (public: computed on released images only).
+    """
+    x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
+    embedder = {id(p) for p in bundle.class_embedder.parameters()}
+    flags = {name: p.requires_grad for name, p in denoiser.named_parameters()}
+    params = []
+    for p in denoiser.parameters():
+        p.requires_grad_(train_embedder or id(p) not in embedder)
+        if p.requires_grad:
+            params.append(p)
+    vae_device = None
+    if bundle.vae is not None:  # encode each batch where the denoiser trains
+        vae_device = next(bundle.vae.parameters()).device
+        cast("nn.Module", bundle.vae).to(device).eval()
+    optimizer = torch.optim.Adam(params, lr=spec.warmup_learning_rate)
+    null_class = info.null_class
+    losses: list[float] = []
+    was_training = denoiser.training
+    denoiser.train()
+    try:
+        for _ in range(spec.warmup_steps):
+            idx = torch.randint(0, x_all.shape[0], (spec.warmup_batch_size,),
+                                generator=generator)
+            batch = x_all[idx]
+            if spec.augment:
+                batch = augment_images(batch, generator)
+            latents = encode_unit_images(bundle, info, batch, device)
+            batch_labels = drop_labels(labels[idx], probability=label_dropout,
+                                       null_class=null_class, generator=generator)
+            loss = per_sample_diffusion_loss(denoiser, bundle.scheduler, latents,
+                                             batch_labels.to(device), generator).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    finally:
+        for name, p in denoiser.named_parameters():
+            p.requires_grad_(flags[name])
+            p.grad = None
+        if bundle.vae is not None and vae_device is not None:
+            cast("nn.Module", bundle.vae).to(vae_device)
+        denoiser.train(was_training)
+    return losses
