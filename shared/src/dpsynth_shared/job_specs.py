@@ -63,6 +63,11 @@ _TARGET_DOC = ("images, or masks: train on the dataset's layout masks as if they
                "carry masks)")
 
 
+_TIMESTEPS_DOC = ("how training timesteps are drawn: uniform over the scheduler's steps "
+                  "(DDPM), or edm_log_normal: the noise level log-normal with p_mean -1.2, "
+                  "p_std 1.2 (EDM; DPDM and DP-FETA train Fashion-MNIST so), nearest step")
+
+
 class PretrainSpec(_Spec):
     """Non-private pretraining on a public dataset: of the autoencoder and the latent
     denoiser (space 'latent'), or of a denoiser on the pixels alone (space 'pixel', images up
@@ -98,6 +103,8 @@ class PretrainSpec(_Spec):
     batch_size: int = Field(64, ge=1, le=4096)
     learning_rate: float = Field(1e-3, gt=0, le=1)
     label_dropout: float = Field(0.1, ge=0, lt=1)
+    timestep_distribution: Literal["uniform", "edm_log_normal"] = Field(
+        "uniform", description=_TIMESTEPS_DOC)
     seed: int = Field(0, ge=0, le=MAX_INT32)
 
     @model_validator(mode="after")
@@ -197,6 +204,8 @@ class FinetuneTraining(BaseModel):
                                     "model is the average")
     class_conditional: bool = True
     label_dropout: float = Field(0.1, ge=0, lt=1)
+    timestep_distribution: Literal["uniform", "edm_log_normal"] = Field(
+        "uniform", description=_TIMESTEPS_DOC)
     max_physical_batch_size: int = Field(64, ge=1, le=4096)
     class_map: dict[str, str] | None = Field(
         None,

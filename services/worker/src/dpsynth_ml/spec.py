@@ -19,6 +19,8 @@ RngKind = Literal["os", "test"]
 SamplerKind = Literal["ddpm", "ddim", "dpm_solver++"]
 TrainingTarget = Literal["images", "masks"]
 UnetClass = Literal["UNet2DConditionModel", "UNet2DModel"]
+#: How training timesteps are drawn (:func:`dpsynth_ml.training.diffusion.draw_timesteps`).
+TimestepDistribution = Literal["uniform", "edm_log_normal"]
 #: Where the denoiser works: on VAE latents (large images) or directly on pixels (small ones).
 Space = Literal["latent", "pixel"]
 
@@ -209,7 +211,9 @@ class _TrainingBase:
 
     ``target``: "images", or "masks" to train a layout generator on the dataset's layout
     masks in place of its images (same labels, same DP machinery; the model's info records
-    ``extra.target = "masks"``).
+    ``extra.target = "masks"``). ``timestep_distribution``: "uniform" over the scheduler's
+    training steps (DDPM) or "edm_log_normal" (the noise level log-normal, p_mean -1.2,
+    p_std 1.2: EDM, as DPDM and DP-FETA train on Fashion-MNIST).
     """
 
     image_size: int = 32
@@ -219,8 +223,12 @@ class _TrainingBase:
     num_classes: int = 10
     learning_rate: float = 3e-4
     label_dropout: float = 0.1
+    timestep_distribution: TimestepDistribution = "uniform"
 
     def __post_init__(self) -> None:
+        if self.timestep_distribution not in ("uniform", "edm_log_normal"):
+            raise InvalidSpecError(f"unknown timestep_distribution "
+                                   f"{self.timestep_distribution!r}")
         if self.target not in ("images", "masks"):
             raise InvalidSpecError(f"unknown target {self.target!r}")
         if self.image_size < 8 or self.image_size % 4 != 0:

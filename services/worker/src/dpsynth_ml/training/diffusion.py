@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
 import torch
 from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 
 from dpsynth_ml.models.architectures import ConditionalDenoiser
+from dpsynth_ml.spec import TimestepDistribution
 
 
 def drop_labels(labels: torch.Tensor, *, probability: float, null_class: int,
@@ -23,10 +25,54 @@ def drop_labels(labels: torch.Tensor, *, probability: float, null_class: int,
     return torch.where(drop, torch.full_like(labels, null_class), labels)
 
 
+# How training timesteps are drawn (TimestepDistribution): ``uniform`` over the scheduler's
+# steps (DDPM), or
+# ``edm_log_normal``: the noise level σ_t = sqrt((1 - ᾱ_t) / ᾱ_t) log-normal with EDM_P_MEAN
+# and EDM_P_STD (Karras et al. 2022, used by DPDM and DP-FETA for Fashion-MNIST), mapped to
+# the nearest timestep of the scheduler.
+EDM_P_MEAN = -1.2
+EDM_P_STD = 1.2
+
+
+def draw_timesteps(scheduler: DDPMScheduler, batch: int, generator: torch.Generator,
+                   distribution: TimestepDistribution = "uniform") -> torch.Tensor:
+    """``batch`` training timesteps (int64, on the CPU) drawn from ``distribution``.
+
+    Each example's timestep is drawn independently of every other example's (so a
+    per-example gradient still depends on its own example only).
+    """
+    num_t = int(scheduler.config["num_train_timesteps"])
+    if distribution == "uniform":
+        return torch.randint(0, num_t, (batch,), generator=generator)
+    if distribution != "edm_log_normal":
+        raise ValueError(f"unknown timestep distribution {distribution!r}")
+    alphas = scheduler.alphas_cumprod.to(torch.float64)
+    log_sigmas = 0.5 * torch.log((1.0 - alphas) / alphas)  # increasing in t
+    z = torch.randn(batch, generator=generator, dtype=torch.float64)
+    wanted = EDM_P_MEAN + EDM_P_STD * z
+    idx = torch.searchsorted(log_sigmas, wanted).clamp(0, num_t - 1)
+    below = (idx - 1).clamp(min=0)  # the nearer of the two neighbouring levels
+    nearer = (wanted - log_sigmas[below]).abs() < (log_sigmas[idx] - wanted).abs()
+    return torch.where(nearer, below, idx).to(torch.int64)
+
+
+def edm_timestep_mass(scheduler: DDPMScheduler) -> torch.Tensor:
+    """Probability of each timestep under ``edm_log_normal`` (for tests and docs): the
+    normal mass of the log-σ interval that maps to it."""
+    alphas = scheduler.alphas_cumprod.to(torch.float64)
+    log_sigmas = 0.5 * torch.log((1.0 - alphas) / alphas)
+    mids = (log_sigmas[1:] + log_sigmas[:-1]) / 2
+    cdf = 0.5 * (1 + torch.erf((mids - EDM_P_MEAN) / (EDM_P_STD * math.sqrt(2.0))))
+    edges = torch.cat([torch.zeros(1, dtype=torch.float64), cdf,
+                       torch.ones(1, dtype=torch.float64)])
+    return edges[1:] - edges[:-1]
+
+
 def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMScheduler,
                               latents: torch.Tensor, labels: torch.Tensor,
                               generator: torch.Generator,
-                              layout: torch.Tensor | None = None) -> torch.Tensor:
+                              layout: torch.Tensor | None = None,
+                              timesteps: TimestepDistribution = "uniform") -> torch.Tensor:
     """Per-example MSE between true and predicted noise at a random timestep.
 
     Args:
@@ -43,12 +89,11 @@ def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMSche
         Loss per example, shape [B] (mean over that example's latent elements).
     """
     batch = latents.shape[0]
-    num_t = int(scheduler.config["num_train_timesteps"])
     # drawn with the (CPU) job generator, then moved: the same draws on any device
-    timesteps = torch.randint(0, num_t, (batch,), generator=generator).to(latents.device)
+    steps = draw_timesteps(scheduler, batch, generator, timesteps).to(latents.device)
     noise = torch.randn(latents.shape, generator=generator).to(latents.device)
     # diffusers annotates the timesteps as IntTensor; any integer tensor is indexed the same
-    noisy: torch.Tensor = scheduler.add_noise(latents, noise, cast("torch.IntTensor", timesteps))
-    pred = denoiser(noisy, timesteps, labels, layout=layout)
+    noisy: torch.Tensor = scheduler.add_noise(latents, noise, cast("torch.IntTensor", steps))
+    pred = denoiser(noisy, steps, labels, layout=layout)
     losses: torch.Tensor = (pred - noise).pow(2).flatten(1).mean(dim=1)
     return losses

@@ -162,7 +162,8 @@ def _train_unet(bundle: ModelBundle, x: torch.Tensor, labels: torch.Tensor, scal
                                    null_class=spec.num_classes, generator=g)
         loss = per_sample_diffusion_loss(
             denoiser, bundle.scheduler, latents[idx], batch_labels, g,
-            layout=None if layouts is None else layouts[idx]).mean()
+            layout=None if layouts is None else layouts[idx],
+            timesteps=spec.timestep_distribution).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward
         opt.step()

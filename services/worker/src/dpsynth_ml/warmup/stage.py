@@ -102,7 +102,8 @@ def central_images_stage(spec: FinetuneRecipe, *, dataset: ImageDataset, bundle:
             release = _release_or_reuse(spec, dataset, info, out_dir, hooks, test_generator)
             warm_up(denoiser, bundle, info, release.images, torch.from_numpy(release.labels),
                     settings, train_embedder=train_embedder, label_dropout=spec.label_dropout,
-                    device=placement.device, generator=generator)
+                    device=placement.device, generator=generator,
+                    timesteps=spec.timestep_distribution)
         except BaseException:
             broadcast_flag(placement, False)  # the other ranks stop too (collective)
             raise

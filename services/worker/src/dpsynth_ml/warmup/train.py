@@ -22,7 +22,7 @@ from torch import nn
 
 from dpsynth_ml.models.architectures import ConditionalDenoiser, ModelBundle
 from dpsynth_ml.models.codec import check_space, pixels_to_model
-from dpsynth_ml.spec import CentralImages, ModelInfo
+from dpsynth_ml.spec import CentralImages, ModelInfo, TimestepDistribution
 from dpsynth_ml.training.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.warmup.augment import augment as augment_images
 
@@ -44,7 +44,8 @@ def encode_unit_images(bundle: ModelBundle, info: ModelInfo, images: torch.Tenso
 def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
             images: np.ndarray, labels: torch.Tensor, spec: CentralImages, *,
             train_embedder: bool, label_dropout: float, device: torch.device,
-            generator: torch.Generator) -> list[float]:
+            generator: torch.Generator,
+            timesteps: TimestepDistribution = "uniform") -> list[float]:
     """Train ``denoiser`` (already on ``device``) for ``spec.warmup_steps`` steps.
 
     Args:
@@ -89,7 +90,8 @@ def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
             batch_labels = drop_labels(labels[idx], probability=label_dropout,
                                        null_class=null_class, generator=generator)
             loss = per_sample_diffusion_loss(denoiser, bundle.scheduler, latents,
-                                             batch_labels.to(device), generator).mean()
+                                             batch_labels.to(device), generator,
+                                             timesteps=timesteps).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward
             optimizer.step()

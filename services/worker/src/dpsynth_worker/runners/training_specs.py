@@ -46,7 +46,7 @@ def pretrain_training_spec(spec: PretrainSpec, dataset: DatasetInfo | None) -> P
                             num_classes=len(names),
                             learning_rate=spec.learning_rate, epochs=spec.epochs,
                             batch_size=spec.batch_size, label_dropout=spec.label_dropout,
-                            seed=spec.seed)
+                            timestep_distribution=spec.timestep_distribution, seed=spec.seed)
 
 
 def finetune_training_spec(spec: FinetuneSpec, *, reservation: Reservation,
@@ -92,6 +92,7 @@ def finetune_training_spec(spec: FinetuneSpec, *, reservation: Reservation,
                             noise_multiplicity=t.noise_multiplicity, ema_decay=t.ema_decay,
                             warmup_steps=t.warmup_steps,
                             learning_rate=t.learning_rate, label_dropout=t.label_dropout,
+                            timestep_distribution=t.timestep_distribution,
                             max_physical_batch_size=t.max_physical_batch_size,
                             class_map=class_map, checkpoint_every=t.checkpoint_every,
                             target=t.target, privacy=privacy,

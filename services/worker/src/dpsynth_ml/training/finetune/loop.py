@@ -106,7 +106,7 @@ def _chunk_losses(run: FinetuneRun, chunk: torch.Tensor, real: torch.Tensor,
     def draw() -> torch.Tensor:
         return mask_losses(per_sample_diffusion_loss(
             run.engine.module, run.bundle.scheduler, latents, labels, run.generator,
-            layout=layout), real)
+            layout=layout, timesteps=run.spec.timestep_distribution), real)
 
     return draw
 
