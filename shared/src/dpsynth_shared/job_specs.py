@@ -106,6 +106,11 @@ class PretrainSpec(_Spec):
     timestep_distribution: Literal["uniform", "edm_log_normal"] = Field(
         "uniform", description=_TIMESTEPS_DOC)
     seed: int = Field(0, ge=0, le=MAX_INT32)
+    reuse: bool = Field(
+        True, description="content-addressed reuse: when this tenant already has a "
+        "SUCCEEDED pretrain of the same settings on the same data (the dataset's content "
+        "hash and selection, not its id), whose model still exists, the submission answers "
+        "200 with that job instead of training again; false always trains")
 
     @model_validator(mode="after")
     def _size(self) -> PretrainSpec:

@@ -30,7 +30,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 @router.post("", status_code=201, response_model=None, responses={
     201: {"model": JobOut, "description": "the job, queued"},
-    200: {"model": DryRun, "description": "dry_run=true: the plan and its budget impact"}})
+    200: {"model": DryRun | JobOut, "description": "dry_run=true: the plan and its budget "
+          "impact (DryRun); or, for a pretrain identical to one of the tenant's succeeded "
+          "pretrains (same settings, same data content; spec `reuse`), that earlier job "
+          "(JobOut): nothing runs again"}})
 def submit_job(spec: Annotated[JobSpec, Body()], response: Response, session: SessionDep,
                principal: SubmitterDep, ledger: LedgerDep, sender: SenderDep,
                settings: SettingsDep, dry_run: bool = False) -> JobOut | DryRun:
@@ -39,8 +42,12 @@ def submit_job(spec: Annotated[JobSpec, Body()], response: Response, session: Se
         response.status_code = 200
         return submit.plan_job(session, principal=principal, ledger=ledger, spec=spec,
                                limits=settings.plan_limits)
-    job = submit.submit_job(session, principal=principal, ledger=ledger, sender=sender,
-                            spec=spec, limits=settings.plan_limits)
+    job, reused = submit.submit_job(session, principal=principal, ledger=ledger,
+                                    sender=sender, spec=spec, limits=settings.plan_limits)
+    if reused:
+        response.status_code = 200  # an identical earlier pretraining
+        return job_out(job, service.job_artifacts(session, job=job),
+                       owner=principal.has(Scope.OWNER))
     return job_out(job, [], owner=principal.has(Scope.OWNER))
 
 

@@ -30,7 +30,9 @@ EVALUATE_RESULT_KEYS = frozenset({"report_artifact_id", "report_html_artifact_id
                                   # item 6): noised, charged to the held-out partition
                                   "dp_evaluation"})
 # Keys the api itself writes into a job's result at submission; a worker never sets them.
-API_RESULT_KEYS = frozenset({"layout_source"})
+API_RESULT_KEYS = frozenset({"layout_source",
+                             # a pretrain's content address (issue 18, item 5)
+                             "reuse_key"})
 
 
 # A feature_net job trains on PUBLIC data only: its accuracy on public validation records

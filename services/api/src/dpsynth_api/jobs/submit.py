@@ -61,8 +61,15 @@ def plan_job(session: Session, *, principal: Principal, ledger: LedgerPort,
 
 
 def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
-               sender: TaskSender, spec: JobSpec, limits: PlanLimits | None = None) -> Job:
+               sender: TaskSender, spec: JobSpec,
+               limits: PlanLimits | None = None) -> tuple[Job, bool]:
     """Insert a ``queued`` job (attempt 1) after reserving its budget, then send its task.
+
+    A pretrain identical to one of the tenant's succeeded pretrains (``reuse``) returns that
+    job instead: nothing is inserted, reserved or sent.
+
+    Returns:
+        The job, and whether it is an earlier job reused (True) rather than a new one.
 
     Raises:
         DpsynthError: 404 (inputs of another tenant), 422 ``visibility_mismatch`` /
@@ -70,6 +77,9 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
     """
     job_id = new_job_id()
     admission = admit(session, principal, spec, job_id, limits or PlanLimits())
+    if admission.reuse_of is not None:
+        log.info("identical pretraining reused", extra={"reused_job_id": admission.reuse_of.id})
+        return admission.reuse_of, True  # nothing inserted, reserved or sent
     privacy = None
     reservation_id = None
     if admission.authorise is not None:
@@ -99,7 +109,7 @@ def submit_job(session: Session, *, principal: Principal, ledger: LedgerPort,
             ledger.close_reservation(reservation_id, "cancelled")
         raise
     _send(session, ledger=ledger, sender=sender, job=job)
-    return job
+    return job, False
 
 
 TARGET_FIELD = "privacy.target_epsilon"

@@ -18,7 +18,7 @@ from dpsynth_shared.plan_limits import PlanLimits
 from sqlalchemy.orm import Session
 
 from dpsynth_api.ports import LedgerPort
-from dpsynth_api.tables import Dataset
+from dpsynth_api.tables import Dataset, Job
 from dpsynth_api.tenants.security import Principal
 
 
@@ -49,6 +49,9 @@ class Admission:
     # what the api records in the new job's result (a worker's result never replaces it)
     result: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # shown by the dry run
+    # an identical earlier job to answer with instead of running this one (content-addressed
+    # pretraining reuse); nothing is inserted, reserved or sent then
+    reuse_of: Job | None = None
 
 
 Admit = Callable[[AdmitContext, Any], Admission]
