@@ -46,6 +46,12 @@ def replay_accumulators(entries: list[dict]) -> dict[str, float]:
     A ``dp_evaluation_released`` entry (issue 13, item 6: m correct-classification counts on
     the HELD-OUT records, sensitivity √m) adds one Gaussian's RDP to the held-out partition
     ``"*holdout"`` ALONE (created by the first one); training charges never enter it.
+
+    A ``central_images_released`` entry (issue 18, item 3: a finetune's DP class means, one
+    mechanism over all classes) adds to every TRAINING partition once: a ``gaussian`` event
+    (recorded under the dataset's relation, sensitivity Δ) one Gaussian's RDP; a ``dp_sgd``
+    event (subsampled queries, add/remove) the RDP of its steps, through group privacy on a
+    replace-one dataset like a lease.
     """
     entries = sorted(entries, key=lambda e: e["seq"])
     created = next(e["payload"] for e in entries if e["kind"] == "budget_created")
@@ -65,6 +71,20 @@ def replay_accumulators(entries: list[dict]) -> dict[str, float]:
             ev = e["payload"]["event"]
             rdp = independent_rdp(ev["sigma"] / ev["sensitivity"], 1.0, 1, order)
             committed[HOLDOUT] = committed.get(HOLDOUT, 0.0) + rdp
+            continue
+        if e["kind"] == "central_images_released":  # every TRAINING partition, once
+            ev = e["payload"]["event"]
+            if ev["kind"] == "gaussian":
+                rdp = independent_rdp(ev["sigma"] / ev["sensitivity"], 1.0, 1, order)
+            elif group:
+                rdp = 3 * independent_rdp(ev["noise_multiplier"], ev["sample_rate"],
+                                          ev["steps"], 2 * order)
+            else:
+                rdp = independent_rdp(ev["noise_multiplier"], ev["sample_rate"], ev["steps"],
+                                      order)
+            for p in committed:
+                if p != HOLDOUT:
+                    committed[p] += rdp
             continue
         if e["kind"] != "lease_granted":
             continue

@@ -32,7 +32,7 @@ from tests.support.models import tiny_model_archive
 KEY_NAME = "dpsynth.dashboard.apiKey"
 BUDGET_FIELDS = ("epsilon_limit", "dataset_epsilon_spent", "dataset_tight_epsilon",
                  "dataset_epsilon_reserved", "dataset_epsilon_remaining")
-CHARGE_KINDS = ("lease_granted", "histogram_released")
+CHARGE_KINDS = ("lease_granted", "histogram_released", "central_images_released")
 
 
 @pytest.fixture(scope="module")

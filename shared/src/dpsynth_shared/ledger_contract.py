@@ -347,7 +347,8 @@ class CloseRequest(_Body):
 
 
 class JobEpsilonRequest(_Body):
-    """The reservations whose steps produced a model (itself and its DP ancestors)."""
+    """The reservations whose steps produced a model (itself and its DP ancestors), and the
+    central-image releases on its path (a DP warm-up before DP-SGD)."""
 
     dataset_id: str
     reservation_ids: list[str] = Field(min_length=1)
@@ -356,6 +357,11 @@ class JobEpsilonRequest(_Body):
         "per class) when fewer than granted: after a crash, the replayed steps of the lost "
         "attempt are charged but did not produce the model; each ≤ the granted steps; "
         "absent ids count all their granted steps")
+    release_ids: list[str] = Field(
+        default_factory=list, description="further central-image releases (release_id of "
+        "POST /v1/reservations/{id}/central-images) on the model's path; every release "
+        "charged under one of reservation_ids is composed anyway. Their events compose with "
+        "the reservations' steps; each must be a charged release of dataset_id")
 
 
 class JobEpsilon(BaseModel):

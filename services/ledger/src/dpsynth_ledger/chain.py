@@ -18,7 +18,8 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
-from dpsynth_shared.dp_events import GENESIS_HASH, GaussianEvent, chain_hash
+from dpsynth_shared.central_images import central_image_bound, central_image_sensitivity
+from dpsynth_shared.dp_events import GENESIS_HASH, DpSgdEvent, GaussianEvent, chain_hash
 from dpsynth_shared.grants import verify_message
 from dpsynth_shared.ledger_contract import AnchorStatus, VerifyReport
 from sqlalchemy import event
@@ -50,6 +51,19 @@ the database's head; the transaction's first entry is then allowed although the 
 behind, and the rebase record is anchored before it."""
 RESTORED_CHARGE = "restored_charge"
 RECONCILED = "reconciled"
+CENTRAL_IMAGES_RELEASED = "central_images_released"
+"""A finetune's DP central-image release (service/central_images.py): one Gaussian over all
+class sums (``gaussian``) or ``queries`` subsampled ones (``dp_sgd``), charged once to every
+training partition."""
+CENTRAL_IMAGES_REFUSED = "central_images_refused"
+
+
+def central_event(event: Any) -> DpSgdEvent | GaussianEvent:
+    """The recorded event of a central-image release: a one-shot Gaussian, or a DP-SGD event
+    for Poisson-subsampled queries (pydantic's ValidationError, a ValueError, otherwise)."""
+    if isinstance(event, dict) and (event.get("kind") == "dp_sgd" or "noise_multiplier" in event):
+        return DpSgdEvent.model_validate(event)
+    return GaussianEvent.model_validate(event)
 
 
 def entry_hash(prev_hash: str, *, seq: int, dataset_id: str, kind: str,
@@ -195,6 +209,8 @@ class _Replay:
                     problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
                 self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
             self.releases.add(payload["release_id"])
+        elif kind == CENTRAL_IMAGES_RELEASED:
+            self._central_images(payload, problems, seq)
         elif kind in ("dp_evaluation_released", "dp_evaluation_refused"):
             self.committed.setdefault(HOLDOUT, 0.0)  # the row is created at the first one
             if kind == "dp_evaluation_released":
@@ -208,6 +224,36 @@ class _Replay:
         elif kind == "reservation_closed":
             for key in [k for k in self.holds if k[0] == rid]:
                 del self.holds[key]
+
+    def _central_images(self, payload: dict[str, Any], problems: list[str], seq: int) -> None:
+        """A central-image release: its event's RDP at the order under the dataset's relation
+        (a Gaussian of the relation's sensitivity; subsampled queries as DP-SGD, through group
+        privacy on a replace-one dataset), charged once to every TRAINING partition."""
+        try:
+            ev = central_event(payload["event"])
+            bound = central_image_bound(int(payload["image_size"]), int(payload["channels"]),
+                                        int(payload["downsample"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            problems.append(f"entry {seq}: a central-image release without a valid event or "
+                            f"image shape ({type(exc).__name__})")
+            return
+        if float(payload.get("bound", -1.0)) != bound:
+            problems.append(f"entry {seq}: recorded bound {payload.get('bound')} != the image "
+                            f"shape's public bound {bound}")
+        if isinstance(ev, GaussianEvent):
+            expected = central_image_sensitivity(bound, self.relation)
+            if ev.sensitivity != expected or str(ev.neighbouring) != self.relation:
+                problems.append(f"entry {seq}: a central-image release's sensitivity must be "
+                                f"{expected} under {self.relation}, not {ev.sensitivity} "
+                                f"under {ev.neighbouring}")
+        amount = rdp_at_order(ev, self.order, self.relation)
+        if set(payload["rdp_delta"]) != set(touched(WHOLE_DATASET, self.committed)):
+            problems.append(f"entry {seq}: a central-image release must charge every training "
+                            f"partition, not {sorted(payload['rdp_delta'])}")
+        for p, recorded in payload["rdp_delta"].items():
+            if recorded != amount:
+                problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
+            self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
 
     def _dp_evaluation(self, payload: dict[str, Any], problems: list[str], seq: int) -> None:
         """A DP evaluation: one Gaussian of sensitivity √(number of metrics), charged to the

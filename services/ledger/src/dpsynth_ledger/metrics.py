@@ -51,9 +51,10 @@ from dpsynth_ledger.models import Accumulator, Budget, LeaseRow, ReservationRow
 P = ParamSpec("P")
 R = TypeVar("R")
 
-ADMISSION_KINDS = ("reservation", "extension", "histogram", "dp_evaluation")
+ADMISSION_KINDS = ("reservation", "extension", "histogram", "dp_evaluation", "central_images")
 """What was admitted: a job's reservation, an extension of one, a class-size histogram, a DP
-evaluation release (charged to the held-out partition)."""
+evaluation release (charged to the held-out partition), a finetune's central-image release
+(charged to every training partition)."""
 
 REFUSAL_REASONS: dict[ErrorCode, str] = {
     ErrorCode.PRIVACY_BUDGET_EXHAUSTED: "budget_exhausted",

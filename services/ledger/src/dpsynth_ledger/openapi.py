@@ -63,6 +63,7 @@ DOMAIN_STATUSES: dict[tuple[str, str], tuple[int, ...]] = {
     ("POST", "/v1/reservations/{reservation_id}/leases/{lease_id}/end"): (409,),
     ("POST", "/v1/reservations/{reservation_id}/extend"): (409,),
     ("POST", "/v1/reservations/{reservation_id}/close"): (409,),
+    ("POST", "/v1/reservations/{reservation_id}/central-images"): (409,),
     ("POST", "/v1/evaluations"): (403, 404, 409),
     ("POST", "/v1/evaluations/{evaluation_id}/grant"): (403, 409),
     ("POST", "/v1/evaluations/{evaluation_id}/dp-releases"): (409,),

@@ -31,6 +31,8 @@ from dpsynth_shared.ledger_contract import (
     VerifyReport,
 )
 from dpsynth_shared.release_contract import (
+    CentralImagesRelease,
+    CentralImagesRequest,
     DpEvaluationRelease,
     DpEvaluationRequest,
     Evaluation,
@@ -50,6 +52,7 @@ from dpsynth_ledger.chain import anchor_status, verify_chain
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.service import (
     budgets,
+    central_images,
     dp_evaluations,
     evaluations,
     histograms,
@@ -154,6 +157,21 @@ def extend(reservation_id: str, body: ExtendRequest, session: SessionDep,
 def close(reservation_id: str, body: CloseRequest, session: SessionDep,
           ctx: CtxDep) -> Reservation:
     return reservations.close(session, reservation_id=reservation_id, request=body, ctx=ctx)
+
+
+@router.post("/reservations/{reservation_id}/central-images",
+             response_model=CentralImagesRelease, status_code=201)
+def central_images_release(reservation_id: str, body: CentralImagesRequest,
+                           session: SessionDep, ctx: CtxDep) -> CentralImagesRelease:
+    """A finetune's DP central-image release (DP-FETA warm-up), calibrated for
+    ``target_epsilon`` and charged at once to EVERY training partition of the reservation's
+    budget before the worker draws the noise (``dry_run``: only the plan); a chained
+    ``central_images_released`` entry, or ``central_images_refused`` and 409
+    ``privacy_budget_exhausted`` with the numbers. 409 ``conflict`` when the reservation
+    belongs to another job or is closed; 400 ``invalid_request`` for an image shape the
+    downsampling does not divide or an unreachable target."""
+    return central_images.release(session, reservation_id=reservation_id, request=body,
+                                  ctx=ctx)
 
 
 # -- non-DP evaluation reads, recorded and never charged (service/evaluations.py) --------

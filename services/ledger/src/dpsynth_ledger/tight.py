@@ -25,12 +25,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import ACCOUNTANT_NAME, pld_epsilon
 from dpsynth_ledger.book import disjoint_of
-from dpsynth_ledger.chain import RESTORED_CHARGE
+from dpsynth_ledger.chain import CENTRAL_IMAGES_RELEASED, RESTORED_CHARGE, central_event
 from dpsynth_ledger.models import Budget, Entry, TightFigure
 
 log = logging.getLogger(__name__)
 
-RELEASE_KINDS = ("lease_granted", "histogram_released", "dp_evaluation_released")
+RELEASE_KINDS = ("lease_granted", "histogram_released", "dp_evaluation_released",
+                 CENTRAL_IMAGES_RELEASED)
 """The entries that add a mechanism to the realised sequence (one charging event each)."""
 
 TIGHT_KINDS = (*RELEASE_KINDS, RESTORED_CHARGE)
@@ -61,11 +62,13 @@ def tight_through(entries: list[Entry], seq: int, budget: Budget,
     """(charging events, tight ε) of the dataset's sequence through entry ``seq``.
 
     DP-SGD steps granted at equal (class, σ, q) merge into one run; a class's lease composes
-    only with its class; the held-out partition's releases compose with each other only
-    (parallel to the training side), so the figure is the max of the two sides.
+    only with its class; a central-image release (a Gaussian, or subsampled queries as a
+    DP-SGD event) is a whole-dataset training mechanism like a histogram; the held-out
+    partition's releases compose with each other only (parallel to the training side), so
+    the figure is the max of the two sides.
     """
     granted: dict[tuple[str | None, float, float], int] = {}
-    released: list[GaussianEvent] = []
+    released: list[DpSgdEvent | GaussianEvent] = []
     held_out: list[GaussianEvent] = []
     events = 0
     for e in entries:
@@ -78,6 +81,8 @@ def tight_through(entries: list[Entry], seq: int, budget: Budget,
         events += 1
         if kind == "histogram_released":
             released.append(GaussianEvent.model_validate(p["event"]))
+        elif kind == CENTRAL_IMAGES_RELEASED:
+            released.append(central_event(p["event"]))
         elif kind == "dp_evaluation_released":
             held_out.append(GaussianEvent.model_validate(p["event"]))
         else:

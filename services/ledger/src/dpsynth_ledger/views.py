@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from dpsynth_ledger import repository as repo
 from dpsynth_ledger.accounting import ACCOUNTANT_NAME, dp_sgd_epsilon
 from dpsynth_ledger.book import Run, figures, flt, runs
+from dpsynth_ledger.chain import CENTRAL_IMAGES_RELEASED, central_event
 from dpsynth_ledger.models import Budget, Entry, ReservationRow
 from dpsynth_ledger.tight import TightState, compute_missing, released_kind, tight_state
 
@@ -73,11 +74,16 @@ def reservation_view(res: ReservationRow, budget: Budget, discretization: float)
     )
 
 
-def released_events(session: Session, dataset_id: str) -> list[GaussianEvent]:
-    """The dataset's charged one-shot releases (class-size histograms), from the chain."""
-    return [GaussianEvent.model_validate(e.payload["event"])
-            for e in repo.entries(session, dataset_id=dataset_id)
-            if e.kind == "histogram_released"]
+def released_events(session: Session, dataset_id: str) -> list[DpSgdEvent | GaussianEvent]:
+    """The dataset's charged one-shot training releases, from the chain: class-size
+    histograms and central-image releases (a Gaussian, or subsampled queries as DP-SGD)."""
+    out: list[DpSgdEvent | GaussianEvent] = []
+    for e in repo.entries(session, dataset_id=dataset_id):
+        if e.kind == "histogram_released":
+            out.append(GaussianEvent.model_validate(e.payload["event"]))
+        elif e.kind == CENTRAL_IMAGES_RELEASED:
+            out.append(central_event(e.payload["event"]))
+    return out
 
 
 def holdout_events(entries: list[Entry]) -> list[GaussianEvent]:

@@ -292,7 +292,7 @@ def plan_with_runs(session: Session, *, request: PlanRequest, ctx: LedgerContext
 
 def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],  # type: ignore[type-arg]
               runs: list[RunPlan], per_label: bool, ctx: LedgerContext,
-              released: list[GaussianEvent] | None = None,
+              released: list[DpSgdEvent | GaussianEvent] | None = None,
               with_report: bool = True) -> Plan:
     """The plan of a calibrated job against a snapshot of the dataset's accounts
     (``released``: the dataset's charged one-shot releases, for the tight figure;

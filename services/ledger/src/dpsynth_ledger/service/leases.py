@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from dpsynth_shared.dp_events import DpSgdEvent, ParallelEvent
+from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, ParallelEvent
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound
 from dpsynth_shared.grants import GrantClaims, sign_grant
 from dpsynth_shared.ids import new_id, new_lease_id
@@ -35,6 +35,7 @@ from dpsynth_ledger.book import (
     runs,
     sync_totals,
 )
+from dpsynth_ledger.chain import CENTRAL_IMAGES_RELEASED, RESTORED_CHARGE, central_event
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Budget, LeaseRow, ReservationRow
 from dpsynth_ledger.service.reservations import check_live, locked, write_entry
@@ -158,7 +159,10 @@ def job_epsilon(session: Session, *, request: JobEpsilonRequest,
 
     Those are the granted steps of each reservation, or fewer where ``steps_used`` says so
     (steps replayed after a crash are charged to the dataset but are not on the model's
-    path). Claiming more steps than were granted is refused.
+    path), composed with the central-image releases ``release_ids`` names (a Gaussian, or
+    subsampled queries as DP-SGD: whole-dataset training mechanisms). Claiming more steps
+    than were granted is refused, and so is a release id that names no charged
+    central-image release of the dataset (400 ``invalid_request``).
     """
     budget = repo.get_budget(session, request.dataset_id)
     if budget is None:
@@ -183,15 +187,20 @@ def job_epsilon(session: Session, *, request: JobEpsilonRequest,
         counted.append(steps)
         return steps
 
-    events = [job_event(r, steps_of) for r in rows if r.steps_granted]
+    events: list[Mechanism] = [job_event(r, steps_of) for r in rows if r.steps_granted]
+    releases = _releases(session, budget.dataset_id, request.release_ids,
+                         request.reservation_ids)
+    events += releases
     labels = sorted({p.partition for r in rows if r.per_label for p in r.parts})
     relation, disjoint = budget.neighbouring, disjoint_of(budget)
-    if len(rows) > ctx.heavy.max_composition:
+    if len(rows) + len(releases) > ctx.heavy.max_composition:
+        composed = len(rows) + len(releases)
         raise DpsynthError(ErrorCode.PLAN_TOO_LARGE,
-                           f"the model composes {len(rows)} reservations; the ledger composes "
-                           f"at most {ctx.heavy.max_composition} (max_tight_composition)",
+                           f"the model composes {composed} reservations and releases; the "
+                           f"ledger composes at most {ctx.heavy.max_composition} "
+                           "(max_tight_composition)",
                            bound="max_tight_composition", limit=ctx.heavy.max_composition,
-                           value=len(rows))
+                           value=composed)
     with ctx.heavy.slot("a model's epsilon"):  # a PLD composition per class, and overall
         per_label = {c: pld_epsilon(_restricted(events, c), budget.delta, ctx.discretization,
                                     dataset=relation) for c in labels} or None
@@ -204,10 +213,42 @@ def job_epsilon(session: Session, *, request: JobEpsilonRequest,
         steps_used=sum(counted), accountant=ACCOUNTANT_NAME, per_label=per_label)
 
 
-def _restricted(events: list[DpSgdEvent | ParallelEvent], label: str
-                ) -> list[DpSgdEvent | ParallelEvent]:
-    """What a record of class ``label`` went through: whole-dataset runs and its class's."""
-    out: list[DpSgdEvent | ParallelEvent] = []
+Mechanism = DpSgdEvent | GaussianEvent | ParallelEvent
+
+
+def _releases(session: Session, dataset_id: str, release_ids: list[str],
+              reservation_ids: list[str]) -> list[DpSgdEvent | GaussianEvent]:
+    """The events of the central-image releases on a model's path (each once): those named
+    by ``release_ids`` and EVERY release charged under one of ``reservation_ids`` (the
+    model's own reservation and its DP ancestors'; a release repeated after a crash before
+    the first checkpoint is counted too, an over-statement, never an under-statement).
+
+    Raises:
+        DpsynthError: ``invalid_request`` for an id that names no charged central-image
+            release of this dataset.
+    """
+    entries = [e for e in repo.entries(session, dataset_id=dataset_id)
+               if e.kind == CENTRAL_IMAGES_RELEASED or (  # or its copy restored from the anchor
+                   e.kind == RESTORED_CHARGE and e.payload.get("event") is not None
+                   and e.payload.get("restored_kind") == CENTRAL_IMAGES_RELEASED)]
+    known = {str(e.payload.get("release_id")): e.payload["event"] for e in entries}
+    under = set(reservation_ids)
+    of_reservations = [str(e.payload.get("release_id")) for e in entries
+                       if e.payload.get("reservation_id") in under]
+    # a release on the model's path counts once
+    wanted = list(dict.fromkeys([*of_reservations, *release_ids]))
+    unknown = [r for r in wanted if r not in known]
+    if unknown:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, "release_ids names no charged "
+                           "central-image release of this dataset", release_id=unknown[0],
+                           dataset_id=dataset_id)
+    return [central_event(known[r]) for r in wanted]
+
+
+def _restricted(events: list[Mechanism], label: str) -> list[Mechanism]:
+    """What a record of class ``label`` went through: whole-dataset runs and releases, and
+    its class's."""
+    out: list[Mechanism] = []
     for ev in events:
         if not isinstance(ev, ParallelEvent):
             out.append(ev)

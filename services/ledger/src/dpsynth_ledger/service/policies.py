@@ -44,7 +44,13 @@ from dpsynth_ledger.accounting import (
     rdp_to_epsilon,
 )
 from dpsynth_ledger.book import disjoint_of, figures
-from dpsynth_ledger.chain import CHAIN_KEY, append_entry, verify_chain
+from dpsynth_ledger.chain import (
+    CENTRAL_IMAGES_RELEASED,
+    CHAIN_KEY,
+    append_entry,
+    central_event,
+    verify_chain,
+)
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Budget, Entry
 from dpsynth_ledger.views import budget_view, holdout_events
@@ -52,7 +58,7 @@ from dpsynth_ledger.views import budget_view, holdout_events
 LIMIT_LOWERED = "limit_lowered"
 WARNING_FRACTION_SET = "warning_fraction_set"
 CHARGE_KINDS = frozenset({"lease_granted", "histogram_released", "dp_evaluation_released",
-                          "restored_charge"})
+                          CENTRAL_IMAGES_RELEASED, "restored_charge"})
 
 _ENTRY = re.compile(r"^entr(?:y|ies) (\d+)(?:\.\.(\d+))?: (.*)$")
 _DATASET = re.compile(r"^dataset (\S+)")
@@ -264,6 +270,8 @@ def _tight_events(entries: list[Entry]) -> list[DpSgdEvent | GaussianEvent | Par
             granted[key] = granted.get(key, 0) + int(ev["steps"])
         elif e.kind == "histogram_released":
             released.append(GaussianEvent.model_validate(p["event"]))
+        elif e.kind == CENTRAL_IMAGES_RELEASED:  # a whole-dataset training release
+            released.append(central_event(p["event"]))
     out: list[DpSgdEvent | GaussianEvent | ParallelEvent] = []
     for (label, sigma, q), steps in granted.items():
         event = DpSgdEvent(noise_multiplier=sigma, sample_rate=q, steps=steps)

@@ -8,9 +8,10 @@ budget row's lock and then the chain head's:
 1. re-creates each budget the anchor created and the database lacks (same order, limit,
    delta, partitions: a ``budget_created`` entry with ``restored_from``);
 2. re-applies every anchored charge the database lacks (``lease_granted``,
-   ``histogram_released``, and the ``restored_charge`` entries of an earlier, uncommitted
-   reconciliation), each ONCE, as a new chained ``restored_charge`` entry that carries the
-   anchored entry's own signed ``rdp_delta`` and names its lineage, seq and hash;
+   ``histogram_released``, ``dp_evaluation_released``, ``central_images_released``, and
+   the ``restored_charge`` entries of an earlier, uncommitted reconciliation), each ONCE,
+   as a new chained ``restored_charge`` entry that carries the anchored entry's own signed
+   ``rdp_delta`` and names its lineage, seq and hash;
 3. re-applies lost class sizes and lowered limits, and re-records lost non-DP evaluation
    reads (``evaluation_authorised`` / ``evaluation_read``: their rows back, never charged);
 4. closes every open reservation the lost entries touched (its run cannot resume against a
@@ -54,6 +55,8 @@ from dpsynth_ledger.book import (
     touched,
 )
 from dpsynth_ledger.chain import (
+    CENTRAL_IMAGES_REFUSED,
+    CENTRAL_IMAGES_RELEASED,
     REBASE_KEY,
     RECONCILED,
     RESTORED_CHARGE,
@@ -67,9 +70,10 @@ from dpsynth_ledger.service import evaluations
 from dpsynth_ledger.service.dp_evaluations import holdout_accumulator
 from dpsynth_ledger.service.reservations import write_entry
 
-CHARGES = ("lease_granted", "histogram_released", "dp_evaluation_released", RESTORED_CHARGE)
+CHARGES = ("lease_granted", "histogram_released", "dp_evaluation_released",
+           CENTRAL_IMAGES_RELEASED, RESTORED_CHARGE)
 INFORMATIONAL = ("reservation_refused", "extension_refused", "histogram_refused",
-                 "dp_evaluation_refused",
+                 "dp_evaluation_refused", CENTRAL_IMAGES_REFUSED,
                  "read_grant", "lease_ended", "reservation_accepted", "extension_accepted",
                  "reservation_closed", RECONCILED, "warning_fraction_set")
 
