@@ -1,6 +1,8 @@
 """The demo journey over HTTP at tiny sizes: public upload → pretrain → private upload →
 DP finetune → generate → download; the zip is opened and checked against the budget view.
-Also checks that nothing computed from private data leaves the DP job."""
+Also checks that nothing computed from private data leaves the DP job, and measures the
+private data's contribution as ``make demo`` does (public-only vs DP-finetuned corpus, the
+same classifier on the same held-out records)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,12 @@ import zipfile
 
 import httpx
 import pytest
+from dpsynth_cli.contribution import (
+    CLASSIFIER,
+    contribution_from_reports,
+    contribution_shown,
+    difference_standard_error,
+)
 
 from tests.e2e.conftest import CLASSES, TINY_PRETRAIN, digits_npz, finetune_spec
 
@@ -17,6 +25,10 @@ from tests.e2e.conftest import CLASSES, TINY_PRETRAIN, digits_npz, finetune_spec
 # the user chose) is not one.
 PRIVATE_FIELD = re.compile(
     r'"(?!max_grad_norm")[a-z_]*(loss|grad_norm|gradient|clip_fraction|clipped)[a-z_]*"\s*:')
+
+
+GENERATE = {"type": "generate", "samples_per_class": 3, "sampler": "ddim", "steps": 5,
+            "guidance_scale": 2.0, "seed": 0}
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +42,16 @@ def journey(platform, client, tmp_path_factory):
     pre = client.wait_for_job(pre["job_id"], timeout=600)
     assert pre["state"] == "succeeded", pre
     private = client.upload_dataset(private_npz, name="priv", visibility="private",
-                                    epsilon_limit=10.0, label_domain=CLASSES, declared_size=200)
+                                    epsilon_limit=10.0, label_domain=CLASSES, declared_size=200,
+                                    holdout_fraction=0.25,
+                                    holdout_key="dpsynth-e2e-journey-holdout")
     spec = finetune_spec(private["dataset_id"], pre["result"]["model_id"], target_epsilon=4.0)
     progress_seen: list[dict] = []
     ft = client.submit_job(spec)
     ft = client.wait_for_job(ft["job_id"], timeout=600, poll=0.5,
                              on_progress=lambda job: progress_seen.append(job))
     assert ft["state"] == "succeeded", ft
-    gen = client.submit_job({"type": "generate", "model_id": ft["result"]["model_id"],
-                             "samples_per_class": 3, "sampler": "ddim", "steps": 5,
-                             "guidance_scale": 2.0, "seed": 0})
+    gen = client.submit_job({**GENERATE, "model_id": ft["result"]["model_id"]})
     gen = client.wait_for_job(gen["job_id"], timeout=600)
     assert gen["state"] == "succeeded", gen
     corpus = next(a for a in client.job_artifacts(gen["job_id"]) if a["kind"] == "corpus")
@@ -128,3 +140,38 @@ def test_the_trainer_sampled_at_exactly_the_committed_rate_and_steps(journey, pl
     assert state["dp"]["noise_multiplier"] == event["noise_multiplier"]
     assert state["step"] == leased == event["steps"] == ft["privacy"]["steps"]
     assert state["sampler"]["draws_this_attempt"] == state["step"]  # one draw per step
+
+
+def _evaluate_cnn(client, corpus_job_id: str, dataset_id: str) -> dict:
+    corpus = next(a for a in client.job_artifacts(corpus_job_id) if a["kind"] == "corpus")
+    ev = client.submit_job({"type": "evaluate", "corpus_artifact_id": corpus["artifact_id"],
+                            "dataset_id": dataset_id, "classifiers": [CLASSIFIER], "seed": 0})
+    ev = client.wait_for_job(ev["job_id"], timeout=600)
+    assert ev["state"] == "succeeded", ev
+    return client.get_report(ev["job_id"])
+
+
+def test_private_contribution_as_the_demo_measures_it(journey, client):
+    """``make demo``'s ``private_contribution`` (issue 18, item 7) on the tiny models: a
+    corpus from the PUBLIC base model (same generate settings) and the DP-finetuned corpus,
+    each evaluated with the same classifier against the same private held-out records."""
+    private_id = journey["private"]["dataset_id"]
+    public_gen = client.submit_job({**GENERATE,
+                                    "model_id": journey["pretrain"]["result"]["model_id"]})
+    public_gen = client.wait_for_job(public_gen["job_id"], timeout=600)
+    assert public_gen["state"] == "succeeded", public_gen
+    public_report = _evaluate_cnn(client, public_gen["job_id"], private_id)
+    dp_report = _evaluate_cnn(client, journey["generate"]["job_id"], private_id)
+    spent = client.get_budget(private_id)["dataset_epsilon_spent"]
+    c = contribution_from_reports(public_report, dp_report, classifier=CLASSIFIER,
+                                  epsilon=spent)
+    assert set(c) == {"public_only_accuracy", "dp_finetuned_accuracy", "epsilon", "n_test",
+                      "standard_error", "difference"}
+    assert 0.0 <= c["public_only_accuracy"] <= 1.0 and 0.0 <= c["dp_finetuned_accuracy"] <= 1.0
+    assert 0 < c["n_test"] == journey["private"]["holdout_size"] < 200
+    assert 0 < c["epsilon"] <= 10.0
+    p1, p2, n = c["public_only_accuracy"], c["dp_finetuned_accuracy"], c["n_test"]
+    assert c["standard_error"] == pytest.approx((p1 * (1 - p1) / n + p2 * (1 - p2) / n) ** 0.5)
+    assert c["standard_error"] == pytest.approx(difference_standard_error(p1, p2, n))
+    assert c["difference"] == pytest.approx(p2 - p1)
+    assert isinstance(contribution_shown(c), bool)  # tiny models: no claim on the outcome
