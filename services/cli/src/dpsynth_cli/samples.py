@@ -3,9 +3,9 @@
 scikit-learn's digits (1,797 8×8 grayscale images of 0-9, installed with scikit-learn; nothing
 is downloaded) split with a fixed seed into a **public** part (40%: pretraining and the
 feature network) and a **private** part (60%: the data dpsynth protects), each written as
-an image-folder zip (``<label>/<index>.png``), the layout most users already have. The same
-split is used by ``make demo`` (``scripts/demo.py``), so its numbers and the README's
-journey speak of the same records.
+an image-folder zip (``<label>/<index>.png``), the layout most users already have. ``make
+demo`` (``scripts/demo.py``) starts from the same split but keeps only the public digits 0-4
+(so that 5-9 can come only from the private data, and the private data's contribution shows).
 """
 
 from __future__ import annotations
