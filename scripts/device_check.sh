@@ -9,11 +9,19 @@
 #   OUTDIR/engine_summary.json  the engine ratios so far, rewritten after each process
 #   OUTDIR/summary.json         the final summary (ratios per trainable set and engine,
 #                               best engine per set, the machine)
+#   OUTDIR/phase_throughput.json  images/s per ML phase on the device (issue 18): non-private
+#                               pretraining (latent, pixel), a whole-dataset and a per-label
+#                               DP finetune, sampling; each row names the device its phase
+#                               actually ran on; on a GPU a short CPU reference beside it
+#                               (benchmarks/phase_throughput.py), rewritten after each phase
 #   OUTDIR/device_check.log     everything printed
 #
 # Without --tiny: CUDA when torch sees it (preset "base", batch 64, 7 interleaved DP /
 # non-DP rounds as far as the budget allows), else the CPU with small settings. --tiny runs
-# the identical code path on the CPU with the tiny preset, batch 4 and 2 rounds (the test).
+# the identical code path on the CPU with the tiny preset, batch 4 and 2 rounds (the test);
+# its phase throughput is the tiny profile (a few steps per phase, on the CPU). The budget is
+# shared: the engine rows get what the phase throughput (about 90 s on a GPU) and, on a GPU
+# with benchmarks/fmnist_no_public.py present, the gpu-smoke benchmark (about 3.5 min) leave.
 #
 # Runs from a plain copy of the repository: .venv/bin/python when present, else python3,
 # with shared/src, services/worker/src and the repository root on PYTHONPATH, so dpsynth_ml,
@@ -100,7 +108,14 @@ print(json.load(open(sys.argv[1])).get("torch", {}).get("cuda_available", False)
     "$outdir/device.json" 2>/dev/null || echo False)"
   if [[ "$cuda" == "True" ]]; then profile=gpu; else profile=cpu; fi
 fi
-reserve=25  # seconds kept for the summary
+# seconds kept for what follows the engine rows: the summary, the phase throughput and
+# (a GPU, not --tiny, its file present) the gpu-smoke benchmark
+if (( tiny )); then phase_s=75; else phase_s=90; fi
+smoke_s=0
+if (( ! tiny )) && [[ "$profile" == gpu && -f benchmarks/fmnist_no_public.py ]]; then
+  smoke_s=${DEVICE_CHECK_SMOKE_S:-200}
+fi
+reserve=$(( 25 + phase_s + smoke_s ))
 limit=$(( $(remaining) - reserve ))
 say "engine rows: profile=$profile, ${limit}s left for them"
 rc=0
@@ -113,5 +128,32 @@ limit=$(( $(remaining) < 20 ? $(remaining) : 20 ))
 src=0
 run_limited "$(( limit < 5 ? 5 : limit ))" "$py" -m benchmarks.engine_cost summarize \
   --out "$outdir" || src=$?
-say "done in $(( $(date +%s) - start_s ))s: $outdir/summary.json (engine rows status $rc)"
+
+# 4. per-phase throughput (benchmarks/phase_throughput.py), in what the smoke run leaves
+limit=$(( $(remaining) - smoke_s ))
+(( limit <= phase_s + 10 )) || limit=$(( phase_s + 10 ))
+say "phase throughput: profile=$profile, ${limit}s left for it"
+prc=0
+run_limited "$limit" "$py" -m benchmarks.phase_throughput --out "$outdir" \
+  --profile "$profile" --budget-s "$(( limit > 20 ? limit - 10 : (limit > 2 ? limit - 2 : 1) ))" \
+  || prc=$?
+(( prc == 0 )) || say "phase throughput ended with status $prc (124: the time limit); rows kept"
+
+# 5. HOOK: the gpu-smoke benchmark (issue 18; benchmarks/fmnist_no_public.py is another
+# change's): a GPU only, never with --tiny, only when its file exists and the budget left
+# covers it. It writes its own results (benchmarks/results/); its log goes to the log.
+if (( smoke_s > 0 )); then
+  limit=$(( $(remaining) - 5 ))
+  if (( limit >= 60 )); then
+    say "gpu-smoke benchmark: ${limit}s left for it"
+    brc=0
+    BENCH_SCALE=gpu-smoke run_limited "$limit" "$py" -m benchmarks.fmnist_no_public || brc=$?
+    (( brc == 0 )) || say "gpu-smoke benchmark ended with status $brc (124: the time limit)"
+  else
+    say "gpu-smoke benchmark skipped: ${limit}s left"
+  fi
+fi
+
+say "done in $(( $(date +%s) - start_s ))s: $outdir/summary.json, $outdir/phase_throughput.json (engine rows status $rc, phases status $prc)"
+if (( src == 0 && prc != 0 && prc != 124 )); then exit "$prc"; fi
 exit "$src"

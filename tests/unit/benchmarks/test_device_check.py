@@ -1,7 +1,8 @@
 """scripts/device_check.sh --tiny: the GPU check's identical code path on the CPU (tiny
 preset, batch 4, 2 rounds), run as make test would, with the repository's Python. It must
 leave device.json, a measured row per (trainable set, engine that builds) and a summary with
-positive ratios; what a GPU would measure is not asserted (benchmarks measure, tests check)."""
+positive ratios, and phase_throughput.json with every ML phase measured on the CPU (issue 18);
+what a GPU would measure is not asserted (benchmarks measure, tests check)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from benchmarks.common import ROOT
 from benchmarks.engine_cost import ENGINES, NONDP, ROWS_FILE, TRAINABLES, read_rows
+from benchmarks.phase_throughput import OUT_FILE, PHASES
 
 pytestmark = pytest.mark.unit
 
@@ -63,3 +65,12 @@ def test_device_check_tiny_writes_device_rows_and_summary(tmp_path: Path) -> Non
             assert ratios["time_ratio"]["median"] > 0 and ratios["cpu_ratio"]["median"] > 0
             assert ratios["pairs"] >= 1
     assert "best:" in proc.stdout  # the human summary at the end
+
+    phases = json.loads((out / OUT_FILE).read_text())
+    assert phases["profile"] == "tiny" and phases["device"] == "cpu"
+    assert set(phases["phases"]) == set(PHASES)
+    for name, row in phases["phases"].items():  # each ran, on the device it says it ran on
+        assert row["status"] == "ok", (name, row)
+        assert row["device"] == row["requested_device"] == "cpu"
+        assert row["images_per_second"] > 0, (name, row)
+    assert "gpu-smoke" not in proc.stdout  # never with --tiny

@@ -118,7 +118,8 @@ class KeyedDraws:
         self.rows = 0
 
     def __call__(self, denoiser, scheduler, latents, labels, generator,  # type: ignore[no-untyped-def]
-                 layout=None):
+                 layout=None, timesteps="uniform"):
+        assert timesteps == "uniform", "the keyed draws are uniform timesteps"
         timesteps, noise = [], []
         for row in latents:
             key = hashlib.sha256(row.detach().numpy().tobytes()).hexdigest()

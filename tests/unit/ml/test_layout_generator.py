@@ -65,9 +65,11 @@ def test_a_masks_finetune_trains_on_the_encoded_masks(
     seen: list[torch.Tensor] = []
     real = ft_loop.per_sample_diffusion_loss
 
-    def spy(denoiser, scheduler, latents, labels, generator, layout=None):  # type: ignore[no-untyped-def]
+    def spy(denoiser, scheduler, latents, labels, generator, layout=None,  # type: ignore[no-untyped-def]
+            timesteps="uniform"):
         seen.append(latents.detach().clone())
-        return real(denoiser, scheduler, latents, labels, generator, layout=layout)
+        return real(denoiser, scheduler, latents, labels, generator, layout=layout,
+                    timesteps=timesteps)
 
     monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", spy)
     spec = finetune_spec(target="masks", num_classes=10, dp_steps=3, dp_sample_rate=0.3,

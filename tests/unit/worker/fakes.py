@@ -269,7 +269,8 @@ class MetricsCore(MlAdapter):
                         feature_check: tuple[Images, Labels] | None,
                         min_feature_accuracy: float, prdc_k: int, max_images: int, seed: int,
                         inception_weights: Path | None,
-                        progress: Progress | None) -> EvaluationResult:
+                        progress: Progress | None, device: str = "cpu") -> EvaluationResult:
+        # the device is the runner's business (tests/unit/worker/test_worker_devices.py)
         return self.metrics(synthetic, real_train, real_holdout, classifiers=classifiers,
                             feature_net_dir=feature_net_dir, feature_check=feature_check,
                             min_feature_accuracy=min_feature_accuracy, prdc_k=prdc_k,

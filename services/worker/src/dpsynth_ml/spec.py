@@ -387,6 +387,8 @@ class TrainingResult:
         total_parameters: number of scalars in VAE + UNet + class embedder.
         rng: "os" for OS-seeded randomness, "test" when a generator was injected.
         steps_by_partition: per-label runs: logical steps done per class name.
+        device: the torch device the training ran on (rank 0's, e.g. "cuda:0"; "cpu" for
+            a run on the CPU), so a benchmark never labels CPU work as GPU work.
     """
 
     steps_completed: int
@@ -396,6 +398,7 @@ class TrainingResult:
     total_parameters: int
     rng: RngKind
     steps_by_partition: Mapping[str, int] = field(default_factory=dict)
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -408,6 +411,7 @@ class SampleResult:
         seed: the generation seed (generation is post-processing, so it may be recorded).
         images_per_second: images written per second of sampling wall time.
         layouts: per class name, the indices of the layout masks used (in order).
+        device: the torch device the model and the diffusion noise were on ("cpu", "cuda:0").
     """
 
     out_dir: Path
@@ -415,6 +419,7 @@ class SampleResult:
     seed: int
     images_per_second: float = 0.0
     layouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    device: str = "cpu"
 
     @property
     def total(self) -> int:

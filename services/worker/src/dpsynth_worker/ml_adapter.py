@@ -83,13 +83,14 @@ class MlAdapter:
 
     def sample(self, model_dir: Path, *, samples_per_class: int, sampler: Sampler, steps: int,
                guidance_scale: float, seed: int, out_dir: Path, batch_size: int,
-               layouts: LayoutSet | None, progress: Progress | None) -> SampleResult:
+               layouts: LayoutSet | None, progress: Progress | None,
+               device: str = "cpu") -> SampleResult:
         import dpsynth_ml
 
         return dpsynth_ml.sample(model_dir, samples_per_class=samples_per_class,
                                  sampler=sampler, steps=steps, guidance_scale=guidance_scale,
                                  seed=seed, out_dir=out_dir, batch_size=batch_size,
-                                 layouts=layouts, progress=progress)
+                                 layouts=layouts, progress=progress, device=device)
 
     def is_layout_generator(self, info: ModelInfo) -> bool:
         import dpsynth_ml
@@ -98,13 +99,14 @@ class MlAdapter:
 
     def sample_layouts(self, model_dir: Path, *, counts: Mapping[str, int], seed: int,
                        sampler: Sampler, steps: int, guidance_scale: float, batch_size: int,
-                       per_class: bool, progress: Progress | None) -> LayoutSet:
+                       per_class: bool, progress: Progress | None,
+                       device: str = "cpu") -> LayoutSet:
         import dpsynth_ml
 
         return dpsynth_ml.sample_layouts(model_dir, counts=counts, seed=seed, sampler=sampler,
                                          steps=steps, guidance_scale=guidance_scale,
                                          batch_size=batch_size, per_class=per_class,
-                                         progress=progress)
+                                         progress=progress, device=device)
 
     def load_layouts(self, path: Path, *, per_class: bool) -> LayoutSet:
         import dpsynth_ml
@@ -127,14 +129,14 @@ class MlAdapter:
                           learning_rate: float, seed: int, out_dir: Path,
                           val_images: Images | None, val_labels: Labels | None,
                           validation_fraction: float,
-                          progress: Progress | None) -> FeatureNetInfo:
+                          progress: Progress | None, device: str = "cpu") -> FeatureNetInfo:
         import dpsynth_ml
 
         return dpsynth_ml.train_feature_net(
             images, labels, class_names=class_names, image_size=image_size, channels=channels,
             epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, seed=seed,
             out_dir=out_dir, val_images=val_images, val_labels=val_labels,
-            validation_fraction=validation_fraction, progress=progress)
+            validation_fraction=validation_fraction, progress=progress, device=device)
 
     def load_feature_net(self, directory: Path) -> tuple[FeatureNet, FeatureNetInfo]:
         import dpsynth_ml
@@ -154,14 +156,14 @@ class MlAdapter:
                         feature_check: tuple[Images, Labels] | None,
                         min_feature_accuracy: float, prdc_k: int, max_images: int, seed: int,
                         inception_weights: Path | None,
-                        progress: Progress | None) -> EvaluationResult:
+                        progress: Progress | None, device: str = "cpu") -> EvaluationResult:
         import dpsynth_ml
 
         return dpsynth_ml.evaluate_corpus(
             synthetic, real_train, real_holdout, classifiers=classifiers,
             feature_net_dir=feature_net_dir, feature_check=feature_check,
             min_feature_accuracy=min_feature_accuracy, prdc_k=prdc_k, max_images=max_images,
-            seed=seed, inception_weights=inception_weights, progress=progress)
+            seed=seed, inception_weights=inception_weights, progress=progress, device=device)
 
     def holdout_correct_counts(self, classifiers: Mapping[str, Classifier], images: Images,
                                labels: Labels) -> dict[str, int]:

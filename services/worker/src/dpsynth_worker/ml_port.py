@@ -57,7 +57,8 @@ class MlPort(Protocol):
 
     @property
     def devices(self) -> str:
-        """DPSYNTH_WORKER_DEVICES; ``"cpu"`` trains in this process through :meth:`train`."""
+        """DPSYNTH_WORKER_DEVICES; ``"cpu"`` trains in this process through :meth:`train`.
+        Single-device calls take its first device (``dpsynth_worker.devices.first_device``)."""
         ...
 
     # --- training -------------------------------------------------------------------------
@@ -97,8 +98,10 @@ class MlPort(Protocol):
 
     def sample(self, model_dir: Path, *, samples_per_class: int, sampler: Sampler, steps: int,
                guidance_scale: float, seed: int, out_dir: Path, batch_size: int,
-               layouts: LayoutSet | None, progress: Progress | None) -> SampleResult:
-        """Write ``samples_per_class`` PNGs per class under ``out_dir``."""
+               layouts: LayoutSet | None, progress: Progress | None,
+               device: str = "cpu") -> SampleResult:
+        """Write ``samples_per_class`` PNGs per class under ``out_dir``; the model and the
+        diffusion noise on ``device`` (:func:`dpsynth_worker.devices.first_device`)."""
         ...
 
     def is_layout_generator(self, info: ModelInfo) -> bool:
@@ -107,7 +110,8 @@ class MlPort(Protocol):
 
     def sample_layouts(self, model_dir: Path, *, counts: Mapping[str, int], seed: int,
                        sampler: Sampler, steps: int, guidance_scale: float, batch_size: int,
-                       per_class: bool, progress: Progress | None) -> LayoutSet:
+                       per_class: bool, progress: Progress | None,
+                       device: str = "cpu") -> LayoutSet:
         """Draw binarised layout masks per class name from a layout generator."""
         ...
 
@@ -133,8 +137,8 @@ class MlPort(Protocol):
                           learning_rate: float, seed: int, out_dir: Path,
                           val_images: Images | None, val_labels: Labels | None,
                           validation_fraction: float,
-                          progress: Progress | None) -> FeatureNetInfo:
-        """Train a feature network on PUBLIC records and write it to ``out_dir``."""
+                          progress: Progress | None, device: str = "cpu") -> FeatureNetInfo:
+        """Train a feature network on PUBLIC records (on ``device``), write it to ``out_dir``."""
         ...
 
     def load_feature_net(self, directory: Path) -> tuple[FeatureNet, FeatureNetInfo]:
@@ -152,8 +156,8 @@ class MlPort(Protocol):
                         feature_check: tuple[Images, Labels] | None,
                         min_feature_accuracy: float, prdc_k: int, max_images: int, seed: int,
                         inception_weights: Path | None,
-                        progress: Progress | None) -> EvaluationResult:
-        """Every metric of an evaluate job."""
+                        progress: Progress | None, device: str = "cpu") -> EvaluationResult:
+        """Every metric of an evaluate job; the networks run on ``device``."""
         ...
 
     def holdout_correct_counts(self, classifiers: Mapping[str, Classifier], images: Images,

@@ -80,6 +80,9 @@ class EvaluationResult:
     classifiers: dict[str, Any] = field(default_factory=dict)
     """per kind, the classifier trained on the SYNTHETIC images alone (a DP evaluation counts
     its correct answers on every held-out record: :mod:`dpsynth_ml.evaluation.dp`)."""
+    device: str = "cpu"
+    """the torch device the networks ran on (feature network, classifiers, InceptionV3);
+    the Fréchet distances, PRDC and memorisation are computed on the host."""
 
 
 def resize_uint8(images: np.ndarray, *, image_size: int, channels: int) -> np.ndarray:
@@ -164,6 +167,7 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
         net, info = load_feature_net(feature_net_dir)
         if tuple(info.class_names) and len(info.class_names) < 2:
             raise FeatureNetworkRejected("feature network with fewer than 2 classes")
+        net.to(device)  # the check, then the features, run where the classifiers do
         feature_doc = _check_network(net, info, feature_check, min_feature_accuracy, notes)
         size, channels = info.image_size, info.channels
     else:
@@ -173,6 +177,7 @@ def evaluate_corpus(synthetic: ImageDataset, real_train: ImageDataset,
     run = _subsample_sets(synthetic, syn_labels, real_train, real_holdout,
                           class_names=class_names, max_images=max_images, seed=seed,
                           size=size, channels=channels, notes=notes, steps=steps)
+    run.result.device = str(torch.device(device))
     run.settings.update({
         "classifiers": {k: dict(CLASSIFIER_SETTINGS[k]) for k in classifiers},
         "prdc_k": prdc_k, "max_images": max_images, "seed": seed,

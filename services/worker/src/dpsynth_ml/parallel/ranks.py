@@ -9,6 +9,7 @@ the same spec on their own shards with their own OS-seeded generators and write 
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import tempfile
 from collections.abc import Sequence
@@ -47,9 +48,11 @@ def train_on_ranks(devices: Sequence[torch.device], spec: TrainingSpec, *,
     generator = (torch.Generator().manual_seed(_test_seed) if _test_seed is not None
                  else None)
     if world == 1:
-        return train(spec, dataset_path=dataset_path, out_dir=out_dir, hooks=hooks,
-                     base_model_dir=base_model_dir, resume_from=resume_from,
-                     placement=Placement(device=devices[0]), _test_generator=generator)
+        return dataclasses.replace(
+            train(spec, dataset_path=dataset_path, out_dir=out_dir, hooks=hooks,
+                  base_model_dir=base_model_dir, resume_from=resume_from,
+                  placement=Placement(device=devices[0]), _test_generator=generator),
+            device=str(devices[0]))
     port = free_port()
     context = multiprocessing.get_context("spawn")  # never fork a process holding CUDA/threads
     followers = [context.Process(
@@ -82,7 +85,7 @@ def train_on_ranks(devices: Sequence[torch.device], spec: TrainingSpec, *,
             process.join()
     if failed:
         raise RuntimeError(f"ranks failed: {', '.join(failed)}")
-    return result
+    return dataclasses.replace(result, device=str(devices[0]))
 
 
 def _follow(rank: int, world: int, device: str, port: int, spec: TrainingSpec,

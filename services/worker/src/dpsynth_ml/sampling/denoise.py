@@ -5,19 +5,26 @@ bundle), the per-image random streams (each image's generator is a function of t
 class and its index only, see :mod:`dpsynth_ml.sampling.generate`), the sampler factory
 (``ddpm``, ``ddim``, ``dpm_solver++`` schedulers built from the model's own scheduler
 config) and the classifier-free-guided denoising loop that decodes samples to uint8 pixels.
+
+Device: the model, the initial latents, the per-image generators (so the DDPM noise of every
+step) and the guidance all live on one device (``device``, "cpu" by default); only the
+decoded uint8 pixels come back to the host, once per batch. On the CPU the draws are the
+ones they always were; on a GPU each image's generator is a CUDA generator seeded with the
+same per-image seed, so a GPU corpus is reproducible on GPUs but differs from the CPU one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from diffusers.schedulers.scheduling_ddim import DDIMScheduler
 from diffusers.schedulers.scheduling_ddpm import DDPMScheduler
 from diffusers.schedulers.scheduling_dpmsolver_multistep import DPMSolverMultistepScheduler
+from torch import nn
 
 from dpsynth_ml.models.architectures import ConditionalDenoiser, ModelBundle
 from dpsynth_ml.models.codec import decode_samples
@@ -37,32 +44,50 @@ def _is_per_label(info: ModelInfo) -> bool:
     return bool(info.extra.get("per_label", False))
 
 
-def _load(model_dir: Path) -> tuple[ModelBundle, ModelInfo, Mapping[int, ConditionalDenoiser]]:
-    """The model, its info and the denoiser of each class index it can draw."""
+def _load(model_dir: Path, device: torch.device | str = "cpu",
+          ) -> tuple[ModelBundle, ModelInfo, Mapping[int, ConditionalDenoiser]]:
+    """The model (on ``device``), its info and the denoiser of each class index it can
+    draw."""
     bundle, info = load_model(model_dir)
+    device = torch.device(device)
+    if device.type != "cpu":
+        if bundle.vae is not None:
+            _module(bundle.vae).to(device)
+        bundle.unet.to(device)
+        bundle.class_embedder.to(device)
     if not _is_per_label(info):
         shared = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
         return bundle, info, dict.fromkeys(range(info.num_classes), shared)
     by_name = load_per_label_denoisers(model_dir, bundle, info)
     if not by_name or any(name not in info.class_names for name in by_name):
         raise InvalidSpecError("a per-label bundle's denoisers must be named by its classes")
-    return bundle, info, {info.class_names.index(n): d.eval() for n, d in by_name.items()}
+    return bundle, info, {info.class_names.index(n): d.to(device).eval()
+                          for n, d in by_name.items()}
 
 
-def _image_generator(seed: int, cls: int, index: int) -> torch.Generator:
-    """The generator of one image: a function of (seed, class index, image index) only."""
+def _seeded(sequence: np.random.SeedSequence, device: torch.device | str) -> torch.Generator:
+    return torch.Generator(device=torch.device(device)).manual_seed(
+        int(sequence.generate_state(1, np.uint64)[0]))
+
+
+def _image_generator(seed: int, cls: int, index: int,
+                     device: torch.device | str = "cpu") -> torch.Generator:
+    """The generator of one image: a function of (seed, class index, image index) only
+    (and of the device type: a CUDA generator's stream is not the CPU one's)."""
     sequence = np.random.SeedSequence(seed & _SEED_MASK, spawn_key=(_IMAGE_STREAM, cls, index))
-    return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
+    return _seeded(sequence, device)
 
 
-def _layout_model_generator(seed: int, cls: int, index: int) -> torch.Generator:
+def _layout_model_generator(seed: int, cls: int, index: int,
+                            device: torch.device | str = "cpu") -> torch.Generator:
     """The generator of one generated layout mask: (seed, class index, mask index) only."""
     sequence = np.random.SeedSequence(seed & _SEED_MASK,
                                       spawn_key=(_LAYOUT_MODEL_STREAM, cls, index))
-    return torch.Generator().manual_seed(int(sequence.generate_state(1, np.uint64)[0]))
+    return _seeded(sequence, device)
 
 
-def make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int) -> Any:
+def make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int,
+                   device: torch.device | None = None) -> Any:
     """A fresh sampler (schedulers keep per-run state) from the model's scheduler config."""
     config = bundle.scheduler.config
     if kind == "ddpm":
@@ -77,7 +102,10 @@ def make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int) -> Any:
             variance_type=None)
     else:
         raise InvalidSpecError(f"unknown sampler {kind!r}")
-    scheduler.set_timesteps(steps)
+    if device is None or device.type == "cpu":
+        scheduler.set_timesteps(steps)
+    else:
+        scheduler.set_timesteps(steps, device=device)
     return scheduler
 
 
@@ -88,18 +116,23 @@ def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoise
               layout: torch.Tensor | None) -> np.ndarray:
     """Denoise ``n`` latents with class label ``label``, decode them to uint8 [n, H, W, C]
     (a pixel-space model's samples are the images: ``codec.decode_samples``)."""
-    scheduler = make_scheduler(bundle, sampler, steps)
+    device = next(denoiser.parameters()).device
+    scheduler = make_scheduler(bundle, sampler, steps, device)
     size = int(bundle.unet.config["sample_size"])
     shape = (1, info.latent_channels, size, size)
-    latents = torch.cat([torch.randn(shape, generator=g) for g in generators])
-    latents = latents * scheduler.init_noise_sigma
-    cond = torch.full((n,), label, dtype=torch.long)
-    uncond = torch.full((n,), info.null_class, dtype=torch.long)
+    # each image's generator lives on the model's device (``_image_generator``): the initial
+    # latents and DDPM's per-step noise are drawn there, never copied from the host
+    latents = torch.cat([torch.randn(shape, generator=g, device=g.device) for g in generators])
+    latents = latents.to(device) * scheduler.init_noise_sigma
+    cond = torch.full((n,), label, dtype=torch.long, device=device)
+    uncond = torch.full((n,), info.null_class, dtype=torch.long, device=device)
+    if layout is not None:
+        layout = layout.to(device)
     guided = guidance_scale != 1.0
     both_layout = None if layout is None or not guided else torch.cat([layout, layout])
     for t in scheduler.timesteps:
         model_in = scheduler.scale_model_input(latents, t)
-        ts = torch.full((n,), int(t), dtype=torch.long)
+        ts = torch.full((n,), int(t), dtype=torch.long, device=device)
         if not guided:
             eps = denoiser(model_in, ts, cond, layout=layout)
         else:
@@ -112,5 +145,10 @@ def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoise
         latents = scheduler.step(eps, t, latents, generator=generators).prev_sample
     images = decode_samples(bundle, info, latents)  # in [0, 1]
     pixels = (images * 255.0).round().to(torch.uint8).permute(0, 2, 3, 1)
-    array: np.ndarray = pixels.numpy()
+    array: np.ndarray = pixels.cpu().numpy()
     return array
+
+
+def _module(part: object) -> nn.Module:
+    """A diffusers part as the ``nn.Module`` it is (its ``to`` is typed for dtypes only)."""
+    return cast("nn.Module", part)

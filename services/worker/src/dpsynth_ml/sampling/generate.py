@@ -6,7 +6,9 @@ Reproducibility: every image has its own random generator, seeded from (seed, cl
 image index) through :class:`numpy.random.SeedSequence`, which draws its initial latent and
 (for DDPM) its per-step noise. An image therefore depends on the seed, its class and its
 index, never on ``batch_size`` or on which other classes are generated (up to the float
-round-off of batched kernels).
+round-off of batched kernels). ``device`` (default "cpu") holds the model and these
+generators: a GPU corpus has the same reproducibility on GPUs, but is not the CPU corpus (a
+CUDA generator's stream differs), and :attr:`SampleResult.device` says which it was.
 
 Samplers (``diffusers`` schedulers built from the model's own scheduler config):
 
@@ -43,10 +45,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
 from dpsynth_ml.data import load_dataset
@@ -130,7 +133,8 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
            guidance_scale: float, seed: int, out_dir: Path,
            classes: Sequence[int] | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
            layouts: LayoutSet | None = None,
-           progress: Callable[[int, int], None] | None = None) -> SampleResult:
+           progress: Callable[[int, int], None] | None = None,
+           device: str | torch.device = "cpu") -> SampleResult:
     """Generate images per class and write ``out_dir/<class_name>/<i>.png``.
 
     Args:
@@ -148,9 +152,12 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
         layouts: public layout masks; required by a layout-conditioned model and refused
             by any other.
         progress: called with (images done, images total) after each batch.
+        device: where the model, the latents and the diffusion noise live ("cpu" by
+            default, whose images are the same as ever; on "cuda:0" each image's generator
+            is a CUDA one, so the images are reproducible on GPUs, not equal to the CPU's).
 
     Returns:
-        Counts per class name, images per second of sampling (layout encoding, denoising
+        Counts per class name, the device, images per second of sampling (layout encoding, denoising
         and decoding; not model loading or PNG writing) and, with layouts, the mask indices
         used per class (image i of a class was conditioned on mask ``layouts[name][i]``).
 
@@ -161,7 +168,8 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
     if samples_per_class < 0 or steps < 1 or batch_size < 1:
         raise InvalidSpecError("samples_per_class must be >= 0, steps and batch_size >= 1")
     _check_sampler(sampler)
-    bundle, info, denoisers = _load(model_dir)
+    place = torch.device(device)
+    bundle, info, denoisers = _load(model_dir, place)
     wanted = sorted(denoisers) if classes is None else list(classes)
     if any(c not in denoisers for c in wanted):
         raise InvalidSpecError("classes must be model class indices (of a per-label bundle: "
@@ -173,7 +181,7 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
         raise InvalidSpecError("this model has no layout conditioning: layouts are refused")
     run = _Run(bundle=bundle, info=info, sampler=sampler, steps=steps, seed=seed,
                guidance_scale=guidance_scale, batch_size=batch_size, layouts=layouts,
-               total=samples_per_class * len(wanted), progress=progress)
+               total=samples_per_class * len(wanted), progress=progress, device=place)
     dirs = _class_dirs(info)
     counts: dict[str, int] = {}
     used: dict[str, tuple[int, ...]] = {}
@@ -185,7 +193,7 @@ def sample(model_dir: Path, *, samples_per_class: int, sampler: SamplerKind, ste
             used[name] = tuple(int(i) for i in picks)
     rate = run.done / run.elapsed if run.done and run.elapsed > 0 else 0.0
     return SampleResult(out_dir=Path(out_dir), counts=counts, seed=seed,
-                        images_per_second=rate, layouts=used)
+                        images_per_second=rate, layouts=used, device=str(place))
 
 
 def is_layout_generator(info: ModelInfo) -> bool:
@@ -196,7 +204,8 @@ def is_layout_generator(info: ModelInfo) -> bool:
 def sample_layouts(model_dir: Path, *, counts: Mapping[str, int], seed: int,
                    sampler: SamplerKind = "ddim", steps: int = 50, guidance_scale: float = 1.0,
                    batch_size: int = DEFAULT_BATCH_SIZE, per_class: bool = True,
-                   progress: Callable[[int, int], None] | None = None) -> LayoutSet:
+                   progress: Callable[[int, int], None] | None = None,
+                   device: str | torch.device = "cpu") -> LayoutSet:
     """Draw layout masks per class from a layout-generator model and binarise them.
 
     Args:
@@ -210,6 +219,7 @@ def sample_layouts(model_dir: Path, *, counts: Mapping[str, int], seed: int,
         batch_size: masks denoised together (speed and memory only).
         per_class: the returned set's ``per_class`` (see :class:`LayoutSet`).
         progress: called with (masks done, masks total) after each batch.
+        device: as for :func:`sample`.
 
     Returns:
         uint8 masks [M, H, W, 1] with values in {0, 255} (grayscale above
@@ -223,7 +233,8 @@ def sample_layouts(model_dir: Path, *, counts: Mapping[str, int], seed: int,
     if steps < 1 or batch_size < 1 or any(n < 0 for n in counts.values()):
         raise InvalidSpecError("counts must be >= 0, steps and batch_size >= 1")
     _check_sampler(sampler)
-    bundle, info, denoisers = _load(model_dir)
+    place = torch.device(device)
+    bundle, info, denoisers = _load(model_dir, place)
     if not is_layout_generator(info):
         raise InvalidSpecError("this model was not trained on layout masks (target 'masks')")
     unknown = sorted(n for n in counts if n not in info.class_names
@@ -241,7 +252,8 @@ def sample_layouts(model_dir: Path, *, counts: Mapping[str, int], seed: int,
         cls = info.class_names.index(name)
         for start in range(0, n, batch_size):
             size = min(batch_size, n - start)
-            generators = [_layout_model_generator(seed, cls, start + i) for i in range(size)]
+            generators = [_layout_model_generator(seed, cls, start + i, place)
+                          for i in range(size)]
             pixels = _generate(bundle, info, denoisers[cls],
                                info.null_class if per_label else cls, size, sampler=sampler,
                                steps=steps, generators=generators, layout=None,
@@ -270,6 +282,7 @@ class _Run:
     layouts: LayoutSet | None
     total: int
     progress: Callable[[int, int], None] | None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     done: int = 0
     elapsed: float = 0.0
 
@@ -286,7 +299,8 @@ class _Run:
         label = info.null_class if per_label else cls
         for start in range(0, n, self.batch_size):
             size = min(self.batch_size, n - start)
-            generators = [_image_generator(self.seed, cls, start + i) for i in range(size)]
+            generators = [_image_generator(self.seed, cls, start + i, self.device)
+                          for i in range(size)]
             began = time.perf_counter()
             # Masks are encoded by the model's own VAE, as the denoiser was trained on them.
             layout = (None if layouts is None or picks is None else encode_layouts(

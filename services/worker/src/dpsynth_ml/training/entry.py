@@ -51,9 +51,11 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
             needs it on resume too: the classes not started yet start from it).
         resume_from: a finetune checkpoint directory to continue from: model, optimizer,
             EMA, LR schedule and steps done are restored; randomness is fresh.
-        placement: rank, world size and device (default: one process on the CPU). Only a
-            whole-dataset DP finetune runs elsewhere so far; on W > 1 ranks every rank calls
-            ``train`` (see docs/multi-gpu.md) and only rank 0 uses ``hooks`` and writes.
+        placement: rank, world size and device (default: one process on the CPU), for a
+            whole-dataset DP finetune: on W > 1 ranks every rank calls ``train`` (see
+            docs/multi-gpu.md) and only rank 0 uses ``hooks`` and writes. Pretrains and
+            per-label finetunes run on ONE device through
+            :func:`dpsynth_ml.parallel.placement.train_on_device` instead.
         _test_generator: tests only. Replaces the OS-seeded generator for Poisson sampling,
             DP noise and diffusion draws; the output is stamped ``rng: "test"``.
 
@@ -87,8 +89,9 @@ def train(spec: TrainingSpec, *, dataset_path: Path, out_dir: Path,
 
 
 def placeable(spec: TrainingSpec) -> bool:
-    """Whether ``spec`` runs on a device other than the CPU and on several ranks: a
-    whole-dataset DP finetune (pretrains and per-label finetunes run on the CPU so far)."""
+    """Whether ``spec`` runs through ``train``'s ``placement`` (several ranks): a
+    whole-dataset DP finetune. Pretrains and per-label finetunes are placed on one device by
+    :func:`dpsynth_ml.parallel.placement.train_on_device`."""
     return isinstance(spec, FinetuneTraining) and not isinstance(spec.privacy, PerLabel)
 
 

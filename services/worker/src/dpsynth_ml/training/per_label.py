@@ -30,6 +30,11 @@ Outputs: ``out_dir/model`` is one per-label bundle (:func:`model_io.save_per_lab
     current/             the in-progress class's finetune checkpoint (absent between classes)
 
 so a resume skips the finished classes and resumes the current one with fresh randomness.
+
+Device: ``placement`` (one device, rank 0 of 1; :func:`dpsynth_ml.train_placed` passes the
+worker's first device) is every class's run's placement, so each class encodes its records
+and trains on that device exactly as a whole-dataset finetune does (``finetune.setup``).
+The classes run one after the other; a per-label job is not split across ranks.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from dpsynth_ml.models.model_io import (
     save_per_label_model,
     write_model_info,
 )
+from dpsynth_ml.parallel.distributed import Placement
 from dpsynth_ml.spec import (
     CentralImages,
     DpSpec,
@@ -71,16 +77,19 @@ STATE_KIND = "finetune_per_label"
 def run_per_label(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
                   hooks: TrainingHooks, base_model_dir: Path | None,
                   resume_from: Path | None, generator: torch.Generator,
-                  rng: RngKind) -> TrainingResult:
+                  rng: RngKind, placement: Placement | None = None) -> TrainingResult:
     """Train (or resume) one DP denoiser per class; see the module docstring.
 
     Raises:
         InvalidSpecError: no base model, a privacy that is not ``PerLabel``, classes not
             exactly the dataset's, or a checkpoint written under other per-class DP
-            parameters.
+            parameters, or a placement of several ranks.
     """
     if not isinstance(spec.privacy, PerLabel):
         raise InvalidSpecError("a per-label finetune's privacy is PerLabel")
+    placement = placement if placement is not None else Placement()
+    if placement.distributed:
+        raise InvalidSpecError("a per-label finetune runs on one device (not on several ranks)")
     if base_model_dir is None:
         raise InvalidSpecError("a per-label finetune needs base_model_dir: every class "
                                "starts from a fresh copy of the base model")
@@ -89,7 +98,7 @@ def run_per_label(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
         raise InvalidSpecError("the per-label privacy must name exactly the dataset's classes")
     job = _PerLabelJob(spec, dataset=dataset, dataset_path=Path(dataset_path),
                        out_dir=Path(out_dir), hooks=hooks, base_model_dir=Path(base_model_dir),
-                       generator=generator, rng=rng)
+                       generator=generator, rng=rng, placement=placement)
     current = job.restore(Path(resume_from)) if resume_from is not None else None
     return job.run(current)
 
@@ -99,13 +108,15 @@ class _PerLabelJob:
 
     def __init__(self, spec: FinetuneTraining, *, dataset: ImageDataset, dataset_path: Path,
                  out_dir: Path, hooks: TrainingHooks, base_model_dir: Path,
-                 generator: torch.Generator, rng: RngKind) -> None:
+                 generator: torch.Generator, rng: RngKind,
+                 placement: Placement | None = None) -> None:
         if not isinstance(spec.privacy, PerLabel):
             raise InvalidSpecError("a per-label finetune's privacy is PerLabel")
         self.privacy: PerLabel = spec.privacy
         self.spec, self.dataset, self.dataset_path = spec, dataset, dataset_path
         self.out_dir, self.hooks, self.base_model_dir = out_dir, hooks, base_model_dir
         self.generator, self.rng = generator, rng
+        self.placement = placement if placement is not None else Placement()
         self.classes = dataset.class_names
         self.dp: Mapping[str, DpSpec] = {c: p.dp for c, p in self.privacy.per_class.items()}
         self.total = sum(self.dp[c].steps for c in self.classes)
@@ -143,7 +154,8 @@ class _PerLabelJob:
                 self._class_spec(name), dataset_path=self.dataset_path,
                 dataset=_class_subset(self.dataset, index), out_dir=self.class_dir(name),
                 hooks=_ClassHooks(self, name), base_model_dir=self.base_model_dir,
-                resume_from=resume, generator=self.generator, rng=self.rng)
+                resume_from=resume, generator=self.generator, rng=self.rng,
+                placement=self.placement)
             self.steps[name] = result.steps_completed
             if result.stopped_early:
                 partial[name], stopped = result.model_dir, True
@@ -164,7 +176,8 @@ class _PerLabelJob:
         return TrainingResult(
             steps_completed=sum(self.steps.values()), stopped_early=stopped,
             model_dir=model_dir, trainable_parameters=trainable, total_parameters=total,
-            rng=self.rng, steps_by_partition={n: self.steps.get(n, 0) for n in self.classes})
+            rng=self.rng, steps_by_partition={n: self.steps.get(n, 0) for n in self.classes},
+            device=str(self.placement.device))
 
     def checkpoint(self, current: tuple[str, int, Path] | None = None) -> None:
         """Write a combined checkpoint (finished classes + the class in progress)."""

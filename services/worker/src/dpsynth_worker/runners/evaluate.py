@@ -26,6 +26,7 @@ from dpsynth_shared.job_specs import EvaluateSpec
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.worker_contract import CorpusRef, DatasetInfo
 
+from dpsynth_worker.devices import first_device
 from dpsynth_worker.ml_port import Images, Labels
 from dpsynth_worker.reports import ClosestPair, ReportArrays, plain, render_html, render_json
 from dpsynth_worker.runners.artifacts import download_folder, read_provenance, upload_and_register
@@ -95,7 +96,7 @@ def run_evaluate(ctx: JobContext) -> Outcome:
             feature_net_dir=feature_dir, feature_check=feature_check,
             min_feature_accuracy=spec.min_feature_accuracy, prdc_k=spec.prdc_k,
             max_images=spec.max_images, seed=spec.seed, inception_weights=inception,
-            progress=progress)
+            progress=progress, device=first_device(ctx.ml.devices))
     except _Stop:
         return stopped(ctx)
     if ctx.flags.any():

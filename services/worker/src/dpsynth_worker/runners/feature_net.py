@@ -25,6 +25,7 @@ from dpsynth_shared.job_states import JobState
 from dpsynth_shared.object_store import PRIVATE_PREFIX
 from dpsynth_shared.worker_contract import DatasetInfo
 
+from dpsynth_worker.devices import first_device
 from dpsynth_worker.ml_port import Labels
 from dpsynth_worker.runners.artifacts import (
     model_key,
@@ -129,7 +130,8 @@ def run_feature_net(ctx: JobContext) -> Outcome:
             channels=spec.channels, epochs=spec.epochs, batch_size=spec.batch_size,
             learning_rate=spec.learning_rate, seed=spec.seed, out_dir=out_dir,
             val_images=val_images, val_labels=val_labels,
-            validation_fraction=spec.validation_fraction, progress=progress)
+            validation_fraction=spec.validation_fraction, progress=progress,
+            device=first_device(ctx.ml.devices))
     except _Stop:
         return stopped(ctx)
     if ctx.flags.any():

@@ -37,6 +37,7 @@ from dpsynth_shared.ledger_contract import LINEAGE_LABEL
 from dpsynth_shared.object_store import PRIVATE_PREFIX
 from dpsynth_shared.worker_contract import DatasetInfo, ModelRef
 
+from dpsynth_worker.devices import first_device
 from dpsynth_worker.runners.artifacts import (
     corpus_key,
     download_folder,
@@ -91,7 +92,8 @@ def run_generate(ctx: JobContext) -> Outcome:
                                guidance_scale=spec.guidance_scale, seed=spec.seed,
                                batch_size=spec.batch_size,
                                layouts=None if layouts is None else layouts[1],
-                               out_dir=corpus_dir, progress=progress)
+                               out_dir=corpus_dir, progress=progress,
+                               device=first_device(ctx.ml.devices))
     except _Stop:
         return stopped(ctx)
     manifest = build_manifest(ctx, spec, ref, model_dir, privacy, dict(result.counts),
@@ -176,7 +178,7 @@ def _generate_layouts(ctx: JobContext, spec: GenerateSpec,
                                     sampler=spec.sampler, steps=spec.steps,
                                     guidance_scale=spec.guidance_scale,
                                     batch_size=spec.batch_size, per_class=source.per_class,
-                                    progress=progress)
+                                    progress=progress, device=first_device(ctx.ml.devices))
     return {"model_id": layout_ref.model_id, "dp": bool(layout_ref.dp),
             "job_epsilon": job_epsilon, "job_epsilon_label": lineage,
             "dataset_id": layout_ref.dataset_id,

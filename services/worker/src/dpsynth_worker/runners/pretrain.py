@@ -31,8 +31,13 @@ def run_pretrain(ctx: JobContext) -> Outcome:
     fetch_dataset(ctx, dataset, data_path)  # public data, with a derived dataset's selection
     training = pretrain_training_spec(spec, dataset)
     ctx.heartbeat.phase("training")
-    result = ctx.ml.train(training, dataset_path=data_path, out_dir=ctx.work_dir / "out",
-                          hooks=PlainHooks(ctx))
+    # on the first device of DPSYNTH_WORKER_DEVICES (bf16 autocast on CUDA; public data)
+    if ctx.ml.devices == "cpu":
+        result = ctx.ml.train(training, dataset_path=data_path, out_dir=ctx.work_dir / "out",
+                              hooks=PlainHooks(ctx))
+    else:
+        result = ctx.ml.train_placed(ctx.ml.devices, training, dataset_path=data_path,
+                                     out_dir=ctx.work_dir / "out", hooks=PlainHooks(ctx))
     if result.stopped_early:
         return stopped(ctx)
     published = publish_model(
@@ -47,7 +52,8 @@ def run_pretrain(ctx: JobContext) -> Outcome:
     propose(ctx, JobState.SUCCEEDED, result={"model_id": published.model_id,
                                               "artifact_id": published.artifact_id,
                                               "model_hash": published.model_hash})
-    log.info("pretrain succeeded", extra={"steps": result.steps_completed})
+    log.info("pretrain succeeded", extra={"steps": result.steps_completed,
+                                          "device": result.device})
     return Outcome.SUCCEEDED
 
 

@@ -4,13 +4,17 @@ engine and the Poisson sampler of the privacy unit, all held in one :class:`Fine
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
 from diffusers.training_utils import EMAModel
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from dpsynth_ml.data import ImageDataset, load_dataset, training_view
@@ -169,15 +173,21 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
         rng = "test"  # a model is "test" if any attempt in its history was seeded by a test
     start_step = checkpoints.resume_step(resume_from, dp) if resume_from is not None else 0
     dataset = dataset if dataset is not None else load_dataset(dataset_path)
-    data = model_and_data(spec, bundle, info, dataset, base_model_dir,
-                           fresh=resume_from is None)
-    info, latents, layouts, labels = data.info, data.latents, data.layouts, data.labels
+    with _vae_on(bundle, placement.device):
+        # the frozen VAE encodes the private records (and the blanks up to N̂) on the
+        # job's device, in float32 and without autocast; the encoded examples then come
+        # back to the host once (the loop gathers each step's rows there, padding included)
+        data = model_and_data(spec, bundle, info, dataset, base_model_dir,
+                               fresh=resume_from is None)
+        fixed = _fixed_batch(privacy, placement)
+        if isinstance(privacy, RecordLevel):  # encoding costs N̂ records whatever the count
+            encode_blanks(bundle, info, real=len(dataset), masks=data.layouts is not None,
+                          public=public_size(sample_rate=dp.sample_rate,
+                                             expected_batch_size=dp.expected_batch_size))
+    info, labels = data.info, data.labels
+    latents = data.latents.cpu()
+    layouts = data.layouts.cpu() if data.layouts is not None else None
     names, denoiser = data.names, data.denoiser
-    fixed = _fixed_batch(privacy, placement)
-    if isinstance(privacy, RecordLevel):  # encoding costs N̂ records whatever the true count
-        encode_blanks(bundle, info, real=len(dataset), masks=layouts is not None,
-                      public=public_size(sample_rate=dp.sample_rate,
-                                         expected_batch_size=dp.expected_batch_size))
     # built (no draw yet) before the central images: a dataset whose unit does not fit the
     # privacy is refused before any release is charged
     sampler = _sampler(privacy, dataset, generator, placement, fixed.population)
@@ -224,6 +234,21 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
                 out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts,
                 placement=placement, fixed=fixed)
+
+
+@contextlib.contextmanager
+def _vae_on(bundle: ModelBundle, device: torch.device) -> Iterator[None]:
+    """The bundle's VAE (if any) on ``device`` inside the block, back on the CPU after it
+    (the VAE is not needed again by the DP steps; the model is written from the host)."""
+    if bundle.vae is None or device.type == "cpu":
+        yield
+        return
+    vae = cast("nn.Module", bundle.vae)
+    vae.to(device)
+    try:
+        yield
+    finally:
+        vae.to(torch.device("cpu"))
 
 
 def _optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
