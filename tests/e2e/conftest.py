@@ -5,9 +5,11 @@ Short lease and heartbeat periods (seconds) so the reaper's behaviour is testabl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from dpsynth_client import Client
@@ -80,6 +82,17 @@ def digits_npz(path: Path, *, part: str, n: int | None = None) -> tuple[Path, np
 
 TINY_PRETRAIN = {"type": "pretrain", "preset": "tiny", "image_size": 16, "channels": 1,
                  "class_conditional": True, "epochs": 2, "batch_size": 64, "seed": 0}
+
+
+def upload_npz(platform: ServicePlatform, npz: Path, metadata: dict) -> dict:
+    """Upload a canonical npz with the admin key (metadata as the form field); 201 or fail."""
+    with npz.open("rb") as handle:
+        r = httpx.post(f"{platform.api_url}/v1/datasets", timeout=60,
+                       headers={"Authorization": f"Bearer {platform.admin_key()}"},
+                       data={"metadata": json.dumps(metadata)},
+                       files={"file": (npz.name, handle, "application/octet-stream")})
+    assert r.status_code == 201, r.text
+    return dict(r.json())
 
 
 def finetune_spec(dataset_id: str, base_model_id: str, *, target_epsilon: float = 4.0,

@@ -13,10 +13,9 @@ import json
 import zipfile
 from collections import Counter
 
-import httpx
 import pytest
 
-from tests.e2e.conftest import CLASSES, digits_npz
+from tests.e2e.conftest import CLASSES, digits_npz, upload_npz
 from tests.e2e.ledger_replay import (
     conversion,
     ledger_entries,
@@ -39,13 +38,7 @@ def journey(platform, client, tmp_path_factory):
     sizes = {c: counts.get(c, 0) + 2 for c in CLASSES}  # public bounds, each ≥ the true count
     metadata = {"name": "priv-central", "visibility": "private", "epsilon_limit": 10.0,
                 "label_domain": CLASSES, "class_sizes": sizes, "declared_size": 60}
-    with npz.open("rb") as handle:
-        r = httpx.post(f"{platform.api_url}/v1/datasets", timeout=60,
-                       headers={"Authorization": f"Bearer {platform.admin_key()}"},
-                       data={"metadata": json.dumps(metadata)},
-                       files={"file": ("private.npz", handle, "application/octet-stream")})
-    assert r.status_code == 201, r.text
-    dataset = r.json()
+    dataset = upload_npz(platform, npz, metadata)
     spec = {"type": "finetune", "dataset_id": dataset["dataset_id"],
             "base_model_id": init["result"]["model_id"],
             "privacy": {"target_epsilon": TARGET, "max_grad_norm": 1.0},

@@ -201,13 +201,7 @@ class _Replay:
         elif kind == "histogram_released":  # one Gaussian: every partition, full RDP once
             amount = rdp_at_order(GaussianEvent.model_validate(payload["event"]), self.order,
                                   self.relation)
-            if set(payload["rdp_delta"]) != set(touched(WHOLE_DATASET, self.committed)):
-                problems.append(f"entry {seq}: a histogram release must charge every training "
-                                f"partition, not {sorted(payload['rdp_delta'])}")
-            for p, recorded in payload["rdp_delta"].items():
-                if recorded != amount:
-                    problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
-                self.committed[p] = add_up(self.committed.get(p, 0.0), float(recorded))
+            self._training_charge(payload, amount, problems, seq, "a histogram release")
             self.releases.add(payload["release_id"])
         elif kind == CENTRAL_IMAGES_RELEASED:
             self._central_images(payload, problems, seq)
@@ -247,9 +241,15 @@ class _Replay:
                                 f"{expected} under {self.relation}, not {ev.sensitivity} "
                                 f"under {ev.neighbouring}")
         amount = rdp_at_order(ev, self.order, self.relation)
+        self._training_charge(payload, amount, problems, seq, "a central-image release")
+
+    def _training_charge(self, payload: dict[str, Any], amount: float, problems: list[str],
+                         seq: int, what: str) -> None:
+        """A one-shot release charged ``amount`` once to every TRAINING partition: check the
+        recorded partitions and amounts, and apply them."""
         if set(payload["rdp_delta"]) != set(touched(WHOLE_DATASET, self.committed)):
-            problems.append(f"entry {seq}: a central-image release must charge every training "
-                            f"partition, not {sorted(payload['rdp_delta'])}")
+            problems.append(f"entry {seq}: {what} must charge every training partition, not "
+                            f"{sorted(payload['rdp_delta'])}")
         for p, recorded in payload["rdp_delta"].items():
             if recorded != amount:
                 problems.append(f"entry {seq}: charge {recorded} != recomputed {amount}")
