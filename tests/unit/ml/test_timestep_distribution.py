@@ -49,3 +49,4 @@ def test_unknown_distribution_is_refused() -> None:
     except InvalidSpecError:
         return
     raise AssertionError("an unknown timestep distribution was accepted")
+

@@ -87,19 +87,30 @@ def _layout_model_generator(seed: int, cls: int, index: int,
 
 
 def make_scheduler(bundle: ModelBundle, kind: SamplerKind, steps: int,
-                   device: torch.device | None = None) -> Any:
-    """A fresh sampler (schedulers keep per-run state) from the model's scheduler config."""
+                   device: torch.device | None = None, *, pixel: bool = False) -> Any:
+    """A fresh sampler (schedulers keep per-run state) from the model's scheduler config.
+
+    ``pixel``: the model denoises pixels in [-1, 1], so every step's estimate of the clean
+    image is held to that range (DDPM/DDIM: ``clip_sample``, Ho et al. 2020; DPM-Solver++:
+    dynamic thresholding at the 99.5th percentile, Saharia et al. 2022). Without it an
+    early, high-noise estimate outside the data range (the ε-prediction error is amplified
+    by 1/√ᾱ_t there) drives the whole trajectory to saturated images. Latents have no such
+    range and are never clipped.
+    """
     config = bundle.scheduler.config
+    clip: dict[str, Any] = ({"clip_sample": True, "clip_sample_range": 1.0} if pixel else {})
     if kind == "ddpm":
-        scheduler: Any = DDPMScheduler.from_config(config)
+        scheduler: Any = DDPMScheduler.from_config(config, **clip)
     elif kind == "ddim":
-        scheduler = DDIMScheduler.from_config(config)
+        scheduler = DDIMScheduler.from_config(config, **clip)
     elif kind == "dpm_solver++":
         # The solver's own spacing (from t = T; "leading" would start at T - T/steps, which
         # costs most at the few steps DPM-Solver++ is for); no learned variance here.
+        threshold: dict[str, Any] = ({"thresholding": True, "sample_max_value": 1.0,
+                                      "dynamic_thresholding_ratio": 0.995} if pixel else {})
         scheduler = DPMSolverMultistepScheduler.from_config(
             config, algorithm_type="dpmsolver++", timestep_spacing="linspace",
-            variance_type=None)
+            variance_type=None, **threshold)
     else:
         raise InvalidSpecError(f"unknown sampler {kind!r}")
     if device is None or device.type == "cpu":
@@ -117,7 +128,7 @@ def _generate(bundle: ModelBundle, info: ModelInfo, denoiser: ConditionalDenoise
     """Denoise ``n`` latents with class label ``label``, decode them to uint8 [n, H, W, C]
     (a pixel-space model's samples are the images: ``codec.decode_samples``)."""
     device = next(denoiser.parameters()).device
-    scheduler = make_scheduler(bundle, sampler, steps, device)
+    scheduler = make_scheduler(bundle, sampler, steps, device, pixel=info.space == "pixel")
     size = int(bundle.unet.config["sample_size"])
     shape = (1, info.latent_channels, size, size)
     # each image's generator lives on the model's device (``_image_generator``): the initial
