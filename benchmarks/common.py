@@ -33,13 +33,19 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 NOTES_DIR = ROOT / "benchmarks" / "notes"
 
-Scale = Literal["cpu", "full"]
+Scale = Literal["cpu", "gpu-smoke", "gpu", "full"]
+SCALES = ("cpu", "gpu-smoke", "gpu", "full")
 SCALE: str = os.environ.get("BENCH_SCALE", "cpu")
 """``cpu``: sized for the 2-core CI machine (all of ``make bench`` in under 30 minutes);
-``full``: the paper-sized runs meant for a GPU."""
+``full``: the paper-sized runs meant for a GPU; ``gpu-smoke`` (minutes on one GPU, part of
+``scripts/device_check.sh``) and ``gpu`` (GPU hours): defined by the benchmarks that have
+them (``fmnist_no_public``); another benchmark refuses them by name."""
 
-if SCALE not in ("cpu", "full"):
-    raise SystemExit(f"BENCH_SCALE must be 'cpu' or 'full', not {SCALE!r}")
+SCALED_FOR_GPU = frozenset({"fmnist_no_public"})
+"""The benchmarks that define the ``gpu-smoke`` and ``gpu`` scales."""
+
+if SCALE not in SCALES:
+    raise SystemExit(f"BENCH_SCALE must be one of {', '.join(SCALES)}, not {SCALE!r}")
 
 
 # --------------------------------------------------------------------------- machine
@@ -181,11 +187,47 @@ def write_results(
         "machine": machine,
         "results": results,
     }
-    path = results_path(name, gpu=machine.get("device") == "cuda")
+    gpu, why = gpu_label(machine, results)
+    if machine.get("device") == "cuda" and not gpu:
+        doc["gpu_label_refused"] = why
+    path = results_path(name, gpu=gpu)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=_json_default) + "\n")
     tmp.replace(path)  # never leave a half-written file for render_docs
     return path
+
+
+def recorded_devices(results: Any) -> list[str]:
+    """Every device a result records, at any depth: the values of ``device`` keys (strings)
+    and of ``devices`` mappings (phase -> device), as the ML core's results report them."""
+    found: list[str] = []
+    if isinstance(results, dict):
+        for key, value in results.items():
+            if key == "device" and isinstance(value, str):
+                found.append(value)
+            elif key == "devices" and isinstance(value, dict):
+                found.extend(str(v) for v in value.values())
+            else:
+                found.extend(recorded_devices(value))
+    elif isinstance(results, list):
+        for item in results:
+            found.extend(recorded_devices(item))
+    return found
+
+
+def gpu_label(machine: dict[str, Any], results: Any) -> tuple[bool, str]:
+    """Whether a run may be published as GPU rows: the machine had CUDA AND the run records
+    the device of its phases AND every one of them is CUDA (issue 18, item 6: a run on a GPU
+    host whose work ran on the CPU is CPU rows). Returns the verdict and why not."""
+    if machine.get("device") != "cuda":
+        return False, "no CUDA device on the machine"
+    devices = [d for d in recorded_devices(results) if not d.startswith("none")]
+    if not devices:
+        return False, "the results record no device per phase"
+    elsewhere = sorted({d for d in devices if not d.startswith("cuda")})
+    if elsewhere:
+        return False, f"some phases ran elsewhere: {', '.join(elsewhere)}"
+    return True, ""
 
 
 def results_path(name: str, *, gpu: bool = False) -> Path:
@@ -221,6 +263,8 @@ def bench_main(name: str, run: Callable[[str], dict[str, Any]]) -> Path:
     Returns:
         The results path.
     """
+    if SCALE in ("gpu-smoke", "gpu") and name not in SCALED_FOR_GPU:
+        raise SystemExit(f"{name} defines no BENCH_SCALE={SCALE}; it has cpu and full")
     t0 = time.perf_counter()
     results = run(SCALE)
     wall = time.perf_counter() - t0

@@ -29,6 +29,12 @@ from benchmarks.common import ROOT, SCALE
 BENCHMARKS = ["dp_overhead", "sampling_speed", "fmnist_privacy_utility", "service_load"]
 """In the order they run: the short ones first, so a failure shows early."""
 
+BY_NAME_ONLY = ["fmnist_no_public"]
+"""Run only when named (``make bench BENCH_ONLY=fmnist_no_public``): its CPU scale took 30
+minutes on its own (2026-11-26), over the whole suite's budget, and its rows were still at
+chance; it joins ``BENCHMARKS`` once a configuration fits (benchmarks/notes/
+fmnist_no_public.md, "Where it stands")."""
+
 CPU_BUDGET_S = 30 * 60
 """``make bench`` at CPU scale must stay under 30 minutes on 2 cores (issue 5)."""
 
@@ -50,9 +56,10 @@ def run_one(name: str) -> tuple[str, float]:
 
 def main(argv: list[str]) -> int:
     wanted = argv or [n for n in os.environ.get("BENCH_ONLY", "").split(",") if n]
-    unknown = [n for n in wanted if n not in BENCHMARKS]
+    unknown = [n for n in wanted if n not in BENCHMARKS + BY_NAME_ONLY]
     if unknown:
-        print(f"unknown benchmarks: {unknown}; known: {BENCHMARKS}", file=sys.stderr)
+        print(f"unknown benchmarks: {unknown}; known: {BENCHMARKS + BY_NAME_ONLY}",
+              file=sys.stderr)
         return 2
     names = wanted or BENCHMARKS
     t0 = time.perf_counter()
