@@ -13,11 +13,14 @@ one needs the model bundle's type only).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+from torch import nn
 
 from dpsynth_ml.data import images_to_tensor
 from dpsynth_ml.spec import InvalidSpecError, ModelInfo
@@ -155,3 +158,19 @@ def decode_samples(bundle: ModelBundle, info: ModelInfo, latents: torch.Tensor) 
 
 __all__ = ["check_space", "decode_samples", "encode_images", "encode_layouts",
            "encode_records", "encode_with", "model_to_pixels", "pixels_to_model"]
+
+
+@contextlib.contextmanager
+def vae_on(bundle: ModelBundle, device: torch.device) -> Iterator[None]:
+    """The bundle's VAE (if any) on ``device`` inside the block, back on the CPU after it
+    (a finetune encodes its private records on the job's device; the DP steps do not need
+    the VAE again, and the model is written from the host)."""
+    if bundle.vae is None or device.type == "cpu":
+        yield
+        return
+    vae = cast("nn.Module", bundle.vae)
+    vae.to(device)
+    try:
+        yield
+    finally:
+        vae.to(torch.device("cpu"))

@@ -4,17 +4,13 @@ engine and the Poisson sampler of the privacy unit, all held in one :class:`Fine
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
 from diffusers.training_utils import EMAModel
-from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from dpsynth_ml.data import ImageDataset, load_dataset, training_view
@@ -41,7 +37,7 @@ from dpsynth_ml.models.architectures import (
     ModelBundle,
     reset_class_embedder,
 )
-from dpsynth_ml.models.codec import encode_records
+from dpsynth_ml.models.codec import encode_records, vae_on
 from dpsynth_ml.models.model_io import load_model, model_hash
 from dpsynth_ml.models.trainable import apply_trainable, trains_embedder
 from dpsynth_ml.parallel.distributed import Placement, same_on_all_ranks
@@ -173,7 +169,7 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
         rng = "test"  # a model is "test" if any attempt in its history was seeded by a test
     start_step = checkpoints.resume_step(resume_from, dp) if resume_from is not None else 0
     dataset = dataset if dataset is not None else load_dataset(dataset_path)
-    with _vae_on(bundle, placement.device):
+    with vae_on(bundle, placement.device):
         # the frozen VAE encodes the private records (and the blanks up to N̂) on the
         # job's device, in float32 and without autocast; the encoded examples then come
         # back to the host once (the loop gathers each step's rows there, padding included)
@@ -234,21 +230,6 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
                 out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts,
                 placement=placement, fixed=fixed)
-
-
-@contextlib.contextmanager
-def _vae_on(bundle: ModelBundle, device: torch.device) -> Iterator[None]:
-    """The bundle's VAE (if any) on ``device`` inside the block, back on the CPU after it
-    (the VAE is not needed again by the DP steps; the model is written from the host)."""
-    if bundle.vae is None or device.type == "cpu":
-        yield
-        return
-    vae = cast("nn.Module", bundle.vae)
-    vae.to(device)
-    try:
-        yield
-    finally:
-        vae.to(torch.device("cpu"))
 
 
 def _optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
