@@ -162,9 +162,9 @@ def test_a_release_needs_the_jobs_authorisation(client: TestClient) -> None:
 def test_verify_flags_a_dp_evaluation_charged_to_training() -> None:
     """Tampering check: a DP evaluation entry whose charge names "*" instead of the held-out
     partition is named by the replay (even with a consistent hash, via the replay rules)."""
-    from dpsynth_ledger.chain import _Replay
+    from dpsynth_ledger.chain_replay import Replay
 
-    replay = _Replay({"admission_order": 4, "partitions": ["*", "a"]})
+    replay = Replay({"admission_order": 4, "partitions": ["*", "a"]})
     problems: list[str] = []
     event = {"kind": "gaussian", "sigma": 2.0, "sensitivity": 1.0,
              "neighbouring": "add_remove"}

@@ -89,7 +89,7 @@ def create_budget(session: Session, *, request: CreateBudget, ctx: LedgerContext
         "neighbouring": budget.neighbouring, "partitions": partitions,
         "admission_order": order, "rdp_budget": budget.rdp_budget,
         "conversion": CONVERSION_NAME,
-        # the replay (chain._Replay) routes charges by these two: group privacy on a
+        # the replay (chain_replay.Replay) routes charges by these two: group privacy on a
         # replace-one dataset, sequential per-label composition when labels are not disjoint
         "privacy_unit": budget.privacy_unit, "partitions_disjoint": budget.partitions_disjoint,
         "warning_fraction": budget.warning_fraction,

@@ -72,7 +72,7 @@ def write_entry(session: Session, budget: Budget, res: ReservationRow, kind: str
                 **extra: Any) -> None:
     """Chain entry about one reservation, with the accumulators and figures after it."""
     accs = repo.accumulators(session, budget.dataset_id)
-    if res.per_label:  # one hold per class: the replay needs each (chain.py, _Replay)
+    if res.per_label:  # one hold per class: the replay needs each (chain_replay.py, Replay)
         extra = {"per_label": True, "label_rdp_outstanding": {
             p.partition: p.rdp_outstanding for p in res.parts}, **extra}
     append_entry(session, dataset_id=budget.dataset_id, kind=kind, payload={
