@@ -217,22 +217,24 @@ def release_event(epsilon: float, cfg: dict[str, Any], delta: float = DELTA,
     """The central-image release at standalone ``epsilon``: its ledger event and noise std.
 
     One full-data query is a :class:`GaussianEvent` (noise std σ_r·bound on each coordinate of
-    the class sums, L2 sensitivity = the bound under add/remove); DP-FETA's subsampled
+    the class sums, L2 sensitivity = the bound under add/remove; √2·bound with
+    ``second_moments``, whose scaled second moments take the same noise); DP-FETA's subsampled
     queries are a :class:`DpSgdEvent` with noise multiplier σ_r, Poisson rate q_r and one
     step per query. σ_r is the ledger's calibration of that event to ``epsilon``.
     """
     from dpsynth_ledger.accounting import calibrate_gaussian_sigma, calibrate_noise_multiplier
-    from dpsynth_shared.central_images import central_image_bound
+    from dpsynth_shared.central_images import central_image_bound, central_image_unit_norm
     from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent
 
-    bound = central_image_bound(28, 1, cfg["downsample"])
+    unit = central_image_unit_norm(central_image_bound(28, 1, cfg["downsample"]),
+                                   bool(cfg.get("second_moments")))
     rate = cfg["release_sample_rate"]
     if rate is None:
         multiplier = calibrate_gaussian_sigma(epsilon, delta)
-        return GaussianEvent(sigma=multiplier * bound, sensitivity=bound), multiplier * bound
+        return GaussianEvent(sigma=multiplier * unit, sensitivity=unit), multiplier * unit
     multiplier = calibrate_noise_multiplier(epsilon, rate, cfg["release_queries"], delta)
     return (DpSgdEvent(noise_multiplier=multiplier, sample_rate=rate,
-                       steps=cfg["release_queries"]), multiplier * bound)
+                       steps=cfg["release_queries"]), multiplier * unit)
 
 
 def event_epsilon(event: Any, delta: float = DELTA) -> float:
@@ -360,7 +362,10 @@ def _central(cfg: dict[str, Any], noise_std: float) -> Any:
                          queries=cfg["release_queries"] if rate else 1,
                          warmup_steps=cfg["warmup_steps"],
                          warmup_batch_size=cfg["warmup_batch_size"],
-                         warmup_learning_rate=cfg["warmup_learning_rate"])
+                         warmup_learning_rate=cfg["warmup_learning_rate"],
+                         augment=cfg.get("augment", True),
+                         second_moments=bool(cfg.get("second_moments")),
+                         components=cfg.get("components", 16))
 
 
 def _finetune(cfg: dict[str, Any], base: Path, dataset: Path, out: Path, *, noise_std: float,

@@ -27,6 +27,16 @@ terms below (docs/privacy.md, "Central images"):
   units with the same bound and noise: exactly ``queries`` steps of the subsampled Gaussian
   mechanism, charged as a :class:`~dpsynth_shared.dp_events.DpSgdEvent` (add/remove; a
   replace-one dataset takes it through the ledger's group privacy like DP-SGD).
+* **Second moments** (``second_moments``, FETA-Pro-style extra statistics). The release may
+  also carry each class's sum of outer products u·uᵀ of the same contributions (the upper
+  triangle, diagonal included), DIVIDED BY the bound B before the noise, with the same noise
+  std on every coordinate. A unit's outer products are bounded jointly over all its classes:
+  ‖Σ_i u_i·u_iᵀ‖_F ≤ Σ_i ‖u_i‖², so each unit's outer products are scaled by
+  min(1, B² / Σ_i ‖u_i‖²) (a no-op for one record, whose ‖u‖ ≤ B). One unit then moves the
+  scaled second-moment part by at most B in L2, and the joint vector (sums, second moments
+  / B) by at most :func:`central_image_unit_norm` = √2·B: the sensitivity above times √2
+  under either relation. The dimension h·w·c is capped at :data:`MAX_SECOND_MOMENT_DIM`
+  (a d×d matrix per class).
 """
 
 from __future__ import annotations
@@ -39,6 +49,11 @@ from dpsynth_shared.text import MIN_EPSILON
 
 MAX_QUERIES = 64
 """Most subsampled queries of one release (DP-FETA uses 5)."""
+MAX_SECOND_MOMENT_DIM = 1024
+"""Largest downsampled dimension h·w·c whose per-class second moments may be released (a
+d×d matrix per class and query: 1024 is 8 MB per class in float64)."""
+MAX_COMPONENTS = 256
+"""Most principal directions per class the warm-up samples along."""
 
 
 def downsampled_side(image_size: int, downsample: int) -> int:
@@ -58,10 +73,25 @@ def central_image_bound(image_size: int, channels: int, downsample: int) -> floa
     return 0.5 * math.sqrt(side * side * channels)
 
 
-def central_image_sensitivity(bound: float, neighbouring: str) -> float:
-    """L2 sensitivity of the vector of class sums: the bound under add/remove, twice the
-    bound under replace-one (one unit's old contribution out, its new one in)."""
-    return bound if neighbouring == "add_remove" else 2.0 * bound
+def central_image_unit_norm(bound: float, second_moments: bool = False) -> float:
+    """L2 norm bound of one unit's whole released contribution: the bound B of its centred
+    class sums, and with the second moments (each scaled by 1/B) √(B² + B²) = √2·B."""
+    return math.sqrt(2.0) * bound if second_moments else bound
+
+
+def central_image_sensitivity(bound: float, neighbouring: str, *,
+                              second_moments: bool = False) -> float:
+    """L2 sensitivity of the released vector: the unit norm
+    (:func:`central_image_unit_norm`) under add/remove, twice it under replace-one (one unit's
+    old contribution out, its new one in)."""
+    unit = central_image_unit_norm(bound, second_moments)
+    return unit if neighbouring == "add_remove" else 2.0 * unit
+
+
+def second_moment_dim(image_size: int, channels: int, downsample: int) -> int:
+    """d = h·w·c of the downsampled images, whose d×d second moments a release may carry."""
+    side = downsampled_side(image_size, downsample)
+    return side * side * channels
 
 
 class CentralImagesSpec(BaseModel):
@@ -88,6 +118,16 @@ class CentralImagesSpec(BaseModel):
     warmup_learning_rate: float = Field(3e-4, gt=0, le=1)
     augment: bool = Field(True, description="random shifts, small affine jitter and "
                           "contrast jitter of the released images during the warm-up")
+    second_moments: bool = Field(
+        False, description="also release each class's second moments (sum of outer "
+        "products of the same centred, downsampled contributions) in the same Gaussian "
+        "mechanism: its sensitivity grows by sqrt(2), so the same target_epsilon adds sqrt(2) "
+        "times the noise std; the warm-up then samples each class's released Gaussian (mean "
+        "plus `components` principal directions) instead of its mean alone. At most "
+        f"{MAX_SECOND_MOMENT_DIM} downsampled coordinates (h*w*c)")
+    components: int = Field(16, ge=1, le=MAX_COMPONENTS, description="with "
+                            "second_moments: principal directions of each class's released "
+                            "covariance the warm-up samples along (post-processing)")
 
     @model_validator(mode="after")
     def _queries_need_sampling(self) -> CentralImagesSpec:

@@ -206,6 +206,8 @@ class CentralImagesRequest(_Body):
     sample_rate: float | None = Field(None, gt=0, lt=1, description="None: one query over "
                                       "every unit; else Poisson-subsampled queries")
     queries: int = Field(1, ge=1, le=64)
+    second_moments: bool = Field(False, description="the release also carries each class's "
+                                 "second moments (sensitivity x sqrt(2))")
     dry_run: bool = False
 
 
@@ -219,10 +221,14 @@ class CentralImagesRelease(BaseModel):
     event: DpSgdEvent | GaussianEvent = Field(
         discriminator="kind", description="gaussian: one full-data query (sigma = noise std "
         "on each coordinate of each class sum, sensitivity under the dataset's relation); "
-        "dp_sgd: `queries` subsampled queries (noise std = noise_multiplier x bound)")
+        "dp_sgd: `queries` subsampled queries (noise std = noise_multiplier x bound, x sqrt(2) "
+        "with second moments)")
     bound: float = Field(description="public L2 bound of one unit's centred contribution")
+    second_moments: bool = Field(False, description="whether the release carries the class "
+                                 "second moments (scaled by 1/bound) beside the class sums")
     noise_std: float = Field(description="std of the Gaussian noise the worker adds to each "
-                             "coordinate of each class sum")
+                             "coordinate of each class sum (and of each scaled second "
+                             "moment)")
     target_epsilon: float
     epsilon: float = Field(description="the release's standalone PLD epsilon at delta")
     delta: float

@@ -49,7 +49,9 @@ def test_central_images_refuse_per_label_masks_and_bad_settings(api: Api) -> Non
            "masks": {"target": "masks"},
            "unconditional": {"class_conditional": False},
            "queries without sampling": {"central_images": {**CENTRAL, "queries": 3}},
-           "downsample not dividing": {"central_images": {**CENTRAL, "downsample": 3}}}
+           "downsample not dividing": {"central_images": {**CENTRAL, "downsample": 3}},
+           "no components": {"central_images": {**CENTRAL, "second_moments": True,
+                                                "components": 0}}}
     for why, training in bad.items():
         r = _post(api, token, _spec(dataset, model, **training))
         assert r.status_code == 422, (why, r.text)

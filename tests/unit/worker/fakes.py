@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpsynth_shared.central_images import central_image_bound
+from dpsynth_shared.central_images import central_image_bound, central_image_unit_norm
 from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent
 from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
 from dpsynth_shared.grants import GrantClaims, generate_signing_key, public_key_of, sign_grant
@@ -123,19 +123,21 @@ class FakeLedger:
 
     def central_images_release(self, reservation_id: str,
                                request: CentralImagesRequest) -> CentralImagesRelease:
-        """Calibrate (dry run) or charge a central-image release: σ = CENTRAL_Z·bound; a
+        """Calibrate (dry run) or charge a central-image release: σ = CENTRAL_Z·unit norm; a
         charge the filter refuses raises 409 like the ledger."""
         self.calls.append(("central_images", request.model_dump(mode="json")))
         r = self.reservations[reservation_id]
         bound = central_image_bound(request.image_size, request.channels, request.downsample)
+        unit = central_image_unit_norm(bound, request.second_moments)
         if not request.dry_run and self.central_refuses_charge:
             raise BudgetExhausted("the filter refuses the central-image release",
                                   max_admissible_target_epsilon=None)
         return CentralImagesRelease(
             release_id=None if request.dry_run else f"rel_{uuid.uuid4().hex}",
             reservation_id=reservation_id, dataset_id=r.dataset_id, job_id=r.job_id,
-            event=GaussianEvent(sigma=CENTRAL_Z * bound, sensitivity=bound), bound=bound,
-            noise_std=CENTRAL_Z * bound, target_epsilon=request.target_epsilon,
+            event=GaussianEvent(sigma=CENTRAL_Z * unit, sensitivity=unit), bound=bound,
+            second_moments=request.second_moments,
+            noise_std=CENTRAL_Z * unit, target_epsilon=request.target_epsilon,
             epsilon=request.target_epsilon, delta=1e-5, admission_order=12, rdp_charge=0.5,
             partitions=["*"], dataset_epsilon_spent_before=0.0,
             dataset_epsilon_spent_after=1.0, admissible=self.central_admits,

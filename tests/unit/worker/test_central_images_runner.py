@@ -4,6 +4,7 @@ verbatim (fake ports, a real local store, the real tiny ML core)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -74,3 +75,16 @@ def test_missing_public_class_sizes_are_refused_before_the_read(world: World,
     assert world.run(claim) == Outcome.FAILED
     assert "read_grant" not in world.ledger.names()
     assert world.api.final.error_code == ErrorCode.INVALID_SPEC
+
+
+def test_second_moments_reach_the_ledger_and_the_ml_core(world: World) -> None:
+    claim = _claim(world, central={**CENTRAL, "second_moments": True, "components": 3})
+    assert world.run(claim) == Outcome.SUCCEEDED
+    central = [kw for name, kw in world.ledger.calls if name == "central_images"]
+    assert [c["second_moments"] for c in central] == [True, True]
+    bound = central_image_bound(16, 1, 2)
+    (model,) = world.api.of_kind("model")
+    record = model.metadata["central_images"]
+    # the ledger's noise for the joint unit norm √2·bound, handed to the ML core verbatim
+    assert record["noise_std"] == pytest.approx(CENTRAL_Z * math.sqrt(2.0) * bound, rel=1e-15)
+    assert record["second_moments"] is True

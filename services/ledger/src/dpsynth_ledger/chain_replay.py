@@ -8,7 +8,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dpsynth_shared.central_images import central_image_bound, central_image_sensitivity
+from dpsynth_shared.central_images import (
+    central_image_bound,
+    central_image_sensitivity,
+    central_image_unit_norm,
+)
 from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent
 
 from dpsynth_ledger.accounting import (
@@ -138,8 +142,15 @@ class Replay:
         if float(payload.get("bound", -1.0)) != bound:
             problems.append(f"entry {seq}: recorded bound {payload.get('bound')} != the image "
                             f"shape's public bound {bound}")
+        second_moments = bool(payload.get("second_moments", False))
+        noise = (ev.sigma if isinstance(ev, GaussianEvent)
+                 else ev.noise_multiplier * central_image_unit_norm(bound, second_moments))
+        if float(payload.get("noise_std", -1.0)) != noise:
+            problems.append(f"entry {seq}: recorded noise std {payload.get('noise_std')} != "
+                            f"the event's {noise}")
         if isinstance(ev, GaussianEvent):
-            expected = central_image_sensitivity(bound, self.relation)
+            expected = central_image_sensitivity(bound, self.relation,
+                                                 second_moments=second_moments)
             if ev.sensitivity != expected or str(ev.neighbouring) != self.relation:
                 problems.append(f"entry {seq}: a central-image release's sensitivity must be "
                                 f"{expected} under {self.relation}, not {ev.sensitivity} "

@@ -36,6 +36,14 @@ class CentralImages:
         queries: number of subsampled queries (1 without ``sample_rate``).
         warmup_steps, warmup_batch_size, warmup_learning_rate: the non-private warm-up.
         augment: random shifts / affine / contrast jitter during the warm-up.
+        second_moments: the release also carries each class's second moments (the sum of
+            the same contributions' outer products, each unit's scaled by
+            min(1, bound² / Σ‖u_i‖²), divided by ``bound``, upper triangle), with the same
+            noise std: the unit norm is √2·bound, and the ledger's calibration (which set
+            ``noise_std``) knows it. The warm-up then draws from each class's released
+            Gaussian (the noisy mean plus ``components`` principal directions of the noisy
+            covariance) instead of repeating the mean.
+        components: principal directions per class sampled along (post-processing).
     """
 
     noise_std: float
@@ -48,6 +56,8 @@ class CentralImages:
     warmup_batch_size: int = 50
     warmup_learning_rate: float = 3e-4
     augment: bool = True
+    second_moments: bool = False
+    components: int = 16
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise_std) and self.noise_std > 0):
@@ -64,5 +74,7 @@ class CentralImages:
             raise InvalidSpecError("central_images.queries is 1 without a sample_rate")
         if min(self.warmup_steps, self.warmup_batch_size) < 1:
             raise InvalidSpecError("central_images warm-up steps and batch size must be >= 1")
+        if self.components < 1:
+            raise InvalidSpecError("central_images.components must be >= 1")
         if not (self.warmup_learning_rate > 0 and math.isfinite(self.warmup_learning_rate)):
             raise InvalidSpecError("central_images.warmup_learning_rate must be finite and > 0")

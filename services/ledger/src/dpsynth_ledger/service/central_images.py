@@ -7,7 +7,9 @@ The terms are :mod:`dpsynth_shared.central_images` (docs/privacy.md, "Central im
   norm at most the public bound B = 0.5·√(h·w·c) of the downsampled image (a subject's whole
   contribution, all its classes together, is clipped once to B). The release is the vector
   of ALL class sums plus N(0, σ²) per coordinate: ONE Gaussian mechanism of L2 sensitivity
-  Δ = B under add/remove and 2·B under replace-one.
+  Δ = B under add/remove and 2·B under replace-one; both × √2 when the release also carries
+  the class second moments (``second_moments``: outer products scaled by 1/B, each unit's
+  bounded by B; at most ``MAX_SECOND_MOMENT_DIM`` downsampled coordinates, else 422).
 * **One full-data query** (``sample_rate`` None): a :class:`GaussianEvent` recorded under the
   dataset's relation, σ = z·Δ with the multiplier z calibrated for (target, δ) at the
   dataset's δ exactly as the class-size histogram's (the analytic Gaussian mechanism, raised
@@ -15,7 +17,8 @@ The terms are :mod:`dpsynth_shared.central_images` (docs/privacy.md, "Central im
   the dataset's relation (no group privacy: Δ already is the replace-one sensitivity).
 * **Subsampled queries** (``sample_rate`` q): ``queries`` Poisson-subsampled sums at rate q,
   each with the same bound and noise std z·B: exactly a :class:`DpSgdEvent` (z, q, queries),
-  analysed add/remove like DP-SGD. z is calibrated like a DP-SGD reservation
+  analysed add/remove like DP-SGD (noise std z·√2·B when the release carries the second
+  moments, whose unit norm is √2·B). z is calibrated like a DP-SGD reservation
   (``ctx.heavy.noise_multiplier``: on a replace-one dataset for the standalone replace-one
   PLD figure) and the filter is charged like a DP-SGD lease (on a replace-one dataset through
   group privacy at distance 2: 3·RDP_add/remove(2α*), :func:`~dpsynth_ledger.accounting.
@@ -34,7 +37,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsynth_shared.central_images import central_image_bound, central_image_sensitivity
+from dpsynth_shared.central_images import (
+    MAX_SECOND_MOMENT_DIM,
+    central_image_bound,
+    central_image_sensitivity,
+    central_image_unit_norm,
+    second_moment_dim,
+)
 from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, Neighbouring
 from dpsynth_shared.errors import DpsynthError, ErrorCode, NotFound, budget_refusal
 from dpsynth_shared.ids import new_id
@@ -72,9 +81,15 @@ def bound_of(request: CentralImagesRequest) -> float:
     """The public L2 bound of one unit's contribution (422 when ``downsample`` does not
     divide ``image_size``)."""
     try:
-        return central_image_bound(request.image_size, request.channels, request.downsample)
+        bound = central_image_bound(request.image_size, request.channels, request.downsample)
+        dim = second_moment_dim(request.image_size, request.channels, request.downsample)
     except ValueError as exc:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+    if request.second_moments and dim > MAX_SECOND_MOMENT_DIM:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, f"second moments of {dim} downsampled "
+                           f"coordinates: at most {MAX_SECOND_MOMENT_DIM} (downsample more)",
+                           dimension=dim)
+    return bound
 
 
 def event_of(budget: Budget, request: CentralImagesRequest,
@@ -93,7 +108,7 @@ def event_of(budget: Budget, request: CentralImagesRequest,
         if request.queries != 1:
             raise DpsynthError(ErrorCode.INVALID_REQUEST, "several queries need a sample_rate "
                                "(a repeated full-data query only averages its noise)")
-        s = central_image_sensitivity(bound, relation)
+        s = central_image_sensitivity(bound, relation, second_moments=request.second_moments)
         try:
             multiplier = ctx.heavy.gaussian_sigma(target, budget.delta)
         except ValueError as exc:
@@ -117,7 +132,7 @@ def event_of(budget: Budget, request: CentralImagesRequest,
         raise DpsynthError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
     event = DpSgdEvent(noise_multiplier=z, sample_rate=q, steps=queries)
     epsilon = dp_sgd_epsilon(z, q, queries, budget.delta, ctx.discretization, relation)
-    return event, bound, z * bound, epsilon
+    return event, bound, z * central_image_unit_norm(bound, request.second_moments), epsilon
 
 
 def charge_of(event: CentralEvent, budget: Budget) -> float:
@@ -142,7 +157,7 @@ def _authorised(session: Session, reservation_id: str,
 
 def _plan(budget: Budget, res: ReservationRow, accs: dict[str, Accumulator], *,
           event: CentralEvent, bound: float, noise_std: float, epsilon: float,
-          target: float) -> CentralImagesRelease:
+          target: float, second_moments: bool) -> CentralImagesRelease:
     """The release against the accounts BEFORE its charge (a dry run shows exactly this)."""
     f = flt(budget)
     rdp = charge_of(event, budget)
@@ -151,7 +166,8 @@ def _plan(budget: Budget, res: ReservationRow, accs: dict[str, Accumulator], *,
     train = touched(WHOLE_DATASET, accs)  # the held-out partition does not see the images
     return CentralImagesRelease(
         reservation_id=res.reservation_id, dataset_id=budget.dataset_id, job_id=res.job_id,
-        event=event, bound=bound, noise_std=noise_std, target_epsilon=target,
+        event=event, bound=bound, second_moments=second_moments, noise_std=noise_std,
+        target_epsilon=target,
         epsilon=epsilon, delta=budget.delta, admission_order=budget.admission_order,
         rdp_charge=rdp, partitions=train,
         dataset_epsilon_spent_before=figures(budget, accs)["dataset_epsilon_spent"],
@@ -196,7 +212,8 @@ def release(session: Session, *, reservation_id: str, request: CentralImagesRequ
     target = request.target_epsilon
     if request.dry_run:
         plan = _plan(budget, res, repo.accumulators(session, dataset_id), event=event,
-                     bound=bound, noise_std=noise_std, epsilon=epsilon, target=target)
+                     bound=bound, noise_std=noise_std, epsilon=epsilon, target=target,
+                     second_moments=request.second_moments)
         session.commit()
         return plan
     session.commit()  # end the read transaction: the decision is taken under the lock only
@@ -210,7 +227,7 @@ def release(session: Session, *, reservation_id: str, request: CentralImagesRequ
         raise
     accs = repo.accumulators(session, dataset_id)
     out = _plan(budget, res, accs, event=event, bound=bound, noise_std=noise_std,
-                epsilon=epsilon, target=target)
+                epsilon=epsilon, target=target, second_moments=request.second_moments)
     rdp = out.rdp_charge
     new = {p: rdp for p in out.partitions}
     release_id = new_id("release")
@@ -220,7 +237,8 @@ def release(session: Session, *, reservation_id: str, request: CentralImagesRequ
         "noise_std": noise_std, "image_size": request.image_size,
         "channels": request.channels, "downsample": request.downsample,
         "sample_rate": request.sample_rate, "queries": request.queries,
-        "target_epsilon": target, "epsilon": epsilon,
+        "second_moments": request.second_moments, "target_epsilon": target,
+        "epsilon": epsilon,
         "admission_order": budget.admission_order, "rdp_requested": rdp}
     if not out.admissible:
         numbers = refusal_numbers(budget, accs, target=target, job_epsilon=epsilon,

@@ -13,10 +13,18 @@ Terms (docs/privacy.md, "Central images"; :mod:`dpsynth_shared.central_images`):
   coordinate, drawn from the secure source (:class:`dpsynth_shared.secure_noise.SecureNormal`
   in production), AFTER :meth:`TrainingHooks.charge_release` accepted the charge;
 * each noisy class sum is divided by the PUBLIC class size N̂_c (times ``sample_rate`` for a
-  Poisson-subsampled query), never the true count; ``queries`` subsampled queries sample the
-  units (subjects when the dataset has them) with fresh OS randomness each.
+  Poisson-subsampled query), never the true count;
+* with ``second_moments``, the same query also releases each class's sum of outer products
+  (:func:`class_second_moments`; each unit's bounded jointly over its classes by bound²),
+  divided by the bound, upper triangle (off-diagonal × √2, so its norm is the Frobenius
+  norm) plus N(0, ``noise_std``²) per coordinate: the joint
+  vector's unit norm is √2·bound, which the ledger's calibration of ``noise_std`` used;
+* ``queries`` subsampled queries sample the units (subjects when the dataset has them) with
+  fresh OS randomness each.
 
-Post-processing (public): + 0.5, clamp to [0, 1], bilinear upsampling to the model's image
+Post-processing (public): the released covariance's top principal directions per class
+(:func:`released_components`; the warm-up draws Gaussian images from them,
+:func:`sample_released`); + 0.5, clamp to [0, 1], bilinear upsampling to the model's image
 size, a 3×3 median blur (removes the isolated noise spikes) and a mild sharpen (unsharp
 mask, amount :data:`SHARPEN`, against the blur of upsampling), clamped to [0, 1] again.
 
@@ -28,32 +36,28 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dpsynth_ml.data import ImageDataset, images_to_tensor
+from dpsynth_ml.data import ImageDataset
 from dpsynth_ml.spec import CentralImages, InvalidSpecError
 from dpsynth_ml.training.hooks import TrainingHooks
+from dpsynth_ml.warmup.contributions import CHUNK, clip_scale, contributions
+from dpsynth_ml.warmup.moments import (
+    NormalDraws,
+    class_second_moments,
+    noisy_symmetric,
+    released_components,
+)
 
-_CHUNK = 1024
 _BITS = 53
 SHARPEN = 0.5
 """Unsharp-mask amount of the post-processing (x + a·(x − box3(x)))."""
 
 UniformSource = Callable[[int], np.ndarray]
 """``n`` → float64 [n] uniforms in [0, 1) (Poisson subsampling of the units)."""
-
-
-class NormalDraws(Protocol):
-    """The shape of :class:`~dpsynth_shared.secure_noise.SecureNormal` (production) and of a
-    seeded ``numpy.random.Generator`` (tests): N(loc, scale²) draws, float64."""
-
-    def normal(self, loc: float = ..., scale: float = ..., size: int | None = ...,
-               ) -> np.ndarray:
-        ...
 
 
 def secure_uniforms(count: int) -> np.ndarray:
@@ -73,39 +77,16 @@ class CentralRelease:
         labels: int64 [queries·C], the model class of each image (``class_index``).
         means: float64 [queries, C, h, w, c]: each noisy class sum divided by its public
             normaliser, before the + 0.5 and any post-processing (the DP output itself).
+        components: with second moments, float32 [queries·C, k, h, w, c]: the top k
+            principal directions of each released class covariance, each scaled by the
+            square root of its (positive) eigenvalue, so ``means + Σ_j z_j·components[j]``
+            with z ~ N(0, I) draws from the released Gaussian (post-processing); else None.
     """
 
     images: np.ndarray
     labels: np.ndarray
     means: np.ndarray
-
-
-def _pixels(images: np.ndarray, image_size: int | None, channels: int | None) -> torch.Tensor:
-    """uint8 [n, H, W, C] → float64 [n, c, S, S] in [0, 1], preprocessed as the finetune does
-    (resized to ``image_size``, channel-matched); exact /255 when nothing changes."""
-    size = image_size if image_size is not None else int(images.shape[1])
-    chans = channels if channels is not None else int(images.shape[3])
-    if images.shape[1:] == (size, size, chans):
-        x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
-        return x.to(torch.float64) / 255.0
-    x = images_to_tensor(images, image_size=size, channels=chans).to(torch.float64)
-    return ((x + 1.0) / 2.0).clamp(0.0, 1.0)
-
-
-def _contributions(images: np.ndarray, downsample: int, image_size: int | None,
-                   channels: int | None) -> torch.Tensor:
-    """Centred block-averaged images, float64 [n, h·w·c] (channels last), in [-0.5, 0.5]."""
-    x = _pixels(images, image_size, channels)
-    if downsample > 1:
-        if x.shape[-1] % downsample:
-            raise InvalidSpecError("central_images.downsample must divide the image size")
-        x = F.avg_pool2d(x, downsample)
-    return (x - 0.5).permute(0, 2, 3, 1).reshape(x.shape[0], -1)
-
-
-def _clip_scale(norms: torch.Tensor, bound: float) -> torch.Tensor:
-    """min(1, bound / norm) per row (1 for a zero norm)."""
-    return torch.clamp(bound / norms.clamp_min(1e-300), max=1.0)
+    components: np.ndarray | None = None
 
 
 def class_sums(images: np.ndarray, labels: np.ndarray, subjects: np.ndarray | None, *,
@@ -144,10 +125,10 @@ def class_sums(images: np.ndarray, labels: np.ndarray, subjects: np.ndarray | No
     rows = np.flatnonzero(keep)
     sums = torch.zeros(num_classes, dim, dtype=torch.float64)
     if subjects is None:
-        for start in range(0, len(rows), _CHUNK):
-            idx = rows[start:start + _CHUNK]
-            x = _contributions(images[idx], downsample, size, chans)
-            x = x * _clip_scale(x.norm(dim=1), bound)[:, None]
+        for start in range(0, len(rows), CHUNK):
+            idx = rows[start:start + CHUNK]
+            x = contributions(images[idx], downsample, size, chans)
+            x = x * clip_scale(x.norm(dim=1), bound)[:, None]
             sums.index_add_(0, torch.from_numpy(labels[idx]), x)
         return sums.reshape(num_classes, side, side, chans).numpy()
     # one row per (subject, class) the query touches; the subject is clipped over its rows
@@ -156,18 +137,35 @@ def class_sums(images: np.ndarray, labels: np.ndarray, subjects: np.ndarray | No
     unique, inverse = np.unique(keys, return_inverse=True)
     key_sums = torch.zeros(len(unique), dim, dtype=torch.float64)
     inverse_t = torch.from_numpy(inverse.reshape(-1).astype(np.int64))
-    for start in range(0, len(rows), _CHUNK):
-        idx = rows[start:start + _CHUNK]
-        key_sums.index_add_(0, inverse_t[start:start + _CHUNK],
-                            _contributions(images[idx], downsample, size, chans))
+    for start in range(0, len(rows), CHUNK):
+        idx = rows[start:start + CHUNK]
+        key_sums.index_add_(0, inverse_t[start:start + CHUNK],
+                            contributions(images[idx], downsample, size, chans))
     key_subject = torch.from_numpy(unique // num_classes)
     key_class = torch.from_numpy(unique % num_classes)
     num_subjects = int(subject_ids.max()) + 1 if subject_ids.size else 0
     norm2 = torch.zeros(num_subjects, dtype=torch.float64).index_add_(
         0, key_subject, key_sums.pow(2).sum(dim=1))
-    scale = _clip_scale(norm2.sqrt(), bound)
+    scale = clip_scale(norm2.sqrt(), bound)
     sums.index_add_(0, key_class, key_sums * scale[key_subject][:, None])
     return sums.reshape(num_classes, side, side, chans).numpy()
+
+
+def sample_released(release: CentralRelease, index: torch.Tensor, generator: torch.Generator,
+                    *, image_size: int) -> torch.Tensor:
+    """Images [n, c, S, S] in [0, 1] for released entries ``index``: the released image
+    itself, or with second moments a fresh draw from the entry's released Gaussian (mean +
+    Σ_j z_j·component_j, post-processed as the means are)."""
+    if release.components is None:
+        chosen = torch.from_numpy(np.ascontiguousarray(release.images[index.numpy()]))
+        return chosen.permute(0, 3, 1, 2).float()
+    means = release.means.reshape(-1, *release.means.shape[2:])
+    idx = index.numpy()
+    comps = torch.from_numpy(release.components[idx]).double()  # [n, k, h, w, c]
+    z = torch.randn(len(idx), comps.shape[1], generator=generator, dtype=torch.float64)
+    draws = torch.from_numpy(means[idx]) + torch.einsum("nk,nkhwc->nhwc", z, comps)
+    images = postprocess(draws.numpy(), image_size=image_size)
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float()
 
 
 def _median3(x: torch.Tensor) -> torch.Tensor:
@@ -231,7 +229,7 @@ def release_central_images(dataset: ImageDataset, spec: CentralImages, *,
     public = np.array([spec.class_sizes[n] for n in names], dtype=np.float64)
     units = (int(dataset.num_subjects or 0) if dataset.subjects is not None
              else len(dataset))
-    all_means = []
+    all_means, all_components = [], []
     for _ in range(spec.queries):
         mask = None
         normaliser = public
@@ -244,9 +242,25 @@ def release_central_images(dataset: ImageDataset, spec: CentralImages, *,
                           channels=channels)
         noise = np.asarray(normal_source.normal(0.0, spec.noise_std, sums.size),
                            dtype=np.float64).reshape(sums.shape)
-        all_means.append((sums + noise) / normaliser[:, None, None, None])
+        query_means = (sums + noise) / normaliser[:, None, None, None]
+        all_means.append(query_means)
         del sums
+        if spec.second_moments:
+            moments = noisy_symmetric(
+                class_second_moments(dataset.images, dataset.labels, dataset.subjects,
+                                     downsample=spec.downsample, bound=spec.bound,
+                                     num_classes=num_classes, sample_mask=mask,
+                                     image_size=size, channels=channels),
+                spec.bound, spec.noise_std, normal_source)
+            all_components.append(released_components(
+                moments, query_means.reshape(num_classes, -1), bound=spec.bound,
+                normaliser=normaliser, components=spec.components))
+            del moments
     means = np.stack(all_means)
     images = postprocess(means.reshape(-1, *means.shape[2:]), image_size=size)
     labels = np.tile(np.asarray(class_index, dtype=np.int64), spec.queries)
-    return CentralRelease(images=images, labels=labels, means=means)
+    components = None
+    if all_components:
+        stacked = np.concatenate(all_components)  # [queries·C, k, d]
+        components = stacked.reshape(*stacked.shape[:2], *means.shape[2:])
+    return CentralRelease(images=images, labels=labels, means=means, components=components)

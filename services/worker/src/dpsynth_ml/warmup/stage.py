@@ -35,12 +35,8 @@ from dpsynth_ml.models.architectures import ConditionalDenoiser, ModelBundle
 from dpsynth_ml.parallel.distributed import Placement, broadcast_flag
 from dpsynth_ml.spec import CentralImages, FinetuneRecipe, InvalidSpecError, ModelInfo
 from dpsynth_ml.training.hooks import TrainingHooks
-from dpsynth_ml.warmup.release import (
-    CentralRelease,
-    NormalDraws,
-    UniformSource,
-    release_central_images,
-)
+from dpsynth_ml.warmup.moments import NormalDraws
+from dpsynth_ml.warmup.release import CentralRelease, UniformSource, release_central_images
 from dpsynth_ml.warmup.store import RELEASE_FILE, load_release, public_record, save_release
 from dpsynth_ml.warmup.train import warm_up
 
@@ -100,7 +96,7 @@ def central_images_stage(spec: FinetuneRecipe, *, dataset: ImageDataset, bundle:
     if placement.is_main:
         try:
             release = _release_or_reuse(spec, dataset, info, out_dir, hooks, test_generator)
-            warm_up(denoiser, bundle, info, release.images, torch.from_numpy(release.labels),
+            warm_up(denoiser, bundle, info, release, torch.from_numpy(release.labels),
                     settings, train_embedder=train_embedder, label_dropout=spec.label_dropout,
                     device=placement.device, generator=generator,
                     timesteps=spec.timestep_distribution)

@@ -26,6 +26,7 @@ def release_settings(spec: CentralImages) -> dict[str, Any]:
             "downsample": int(spec.downsample), "queries": int(spec.queries),
             "sample_rate": (float(spec.sample_rate) if spec.sample_rate is not None
                             else None),
+            **_moment_settings(spec),
             "class_sizes": {str(k): int(v) for k, v in sorted(spec.class_sizes.items())}}
 
 
@@ -38,7 +39,16 @@ def public_record(spec: CentralImages, n_released: int) -> dict[str, Any]:
             "warmup_steps": int(spec.warmup_steps),
             "warmup_batch_size": int(spec.warmup_batch_size),
             "warmup_learning_rate": float(spec.warmup_learning_rate),
-            "augment": bool(spec.augment), "n_released": int(n_released)}
+            "augment": bool(spec.augment), **_moment_settings(spec),
+            "n_released": int(n_released)}
+
+
+def _moment_settings(spec: CentralImages) -> dict[str, Any]:
+    """The second-moment settings (absent without them: a release saved before they existed
+    still matches)."""
+    if not spec.second_moments:
+        return {}
+    return {"second_moments": True, "components": int(spec.components)}
 
 
 def save_release(path: Path, release: CentralRelease, spec: CentralImages) -> Path:
@@ -46,9 +56,13 @@ def save_release(path: Path, release: CentralRelease, spec: CentralImages) -> Pa
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, images=release.images.astype(np.float32),
-             labels=release.labels.astype(np.int64), means=release.means.astype(np.float64),
-             settings=np.array(json.dumps(release_settings(spec), sort_keys=True)))
+    arrays: dict[str, np.ndarray] = {
+        "images": release.images.astype(np.float32),
+        "labels": release.labels.astype(np.int64), "means": release.means.astype(np.float64),
+        "settings": np.array(json.dumps(release_settings(spec), sort_keys=True))}
+    if release.components is not None:
+        arrays["components"] = release.components.astype(np.float32)
+    np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds oddly
     os.replace(tmp, path)
     return path
 
@@ -63,7 +77,9 @@ def load_release(path: Path, spec: CentralImages) -> CentralRelease:
         settings = json.loads(str(npz["settings"]))
         release = CentralRelease(images=npz["images"].astype(np.float32),
                                  labels=npz["labels"].astype(np.int64),
-                                 means=npz["means"].astype(np.float64))
+                                 means=npz["means"].astype(np.float64),
+                                 components=(npz["components"].astype(np.float32)
+                                             if "components" in npz.files else None))
     if settings != json.loads(json.dumps(release_settings(spec), sort_keys=True)):
         raise InvalidSpecError("the saved central images were released under other "
                                "settings than this spec's central_images")

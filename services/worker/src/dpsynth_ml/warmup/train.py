@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import cast
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -25,6 +24,7 @@ from dpsynth_ml.models.codec import check_space, pixels_to_model
 from dpsynth_ml.spec import CentralImages, ModelInfo, TimestepDistribution
 from dpsynth_ml.training.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.warmup.augment import augment as augment_images
+from dpsynth_ml.warmup.release import CentralRelease, sample_released
 
 
 @torch.no_grad()
@@ -42,7 +42,7 @@ def encode_unit_images(bundle: ModelBundle, info: ModelInfo, images: torch.Tenso
 
 
 def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
-            images: np.ndarray, labels: torch.Tensor, spec: CentralImages, *,
+            release: CentralRelease, labels: torch.Tensor, spec: CentralImages, *,
             train_embedder: bool, label_dropout: float, device: torch.device,
             generator: torch.Generator,
             timesteps: TimestepDistribution = "uniform") -> list[float]:
@@ -51,8 +51,11 @@ def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
     Args:
         denoiser: UNet + class embedder of the finetune (before its DP engine is built).
         bundle, info: the model (its VAE encodes a latent model's batches).
-        images: float32 [n, H, W, c] in [0, 1], the released images.
-        labels: int64 [n], model class indices (the null class for an unconditional model).
+        release: the released images (each batch repeats them, or with second moments draws
+            fresh images from each class's released Gaussian,
+            :func:`~dpsynth_ml.warmup.release.sample_released`).
+        labels: int64 [n], model class indices of the released entries (the null class for
+            an unconditional model).
         spec: steps, batch size, learning rate, augmentation.
         train_embedder: whether the class embedder is trained (as in the finetune).
         label_dropout: the finetune's classifier-free-guidance dropout.
@@ -62,7 +65,7 @@ def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
     Returns:
         The loss of each step (public: computed on released images only).
     """
-    x_all = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float()
+    size = int(release.images.shape[1])
     embedder = {id(p) for p in bundle.class_embedder.parameters()}
     flags = {name: p.requires_grad for name, p in denoiser.named_parameters()}
     params = []
@@ -81,9 +84,9 @@ def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
     denoiser.train()
     try:
         for _ in range(spec.warmup_steps):
-            idx = torch.randint(0, x_all.shape[0], (spec.warmup_batch_size,),
+            idx = torch.randint(0, len(release.labels), (spec.warmup_batch_size,),
                                 generator=generator)
-            batch = x_all[idx]
+            batch = sample_released(release, idx, generator, image_size=size)
             if spec.augment:
                 batch = augment_images(batch, generator)
             latents = encode_unit_images(bundle, info, batch, device)

@@ -31,7 +31,8 @@ def release_request(ctx: JobContext, central: CentralImagesSpec, info: ModelInfo
     return CentralImagesRequest(
         job_id=ctx.job_id, attempt=ctx.attempt, target_epsilon=central.target_epsilon,
         image_size=info.image_size, channels=info.channels, downsample=central.downsample,
-        sample_rate=central.sample_rate, queries=central.queries, dry_run=dry_run)
+        sample_rate=central.sample_rate, queries=central.queries,
+        second_moments=central.second_moments, dry_run=dry_run)
 
 
 def calibrate(ctx: JobContext, reservation_id: str, central: CentralImagesSpec,
@@ -65,7 +66,8 @@ def charge(ctx: JobContext, reservation_id: str, request: CentralImagesRequest,
     charged = ctx.ledger.central_images_release(
         reservation_id, request.model_copy(update={"dry_run": False}))
     if (not charged.charged or charged.noise_std != planned.noise_std
-            or charged.bound != planned.bound):
+            or charged.bound != planned.bound
+            or charged.second_moments != planned.second_moments):
         raise DpsynthError(ErrorCode.INVALID_SPEC,
                            "the ledger charged a central-image release other than the one "
                            "calibrated for this job; nothing was released")
@@ -93,4 +95,5 @@ def ml_central_images(central: CentralImagesSpec, plan: CentralImagesRelease,
         downsample=central.downsample, sample_rate=central.sample_rate,
         queries=central.queries, warmup_steps=central.warmup_steps,
         warmup_batch_size=central.warmup_batch_size,
-        warmup_learning_rate=central.warmup_learning_rate, augment=central.augment)
+        warmup_learning_rate=central.warmup_learning_rate, augment=central.augment,
+        second_moments=plan.second_moments, components=central.components)

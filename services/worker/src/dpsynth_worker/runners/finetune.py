@@ -230,7 +230,8 @@ def central_record(plan: CentralImagesRelease,
     none); the model's ``job_epsilon`` composes every release charged under the job's
     reservation."""
     return {"event": plan.event.model_dump(mode="json"), "noise_std": plan.noise_std,
-            "bound": plan.bound, "epsilon": plan.epsilon, "delta": plan.delta,
+            "bound": plan.bound, "second_moments": plan.second_moments,
+            "epsilon": plan.epsilon, "delta": plan.delta,
             "target_epsilon": plan.target_epsilon,
             "release_ids": [c.release_id for c in charged]}
 

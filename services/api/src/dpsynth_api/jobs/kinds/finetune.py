@@ -8,6 +8,7 @@ per class of a per-label job (each class's sample rate from its public declared 
 
 from __future__ import annotations
 
+from dpsynth_shared.central_images import MAX_SECOND_MOMENT_DIM, second_moment_dim
 from dpsynth_shared.dp_events import Neighbouring
 from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import FinetuneSpec, steps_for
@@ -176,6 +177,16 @@ def check_central_images(dataset: Dataset, base: Model, spec: FinetuneSpec, *,
                            f"training.central_images.downsample {central.downsample} must "
                            f"divide the base model's image size {size}",
                            model_id=base.id, image_size=size)
+    channels = int((base.info or {}).get("channels") or 0)
+    if central.second_moments and size and channels:
+        dim = second_moment_dim(size, channels, central.downsample)
+        if dim > MAX_SECOND_MOMENT_DIM:
+            raise DpsynthError(ErrorCode.INVALID_SPEC,
+                               f"training.central_images.second_moments on {dim} downsampled "
+                               f"coordinates ({size}x{size}x{channels} / downsample "
+                               f"{central.downsample}): at most {MAX_SECOND_MOMENT_DIM} (a "
+                               "d x d matrix per class); raise downsample",
+                               model_id=base.id, dimension=dim)
 
 
 def check_finetune_options(dataset: Dataset, spec: FinetuneSpec) -> None:
