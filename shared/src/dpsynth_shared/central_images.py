@@ -116,6 +116,11 @@ class CentralImagesSpec(BaseModel):
                               "the whole denoiser on the released images (post-processing)")
     warmup_batch_size: int = Field(50, ge=1, le=4096)
     warmup_learning_rate: float = Field(3e-4, gt=0, le=1)
+    warmup_ema_decay: float | None = Field(
+        0.995, ge=0.5, lt=1, description="the warm-up ends on an exponential moving average "
+        "of its weights (decay ramped up as min(decay, (1+t)/(10+t))); None: its last "
+        "weights. Chosen on a designer slice of Fashion-MNIST disjoint from the private and "
+        "test sets (docs/training-settings.md)")
     augment: bool = Field(True, description="random shifts, small affine jitter and "
                           "contrast jitter of the released images during the warm-up")
     second_moments: bool = Field(

@@ -282,7 +282,8 @@ def test_a_finetune_warms_up_on_the_central_images(
     record = read_model_info(model).extra["central_images"]
     assert record == {"noise_std": 2.0, "bound": central.bound, "downsample": 2, "queries": 2,
                       "sample_rate": 0.5, "warmup_steps": 3, "warmup_batch_size": 8,
-                      "warmup_learning_rate": central.warmup_learning_rate, "augment": True,
+                      "warmup_learning_rate": central.warmup_learning_rate,
+                      "warmup_ema_decay": 0.995, "augment": True,
                       "n_released": 20}
     for step in (2, 4):
         assert (tmp_path / "checkpoints" / f"step-{step:07d}" / RELEASE_FILE).is_file()

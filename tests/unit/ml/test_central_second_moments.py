@@ -235,3 +235,17 @@ def test_a_finetune_warms_up_on_released_gaussians_and_resumes_without_a_charge(
     assert resumed.steps_completed == 4 and again.releases == []
     with np.load(resumed.model_dir / RELEASE_FILE) as npz:
         np.testing.assert_array_equal(npz["components"], saved.components)
+
+
+def test_the_warm_up_average_moves_by_one_minus_decay() -> None:
+    import torch
+    from dpsynth_ml.warmup.train import _ema_update
+
+    params = [torch.nn.Parameter(torch.full((3,), 2.0))]
+    ema = [torch.zeros(3)]
+    _ema_update(ema, params, 0.75)
+    torch.testing.assert_close(ema[0], torch.full((3,), 0.5))
+    with pytest.raises(InvalidSpecError, match="warmup_ema_decay"):
+        CentralImages(noise_std=1.0, bound=1.0, class_sizes={"a": 1}, warmup_ema_decay=1.0)
+    assert CentralImages(noise_std=1.0, bound=1.0, class_sizes={"a": 1},
+                         warmup_ema_decay=None).warmup_ema_decay is None

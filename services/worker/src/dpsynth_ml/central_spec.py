@@ -35,6 +35,7 @@ class CentralImages:
         sample_rate: None for one query over every unit; else Poisson rate of each query.
         queries: number of subsampled queries (1 without ``sample_rate``).
         warmup_steps, warmup_batch_size, warmup_learning_rate: the non-private warm-up.
+        warmup_ema_decay: the warm-up ends on an EMA of its weights (None: its last ones).
         augment: random shifts / affine / contrast jitter during the warm-up.
         second_moments: the release also carries each class's second moments (the sum of
             the same contributions' outer products, each unit's scaled by
@@ -55,6 +56,7 @@ class CentralImages:
     warmup_steps: int = 500
     warmup_batch_size: int = 50
     warmup_learning_rate: float = 3e-4
+    warmup_ema_decay: float | None = 0.995
     augment: bool = True
     second_moments: bool = False
     components: int = 16
@@ -74,6 +76,8 @@ class CentralImages:
             raise InvalidSpecError("central_images.queries is 1 without a sample_rate")
         if min(self.warmup_steps, self.warmup_batch_size) < 1:
             raise InvalidSpecError("central_images warm-up steps and batch size must be >= 1")
+        if self.warmup_ema_decay is not None and not 0.0 < self.warmup_ema_decay < 1.0:
+            raise InvalidSpecError("central_images.warmup_ema_decay must be in (0, 1)")
         if self.components < 1:
             raise InvalidSpecError("central_images.components must be >= 1")
         if not (self.warmup_learning_rate > 0 and math.isfinite(self.warmup_learning_rate)):

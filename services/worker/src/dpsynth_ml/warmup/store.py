@@ -39,6 +39,7 @@ def public_record(spec: CentralImages, n_released: int) -> dict[str, Any]:
             "warmup_steps": int(spec.warmup_steps),
             "warmup_batch_size": int(spec.warmup_batch_size),
             "warmup_learning_rate": float(spec.warmup_learning_rate),
+            "warmup_ema_decay": spec.warmup_ema_decay,
             "augment": bool(spec.augment), **_moment_settings(spec),
             "n_released": int(n_released)}
 

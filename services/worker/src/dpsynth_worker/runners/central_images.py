@@ -95,5 +95,6 @@ def ml_central_images(central: CentralImagesSpec, plan: CentralImagesRelease,
         downsample=central.downsample, sample_rate=central.sample_rate,
         queries=central.queries, warmup_steps=central.warmup_steps,
         warmup_batch_size=central.warmup_batch_size,
-        warmup_learning_rate=central.warmup_learning_rate, augment=central.augment,
+        warmup_learning_rate=central.warmup_learning_rate,
+        warmup_ema_decay=central.warmup_ema_decay, augment=central.augment,
         second_moments=plan.second_moments, components=central.components)
