@@ -23,6 +23,23 @@ the pretraining's wall time). ``cache_dir``: the argument, else ``$DPSYNTH_PRETR
 else ``~/.cache/dpsynth/pretrain``; ``DPSYNTH_PRETRAIN_CACHE=off`` disables reuse (always
 trains, into ``scratch_dir`` or a new temporary directory). Clear it with ``rm -rf``.
 
+**Eviction** (least recently used): the cache holds at most ``max_bytes`` (the argument,
+else ``$DPSYNTH_PRETRAIN_CACHE_MAX_GB`` in GB of 10⁹ bytes, float, else 10 GB; a cap that is
+not a positive finite number is refused with a ValueError, cache on, before training). An
+entry's last use is the modification time of its ``entry.json``: set when it is stored,
+refreshed with ``os.utime`` on every lookup (before the model is verified, so a concurrent
+pruner already sees it as recent); its content is never rewritten. After a miss stores its
+entry, the cache is pruned: the size of every entry (a ``<key>/`` directory whose
+``entry.json`` parses and names that key; all its files) is summed, and the least recently
+used entries are discarded (renamed aside, then deleted; one log line each) until the total
+is at most the cap. The entry just stored is never evicted: alone larger than the cap, it
+stays (and a line says so). An entry whose ``entry.json`` was touched after the listing (a
+concurrent hit) is skipped. ``.tmp-*`` directories (a writer still training) are neither
+counted nor touched; ``.trash-*`` leftovers (a discard that was interrupted) are deleted.
+A hit does not prune, so a lowered cap applies at the next miss. An entry that a running
+benchmark still reads is the most recently used when its run started; it can only be
+evicted when the entries stored since then fill the cap.
+
 **Safety rules**: only a ``PretrainTraining`` goes through here (never anything that reads
 private data); an entry is written whole (trained into a temporary directory inside
 ``cache_dir``, then ``os.replace``-d into place; a writer that loses the race drops its copy
@@ -37,6 +54,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -52,6 +70,9 @@ if TYPE_CHECKING:
     from dpsynth_ml import PretrainTraining, TrainingResult
 
 ENV = "DPSYNTH_PRETRAIN_CACHE"
+MAX_GB_ENV = "DPSYNTH_PRETRAIN_CACHE_MAX_GB"
+DEFAULT_MAX_GB = 10.0
+GB = 10**9
 CACHE_FORMAT = 1
 ENTRY_FILE = "entry.json"
 
@@ -145,6 +166,27 @@ def resolve_cache_dir(cache_dir: Path | str | None = None) -> Path | None:
     return Path.home() / ".cache" / "dpsynth" / "pretrain"
 
 
+def resolve_max_bytes(max_bytes: int | None = None) -> int:
+    """The cache's size cap in bytes: ``max_bytes``, else ``$DPSYNTH_PRETRAIN_CACHE_MAX_GB``
+    (GB of 10⁹ bytes; unset or blank: 10). Raises ValueError for a cap that is not a positive
+    finite number (to stop reusing pretrainings, set ``$DPSYNTH_PRETRAIN_CACHE=off``)."""
+    if max_bytes is not None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive number of bytes, not {max_bytes!r}")
+        return max_bytes
+    raw = os.environ.get(MAX_GB_ENV, "").strip()
+    if not raw:
+        return int(DEFAULT_MAX_GB * GB)
+    try:
+        gb = float(raw)
+    except ValueError:
+        raise ValueError(f"${MAX_GB_ENV}={raw!r} is not a number of gigabytes") from None
+    if not math.isfinite(gb) or gb <= 0:
+        raise ValueError(f"${MAX_GB_ENV}={raw!r}: the cap must be a positive, finite number "
+                         f"of gigabytes (to stop reusing pretrainings, set ${ENV}=off)")
+    return max(1, int(gb * GB))
+
+
 def _run_train(spec: PretrainTraining, dataset_path: Path,
                out_dir: Path) -> tuple[TrainingResult, float]:
     """The one call that trains, and its wall seconds (tests wrap it to count calls)."""
@@ -163,6 +205,89 @@ def _discard(entry_dir: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _touch(entry_dir: Path) -> None:
+    """Mark an entry used now: ``entry.json``'s modification time, its content untouched."""
+    with contextlib.suppress(OSError):  # absent: the lookup that follows discards the entry
+        os.utime(entry_dir / ENTRY_FILE)
+
+
+def _tree_size(path: Path) -> int:
+    """Bytes of every file under ``path`` (files that vanish meanwhile count as 0)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+    """One valid entry as the pruner sees it."""
+
+    key: str
+    path: Path
+    last_used: float  # entry.json's st_mtime
+    size: int
+    label: str
+
+
+def _stored_entries(root: Path) -> list[_Stored]:
+    """The valid entries under ``root`` (``<key>/`` with an ``entry.json`` that parses and
+    names that key), least recently used first; deletes ``.trash-*`` leftovers on the way and
+    skips ``.tmp-*`` (a writer still at work) and anything else."""
+    stored = []
+    for child in root.iterdir():
+        if child.name.startswith(".trash-"):
+            shutil.rmtree(child, ignore_errors=True)
+            continue
+        if child.name.startswith(".") or child.is_symlink() or not child.is_dir():
+            continue
+        entry_file = child / ENTRY_FILE
+        try:
+            entry = json.loads(entry_file.read_text())
+            if not isinstance(entry, dict) or entry.get("key") != child.name:
+                continue
+            last_used = entry_file.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        stored.append(_Stored(child.name, child, last_used, _tree_size(child),
+                              str(entry.get("label", "?"))))
+    return sorted(stored, key=lambda e: (e.last_used, e.key))
+
+
+def prune(root: Path, max_bytes: int, *, keep: str, label: str) -> list[str]:
+    """Evict least recently used entries of ``root`` until they total at most ``max_bytes``,
+    never ``keep`` (the entry just stored); returns the evicted keys. See the module
+    docstring ("Eviction")."""
+    stored = _stored_entries(root)
+    total = sum(e.size for e in stored)
+    evicted: list[str] = []
+    for e in stored:
+        if total <= max_bytes:
+            break
+        if e.key == keep:
+            continue
+        with contextlib.suppress(OSError):
+            if (e.path / ENTRY_FILE).stat().st_mtime > e.last_used:
+                continue  # hit by another run since the listing: recent now
+        _discard(e.path)
+        total -= e.size
+        evicted.append(e.key)
+        used = datetime.fromtimestamp(e.last_used, UTC).isoformat(timespec="seconds")
+        _log(f"{label}: evicted {e.key[:12]} ({e.label}, {e.size / 1e6:.1f} MB, last used "
+             f"{used}) to keep the cache under {max_bytes / GB:g} GB")
+    if total > max_bytes:
+        kept = next((e for e in stored if e.key == keep), None)
+        if kept is not None and kept.size > max_bytes:
+            _log(f"{label}: entry {keep[:12]} alone ({kept.size / 1e6:.1f} MB) is larger "
+                 f"than the cache's cap of {max_bytes / GB:g} GB; kept")
+        else:
+            _log(f"{label}: the cache holds {total / 1e6:.1f} MB, over its cap of "
+                 f"{max_bytes / GB:g} GB (entries in use by other runs were kept)")
+    return evicted
+
+
 def _lookup(entry_dir: Path, key: str, label: str) -> tuple[TrainingResult, float] | None:
     """A verified entry's result and original pretrain seconds; None (and discarded) if the
     entry is absent, corrupt or its model does not match its recorded hash."""
@@ -171,6 +296,7 @@ def _lookup(entry_dir: Path, key: str, label: str) -> tuple[TrainingResult, floa
 
     if not entry_dir.exists():
         return None
+    _touch(entry_dir)  # used now (before verifying, so a concurrent pruner sees it as recent)
     try:
         entry = json.loads((entry_dir / ENTRY_FILE).read_text())
         model_dir, r = entry_dir / "model", entry["result"]
@@ -191,11 +317,14 @@ def _lookup(entry_dir: Path, key: str, label: str) -> tuple[TrainingResult, floa
 
 def cached_pretrain(spec: PretrainTraining, dataset_path: Path, *, label: str,
                     cache_dir: Path | str | None = None,
-                    scratch_dir: Path | None = None) -> Pretrained:
+                    scratch_dir: Path | None = None,
+                    max_bytes: int | None = None) -> Pretrained:
     """The model of the public pretraining ``spec`` on ``dataset_path`` (cached or trained
     now). ``label`` names it in log lines and the entry; ``cache_dir``: see
     :func:`resolve_cache_dir`; ``scratch_dir``: where to train when the cache is off (default:
-    a new temporary directory the caller owns). Raises TypeError for any other spec."""
+    a new temporary directory the caller owns); ``max_bytes``: the cache's size cap (see
+    :func:`resolve_max_bytes`; a miss prunes down to it). Raises TypeError for any other spec
+    and ValueError for a bad cap (with the cache on, before anything is trained)."""
     from dpsynth_ml import PretrainTraining
     from dpsynth_ml.models.model_io import model_hash
 
@@ -210,6 +339,7 @@ def cached_pretrain(spec: PretrainTraining, dataset_path: Path, *, label: str,
         result, seconds = _run_train(spec, dataset_path, out)
         _log(f"{label}: cache off, trained in {seconds:.1f} s")
         return Pretrained(result, "off", key, seconds)
+    cap = resolve_max_bytes(max_bytes)
     entry_dir = root / key
     if (found := _lookup(entry_dir, key, label)) is not None:
         reuse_s = time.perf_counter() - started
@@ -244,5 +374,9 @@ def cached_pretrain(spec: PretrainTraining, dataset_path: Path, *, label: str,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _log(f"{label}: miss {key[:12]}, trained in {seconds:.1f} s and stored in {entry_dir}")
+    try:
+        prune(root, cap, keep=key, label=label)
+    except OSError as exc:  # the entry is stored and valid: a failed prune costs only space
+        _log(f"{label}: could not prune the cache: {exc}")
     stored = dataclasses.replace(result, model_dir=entry_dir / "model")
     return Pretrained(stored, "miss", key, seconds)

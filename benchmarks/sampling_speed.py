@@ -1,10 +1,14 @@
 """Sampling speed and quality: DDPM, DDIM and DPM-Solver++ at several step counts.
 
-One model is pretrained INSIDE this script (seeded) on the public in-distribution split of
+One model is pretrained by this script (seeded) on the public in-distribution split of
 Fashion-MNIST (the first ``public_records`` images of its training set, Debian's
-``dataset-fashion-mnist`` IDX files; the rest of the training set plays no part here). Every
-sampler then draws the same number of images per class from that model through the ML
-core's real entry point :func:`dpsynth_ml.sample` (same seed, guidance 1, default batch), and:
+``dataset-fashion-mnist`` IDX files; the rest of the training set plays no part here), or
+reused from the pretraining cache (``benchmarks/pretrain_cache.py``) when the same spec, data
+and ML core were pretrained before: the results' ``pretrain_cache`` says which (hit / miss /
+off, the key, the original pretraining time), ``phases.pretrain_s`` is this run's time (on a
+hit, finding and verifying the entry only). Every sampler then draws the same number of
+images per class from that model through the ML core's real entry point
+:func:`dpsynth_ml.sample` (same seed, guidance 1, default batch), and:
 
 * **speed** is ``SampleResult.images_per_second``: denoising and VAE decoding only (model
   loading and PNG writing excluded), wall clock on this machine;
@@ -112,7 +116,7 @@ def _vae_roundtrip(model_dir: Path, images: np.ndarray) -> np.ndarray:
 def run(scale: str) -> dict[str, Any]:
     """Pretrain, train the feature network, sample with every configuration; see above."""
     import torch
-    from dpsynth_ml import PretrainTraining, sample, train
+    from dpsynth_ml import PretrainTraining, sample
     from dpsynth_ml.evaluation import (
         extract_features,
         frechet_distance,
@@ -120,6 +124,8 @@ def run(scale: str) -> dict[str, Any]:
         resize_uint8,
         train_feature_net,
     )
+
+    from benchmarks.pretrain_cache import cached_pretrain
 
     cfg = SCALES[scale]
     if cfg["threads"]:
@@ -139,15 +145,19 @@ def run(scale: str) -> dict[str, Any]:
     phases: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="sampling-speed-") as tmp:
         work = Path(tmp)
-        data = work / "public.npz"
+        data = work / "public.npz"  # the same arrays give the same bytes: the cache's key
         np.savez(data, images=x_pub, labels=y_pub, class_names=np.array(FMNIST_CLASSES))
         t0 = time.perf_counter()
         spec = PretrainTraining(preset=cfg["preset"], image_size=size,
-                            epochs=int(cfg["pretrain_epochs"]),
-                            batch_size=int(cfg["pretrain_batch"]),
-                            learning_rate=float(cfg["pretrain_lr"]), seed=0)
-        model = train(spec, dataset_path=data, out_dir=work / "pretrain")
-        phases["pretrain_s"] = round(time.perf_counter() - t0, 1)
+                                epochs=int(cfg["pretrain_epochs"]),
+                                batch_size=int(cfg["pretrain_batch"]),
+                                learning_rate=float(cfg["pretrain_lr"]), seed=0)
+        # public data only: reused when trained before; the model directory is only read
+        # (the VAE round trip and the samplers load it; samples go to their own folders)
+        pretrained = cached_pretrain(spec, data, label=f"{NAME}:{scale}",
+                                     scratch_dir=work / "pretrain")
+        model = pretrained.result
+        phases["pretrain_s"] = round(time.perf_counter() - t0, 1)  # a hit: the reuse only
         t0 = time.perf_counter()
         net_info = train_feature_net(x_pub, y_pub, class_names=FMNIST_CLASSES,
                                      image_size=size, channels=1,
@@ -184,6 +194,7 @@ def run(scale: str) -> dict[str, Any]:
                    "the test set", "guidance_scale": 1.0, "seed": 0,
            "samples": n, "feature_network": net_info.architecture},
         "phases": phases,
+        "pretrain_cache": pretrained.record(),
         "feature_net_accuracy": net_info.accuracy,
         "pretrain_steps": model.steps_completed,
         "fd_real_vs_real": floor,
@@ -197,10 +208,16 @@ def table_markdown(results: dict[str, Any]) -> str:
     res = results.get("results", results)
     machine = results.get("machine", {})
     s = res["settings"]
+    cached = res.get("pretrain_cache", {})  # results before the cache: none
+    hit = cached.get("cache") == "hit"
+    reused = (f" (reused from the pretraining cache, `benchmarks/pretrain_cache.py`: trained "
+              f"once in {cached['pretrain_s']:.0f} s, key `{cached['key'][:12]}…`)"
+              if hit else "")
     lines = [
-        f"Preset `{s['preset']}` at {s['image_size']}x{s['image_size']}, pretrained in the run "
-        f"on {s['public_records']:,} public Fashion-MNIST images; {s['samples']} images per "
-        f"configuration; {device_label(machine) if machine else 'CPU'}. `fd_dpsynth` is the "
+        f"Preset `{s['preset']}` at {s['image_size']}x{s['image_size']}, pretrained "
+        f"{'' if hit else 'in the run '}on {s['public_records']:,} public Fashion-MNIST "
+        f"images{reused}; {s['samples']} images per configuration; "
+        f"{device_label(machine) if machine else 'CPU'}. `fd_dpsynth` is the "
         f"Fréchet distance in the dpsynth feature network's space (held-out accuracy "
         f"{fmt(res['feature_net_accuracy'])}), not Inception FID. **Real-vs-real floor at "
         f"the same size: {fmt(res['fd_real_vs_real'])}**; real images passed through the "

@@ -128,40 +128,41 @@ def _npz(path: Path, n: int, seed: int, size: int = 16, *, class_names: bool = F
     return path
 
 
-def _tiny_model_archive(work: Path) -> Path:
-    """A real diffusers folder (the ML core's ``tiny`` preset, one epoch on noise), tarred."""
+def _tiny_model_archive(work: Path) -> tuple[Path, dict[str, Any]]:
+    """A real diffusers folder (the ML core's ``tiny`` preset, one epoch on noise: six steps,
+    under a second), tarred; and what the results record about its pretraining. The model
+    comes from the pretraining cache (``benchmarks/pretrain_cache.py``) when it was trained
+    before (the noise is seeded and ``np.savez`` writes the same bytes for the same arrays);
+    its directory is only read here (tarred into ``work``). No job here trains on it."""
     import tarfile
 
-    from dpsynth_ml import PretrainTraining, train
-    from dpsynth_ml.training.hooks import NullHooks
+    from dpsynth_ml import PretrainTraining
 
-    class StopAtOnce(NullHooks):
-        """Veto every step: the untrained model is saved as is (no job here trains on it,
-        and training would cost a minute of the 2 cores before any load is measured)."""
-
-        def should_stop(self) -> bool:
-            return True
+    from benchmarks.pretrain_cache import cached_pretrain
 
     spec = PretrainTraining(preset="tiny", image_size=16, channels=1,
-                        num_classes=len(CLASSES), epochs=1, batch_size=32)
-    model_dir = train(spec, dataset_path=_npz(work / "noise.npz", 80, seed=1, class_names=True),
-                      out_dir=work / "tiny-model", hooks=StopAtOnce()).model_dir
+                            num_classes=len(CLASSES), epochs=1, batch_size=32, seed=0)
+    pretrained = cached_pretrain(
+        spec, _npz(work / "noise.npz", 80, seed=1, class_names=True), label=f"{NAME}:tiny",
+        scratch_dir=work / "tiny-model")
     archive = work / "model.tar"
     with tarfile.open(archive, "w") as tar:
-        for path in sorted(model_dir.rglob("*")):
+        for path in sorted(pretrained.model_dir.rglob("*")):
             if path.is_file():
-                tar.add(path, arcname=str(path.relative_to(model_dir)))
-    return archive
+                tar.add(path, arcname=str(path.relative_to(pretrained.model_dir)))
+    return archive, pretrained.record()
 
 
 def prepare(p: Platform, settings: dict[str, Any]) -> dict[str, Any]:
-    """Upload a model, a public dataset, the private datasets of (a) and the ledger's (b)."""
+    """Upload a model, a public dataset, the private datasets of (a) and the ledger's (b);
+    ``pretrain_cache``: where the uploaded model's pretraining came from."""
     from dpsynth_client import Client
 
     work = p.home / "bench-inputs"
     work.mkdir()
     client = Client(p.api_url, p.api_key, timeout=300)
-    model_id = client.upload_model(_tiny_model_archive(work), name="bench-tiny")["model_id"]
+    archive, pretrain_cache = _tiny_model_archive(work)
+    model_id = client.upload_model(archive, name="bench-tiny")["model_id"]
     public = client.upload_dataset(_npz(work / "public.npz", 200, seed=2), name="bench-public",
                                    visibility="public", label_domain=CLASSES)
     private = [client.upload_dataset(_npz(work / f"private{i}.npz", 200, seed=100 + i),
@@ -190,7 +191,7 @@ def prepare(p: Platform, settings: dict[str, Any]) -> dict[str, Any]:
     client.close()
     return {"pretrain": [pretrain], "finetune": finetunes,
             "contended_dataset_id": contended["dataset_id"],
-            "single_dataset_id": single["dataset_id"]}
+            "single_dataset_id": single["dataset_id"], "pretrain_cache": pretrain_cache}
 
 
 # --------------------------------------------------------------------------- locust
@@ -471,6 +472,8 @@ def run(scale: str) -> dict[str, Any]:
     return {
         "settings": settings, "platform_start_s": round(started, 1),
         "workers": 0, "load_generator": "locust (FastHttpUser, closed loop, no think time)",
+        # the uploaded model's pretraining (public noise; before any load is measured)
+        "pretrain_cache": inputs["pretrain_cache"],
         "submissions": rows, "ledger": ledger, "rate_limits": rate_limits_in_force(),
     }
 

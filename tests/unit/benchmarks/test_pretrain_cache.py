@@ -1,13 +1,15 @@
 """The pretraining cache of the benchmarks (benchmarks/pretrain_cache.py): a second run with
 the same inputs reuses the model, any change of what the weights depend on trains again, a
 corrupted entry is detected, ``off`` never touches the cache, concurrent writers leave one
-valid entry, and only a public pretraining goes through it."""
+valid entry, only a public pretraining goes through it, and a size cap evicts the least
+recently used entries (never the one just stored)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -307,3 +309,144 @@ def test_the_fmnist_table_says_when_a_pretraining_was_reused() -> None:
                                 "reuse_s": 0.02}
     text = table_markdown(results)
     assert "reused from the pretraining cache" in text and "trained once in 534 s" in text
+
+
+# --- eviction (least recently used, under a size cap) ---------------------------------------
+
+
+def _size(entry_dir: Path) -> int:
+    return sum(p.stat().st_size for p in entry_dir.rglob("*") if p.is_file())
+
+
+def _age(cache: Path, key: str, seconds_ago: float) -> None:
+    """Pretend the entry was last used ``seconds_ago`` (mtime resolution plays no part)."""
+    when = time.time() - seconds_ago
+    os.utime(cache / key / "entry.json", (when, when))
+
+
+def _seeded(seed: int) -> PretrainTraining:
+    return dataclasses.replace(SPEC, seed=seed)
+
+
+def test_the_least_recently_used_entry_is_evicted_and_a_hit_refreshes_recency(
+        monkeypatch: pytest.MonkeyPatch, public: Path, cache: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    trainer = Counting(monkeypatch, fake_train)
+    a, b = (pc.cached_pretrain(_seeded(s), public, label=f"t{s}", cache_dir=cache)
+            for s in (0, 1))
+    _age(cache, a.key, 300)  # a is the older by its store...
+    _age(cache, b.key, 200)
+    entry_a = (cache / a.key / "entry.json").read_bytes()
+    assert pc.cached_pretrain(_seeded(0), public, label="t0", cache_dir=cache).cache == "hit"
+    assert (cache / a.key / "entry.json").read_bytes() == entry_a  # touched, not rewritten
+    assert (cache / a.key / "entry.json").stat().st_mtime > time.time() - 60
+    # ...but hit since: storing c over a cap of two entries evicts b, the least recently used
+    c_key = pc.cache_key(pc.key_inputs(_seeded(2), public))
+    cap = _size(cache / a.key) + _size(cache / b.key) + _size(cache / a.key) // 2
+    capsys.readouterr()
+    c = pc.cached_pretrain(_seeded(2), public, label="t2", cache_dir=cache, max_bytes=cap)
+    assert c.key == c_key and c.cache == "miss" and trainer.calls == 3
+    assert _entries(cache) == sorted([a.key, c.key])
+    log = capsys.readouterr().out
+    assert log.count("evicted") == 1 and f"evicted {b.key[:12]} (t1," in log
+    assert c.model_dir.is_dir() and a.model_dir.is_dir()
+    assert pc.cached_pretrain(_seeded(0), public, label="t0", cache_dir=cache,
+                              max_bytes=cap).cache == "hit"
+    assert pc.cached_pretrain(_seeded(1), public, label="t1", cache_dir=cache,
+                              max_bytes=cap).cache == "miss"  # b was evicted: trained again
+    assert trainer.calls == 4
+    assert _entries(cache) == sorted([a.key, b.key])  # c was now the least recently used
+
+
+def test_the_entry_just_stored_stays_even_when_larger_than_the_cap(
+        monkeypatch: pytest.MonkeyPatch, public: Path, cache: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    Counting(monkeypatch, fake_train)
+    old = [pc.cached_pretrain(_seeded(s), public, label="t", cache_dir=cache).key
+           for s in (0, 1)]
+    for i, key in enumerate(old):
+        _age(cache, key, 100 - i)
+    capsys.readouterr()
+    new = pc.cached_pretrain(_seeded(2), public, label="t", cache_dir=cache, max_bytes=1)
+    assert _entries(cache) == [new.key]
+    log = capsys.readouterr().out
+    assert log.index(f"evicted {old[0][:12]}") < log.index(f"evicted {old[1][:12]}")
+    assert f"entry {new.key[:12]} alone" in log and "kept" in log
+    again = pc.cached_pretrain(_seeded(2), public, label="t", cache_dir=cache, max_bytes=1)
+    assert again.cache == "hit" and again.model_dir == new.model_dir  # a hit does not prune
+    entry = json.loads((cache / new.key / "entry.json").read_text())
+    assert entry["model_hash"] == model_hash(new.model_dir)
+
+
+def test_no_eviction_under_the_default_cap(
+        monkeypatch: pytest.MonkeyPatch, public: Path, cache: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    Counting(monkeypatch, fake_train)
+    keys = [pc.cached_pretrain(_seeded(s), public, label="t", cache_dir=cache).key
+            for s in range(3)]
+    assert _entries(cache) == sorted(keys) and "evicted" not in capsys.readouterr().out
+
+
+def test_the_cap_comes_from_the_argument_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert pc.resolve_max_bytes() == 10 * 10**9
+    monkeypatch.setenv(pc.MAX_GB_ENV, " ")
+    assert pc.resolve_max_bytes() == 10 * 10**9
+    monkeypatch.setenv(pc.MAX_GB_ENV, "2.5")
+    assert pc.resolve_max_bytes() == 2_500_000_000
+    assert pc.resolve_max_bytes(1234) == 1234  # the argument wins
+    monkeypatch.setenv(pc.MAX_GB_ENV, "1e-12")
+    assert pc.resolve_max_bytes() == 1  # tiny but positive: at least one byte
+
+
+def test_the_cap_from_the_environment_prunes(
+        monkeypatch: pytest.MonkeyPatch, public: Path, cache: Path) -> None:
+    trainer = Counting(monkeypatch, fake_train)
+    first = pc.cached_pretrain(_seeded(0), public, label="t", cache_dir=cache)
+    monkeypatch.setenv(pc.MAX_GB_ENV, "1e-9")  # one byte
+    second = pc.cached_pretrain(_seeded(1), public, label="t", cache_dir=cache)
+    assert _entries(cache) == [second.key] and first.key != second.key
+    assert trainer.calls == 2
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "-0.5", "abc", "nan", "inf", "10GB"])
+def test_a_bad_cap_is_refused_before_anything_is_trained(
+        value: str, monkeypatch: pytest.MonkeyPatch, public: Path, cache: Path) -> None:
+    trainer = Counting(monkeypatch, fake_train)
+    monkeypatch.setenv(pc.MAX_GB_ENV, value)
+    with pytest.raises(ValueError, match=pc.MAX_GB_ENV):
+        pc.resolve_max_bytes()
+    with pytest.raises(ValueError, match=pc.MAX_GB_ENV):
+        pc.cached_pretrain(SPEC, public, label="t", cache_dir=cache)
+    assert trainer.calls == 0 and not cache.exists()
+
+
+@pytest.mark.parametrize("value", [0, -5, 1.5, True])
+def test_a_bad_max_bytes_argument_is_refused(
+        value: Any, monkeypatch: pytest.MonkeyPatch, public: Path, cache: Path) -> None:
+    trainer = Counting(monkeypatch, fake_train)
+    with pytest.raises(ValueError, match="max_bytes"):
+        pc.cached_pretrain(SPEC, public, label="t", cache_dir=cache, max_bytes=value)
+    assert trainer.calls == 0
+
+
+def test_pruning_cleans_trash_and_ignores_temporaries_and_other_directories(
+        monkeypatch: pytest.MonkeyPatch, public: Path, cache: Path) -> None:
+    Counting(monkeypatch, fake_train)
+    first = pc.cached_pretrain(_seeded(0), public, label="t", cache_dir=cache)
+    _age(cache, first.key, 100)
+    trash = cache / f".trash-{first.key[:16]}-deadbeef"
+    (trash / "model").mkdir(parents=True)
+    (trash / "model" / "weights").write_bytes(b"\0" * 100_000)
+    writing = cache / ".tmp-0123456789abcdef-x"  # a writer still training: never touched
+    (writing / "train").mkdir(parents=True)
+    (writing / "train" / "weights").write_bytes(b"\0" * 100_000)
+    stray = cache / "notes"  # no entry.json: not an entry, neither counted nor evicted
+    stray.mkdir()
+    (stray / "big").write_bytes(b"\0" * 100_000)
+    # room for two entries, far less than any of the leftovers
+    cap = 3 * _size(cache / first.key)
+    second = pc.cached_pretrain(_seeded(1), public, label="t", cache_dir=cache, max_bytes=cap)
+    assert not trash.exists()
+    assert (writing / "train" / "weights").exists() and (stray / "big").exists()
+    assert _entries(cache) == sorted([writing.name, first.key, second.key, "notes"])
