@@ -17,7 +17,7 @@ from dpsynth_ledger.accounting import (
     gaussian_epsilon,
     pld_epsilon,
 )
-from dpsynth_shared.central_images import central_image_bound
+from dpsynth_shared.central_images import central_image_bound, central_image_unit_norm
 from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent
 
 from benchmarks import fmnist_no_public as bench
@@ -32,8 +32,11 @@ def test_the_split_composes_to_at_most_the_total_with_the_smallest_sigma(eps: fl
     bound = central_image_bound(28, 1, CPU["downsample"])
     rel = GaussianEvent(**split["release"]["event"])
     dp = DpSgdEvent(**split["dp_sgd"]["event"])
-    # the release: the ledger's Gaussian calibration at the release's share of ε
-    assert rel.sensitivity == pytest.approx(bound) == 7.0
+    # the release: the ledger's Gaussian calibration at the release's share of ε; with the
+    # second moments the unit norm is √2 times the bound 7
+    assert CPU["second_moments"] and bound == 7.0
+    assert rel.sensitivity == pytest.approx(central_image_unit_norm(bound, True))
+    assert rel.sensitivity == pytest.approx(7.0 * math.sqrt(2.0))
     want = calibrate_gaussian_sigma(CPU["release_fraction"] * eps, bench.DELTA)
     assert rel.sigma / rel.sensitivity == pytest.approx(want, rel=1e-12)
     assert split["release"]["noise_std"] == pytest.approx(rel.sigma)
@@ -73,8 +76,9 @@ def test_dp_feta_subsampled_queries_are_a_dp_sgd_event() -> None:
     assert (rel.sample_rate, rel.steps) == (0.1, 5)
     assert rel.noise_multiplier == pytest.approx(
         calibrate_noise_multiplier(1.0, 0.1, 5, bench.DELTA))
+    assert cfg["second_moments"]  # the unit norm √2·bound
     assert split["release"]["noise_std"] == pytest.approx(
-        rel.noise_multiplier * central_image_bound(28, 1, 2))
+        rel.noise_multiplier * math.sqrt(2.0) * central_image_bound(28, 1, 2))
     dp = DpSgdEvent(**split["dp_sgd"]["event"])
     assert pld_epsilon([rel, dp], bench.DELTA) <= 10.0 * (1 + 1e-9)
 
@@ -113,7 +117,7 @@ def test_the_settings_table_keeps_its_invariants() -> None:
 def _micro_cfg() -> dict[str, Any]:
     return {**CPU, "private_size": 300, "class_size": 30, "designer_validation_size": 0,
             "test_size": 200,
-            "unet": {**bench.CPU_UNET, "block_out_channels": [8, 16]},
+            "unet": {**bench.CPU_UNET, "block_out_channels": [8, 8, 16]},
             "warmup_steps": 2, "warmup_batch_size": 10, "dp_batch_size": 30, "dp_steps": 1,
             "max_physical_batch_size": 30, "nonprivate_batch_size": 100,
             "sampler_steps": 2, "sample_batch_size": 50, "headline_seeds": 1,
