@@ -658,6 +658,11 @@ def aims(rows: dict[str, Any]) -> dict[str, Any]:
         got = pct(key)
         out[key] = {"aim": AIMS[key], "measured": got,
                     "met": None if got is None else got >= AIMS[key]}
+        alone = pct(f"warmup_only_{key.split('_')[1]}")
+        if alone is not None and (got is None or alone > got):
+            verdict = "meets" if alone >= AIMS[key] else "does not meet"
+            out[key]["note"] = (f"the warm-up alone on the whole ε (no DP-SGD) reaches "
+                                f"{alone:.1f} % and {verdict} it")
     for eps in ("10", "1"):
         a, b = pct(f"eps_{eps}"), pct(f"warmup_only_{eps}")
         gain = None if a is None or b is None else a - b

@@ -18,7 +18,6 @@ from typing import Any
 from benchmarks.common import bench_main
 
 NAME = "fmnist_no_public_check"
-GPU_RELEVANT = False  # a CPU re-check; the GPU scales run fmnist_no_public itself
 OVERRIDES: dict[str, Any] = {"headline_seeds": 1, "headline_per_class": 100,
                              "other_per_class": 100}
 ROWS = frozenset({"eps_10", "eps_1", "warmup_only_10", "warmup_only_1", "eps_inf"})
