@@ -40,3 +40,28 @@ def contributions(images: np.ndarray, downsample: int, image_size: int | None,
 def clip_scale(norms: torch.Tensor, bound: float) -> torch.Tensor:
     """min(1, bound / norm) per row (1 for a zero norm)."""
     return torch.clamp(bound / norms.clamp_min(1e-300), max=1.0)
+
+
+def query_rows(images: np.ndarray, labels: np.ndarray, subjects: np.ndarray | None, *,
+               downsample: int, sample_mask: np.ndarray | None, image_size: int | None,
+               channels: int | None) -> tuple[np.ndarray, int, int, int, int, np.ndarray]:
+    """What a query sums: (int64 labels, image size, channels, downsampled side, dimension
+    h·w·c, the indices of the images of the sampled units).
+
+    Raises:
+        InvalidSpecError: ``downsample`` does not divide the image size.
+        ValueError: a record-level ``sample_mask`` of the wrong length.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    size = image_size if image_size is not None else int(images.shape[1])
+    chans = channels if channels is not None else int(images.shape[3])
+    if size % downsample:
+        raise InvalidSpecError("central_images.downsample must divide the image size")
+    side = size // downsample
+    keep = np.ones(len(images), dtype=bool)
+    if sample_mask is not None:
+        mask = np.asarray(sample_mask, dtype=bool)
+        if subjects is None and mask.shape[0] != len(images):
+            raise ValueError("sample_mask must have one entry per unit")
+        keep = mask[subjects] if subjects is not None else mask.copy()
+    return labels, size, chans, side, side * side * chans, np.flatnonzero(keep)

@@ -11,8 +11,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from dpsynth_ml.spec import InvalidSpecError
-from dpsynth_ml.warmup.contributions import CHUNK, clip_scale, contributions
+from dpsynth_ml.warmup.contributions import CHUNK, clip_scale, contributions, query_rows
 
 
 class NormalDraws(Protocol):
@@ -39,20 +38,9 @@ def class_second_moments(images: np.ndarray, labels: np.ndarray, subjects: np.nd
     Returns:
         float64 [C, d, d], d = h·w·c (channels last, as the sums' flattening).
     """
-    labels = np.asarray(labels, dtype=np.int64)
-    size = image_size if image_size is not None else int(images.shape[1])
-    chans = channels if channels is not None else int(images.shape[3])
-    if size % downsample:
-        raise InvalidSpecError("central_images.downsample must divide the image size")
-    side = size // downsample
-    dim = side * side * chans
-    keep = np.ones(len(images), dtype=bool)
-    if sample_mask is not None:
-        mask = np.asarray(sample_mask, dtype=bool)
-        if subjects is None and mask.shape[0] != len(images):
-            raise ValueError("sample_mask must have one entry per unit")
-        keep = mask[subjects] if subjects is not None else mask.copy()
-    rows = np.flatnonzero(keep)
+    labels, size, chans, _side, dim, rows = query_rows(
+        images, labels, subjects, downsample=downsample, sample_mask=sample_mask,
+        image_size=image_size, channels=channels)
     weights = torch.ones(len(images), dtype=torch.float64)
     if subjects is not None and len(rows):
         subject_ids = torch.from_numpy(np.asarray(subjects, dtype=np.int64))

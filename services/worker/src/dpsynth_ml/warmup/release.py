@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from dpsynth_ml.data import ImageDataset
 from dpsynth_ml.spec import CentralImages, InvalidSpecError
 from dpsynth_ml.training.hooks import TrainingHooks
-from dpsynth_ml.warmup.contributions import CHUNK, clip_scale, contributions
+from dpsynth_ml.warmup.contributions import CHUNK, clip_scale, contributions, query_rows
 from dpsynth_ml.warmup.moments import (
     NormalDraws,
     class_second_moments,
@@ -109,20 +109,9 @@ def class_sums(images: np.ndarray, labels: np.ndarray, subjects: np.ndarray | No
     Returns:
         float64 [C, h, w, c].
     """
-    labels = np.asarray(labels, dtype=np.int64)
-    size = image_size if image_size is not None else int(images.shape[1])
-    chans = channels if channels is not None else int(images.shape[3])
-    if size % downsample:
-        raise InvalidSpecError("central_images.downsample must divide the image size")
-    side = size // downsample
-    dim = side * side * chans
-    keep = np.ones(len(images), dtype=bool)
-    if sample_mask is not None:
-        mask = np.asarray(sample_mask, dtype=bool)
-        keep = mask[subjects] if subjects is not None else mask.copy()
-        if subjects is None and mask.shape[0] != len(images):
-            raise ValueError("sample_mask must have one entry per unit")
-    rows = np.flatnonzero(keep)
+    labels, size, chans, side, dim, rows = query_rows(
+        images, labels, subjects, downsample=downsample, sample_mask=sample_mask,
+        image_size=image_size, channels=channels)
     sums = torch.zeros(num_classes, dim, dtype=torch.float64)
     if subjects is None:
         for start in range(0, len(rows), CHUNK):
