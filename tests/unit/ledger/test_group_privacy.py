@@ -36,7 +36,7 @@ from dpsynth_ledger.accounting import (
 )
 from dpsynth_ledger.book import charge, touched
 from dpsynth_ledger.models import Accumulator, Budget
-from dpsynth_ledger.service.budgets import RunPlan, composition_notes, new_charges
+from dpsynth_ledger.service.plans import RunPlan, composition_notes, new_charges
 from dpsynth_shared.dp_events import DpSgdEvent, GaussianEvent, Neighbouring, ParallelEvent
 from dpsynth_shared.errors import DpsynthError
 from hypothesis import given, settings

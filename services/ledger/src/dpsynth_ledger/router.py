@@ -57,6 +57,7 @@ from dpsynth_ledger.service import (
     evaluations,
     histograms,
     leases,
+    plans,
     policies,
     reservations,
     sizes,
@@ -115,7 +116,7 @@ def set_class_sizes(dataset_id: str, body: SetClassSizes, session: SessionDep,
 
 @router.post("/plans", response_model=Plan)
 def plan(body: PlanRequest, session: SessionDep, ctx: CtxDep) -> Plan:
-    return budgets.make_plan(session, request=body, ctx=ctx)
+    return plans.make_plan(session, request=body, ctx=ctx)
 
 
 @router.post("/reservations", response_model=Reservation | Plan, status_code=201)

@@ -67,8 +67,8 @@ from dpsynth_ledger.chain import CENTRAL_IMAGES_REFUSED, CENTRAL_IMAGES_RELEASED
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.metrics import counts_refusals
 from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
-from dpsynth_ledger.service.budgets import refusal_numbers
 from dpsynth_ledger.service.histograms import max_admissible_histogram_target
+from dpsynth_ledger.service.plans import refusal_numbers
 
 RELEASED = CENTRAL_IMAGES_RELEASED
 REFUSED = CENTRAL_IMAGES_REFUSED

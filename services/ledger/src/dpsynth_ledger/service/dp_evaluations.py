@@ -51,8 +51,8 @@ from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.metrics import counts_refusals
 from dpsynth_ledger.models import Accumulator, Budget, EvaluationRow
-from dpsynth_ledger.service.budgets import refusal_numbers
 from dpsynth_ledger.service.histograms import max_admissible_histogram_target
+from dpsynth_ledger.service.plans import refusal_numbers
 
 RELEASED = "dp_evaluation_released"
 REFUSED = "dp_evaluation_refused"

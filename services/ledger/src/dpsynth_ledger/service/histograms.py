@@ -57,7 +57,8 @@ from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.metrics import counts_refusals
 from dpsynth_ledger.models import Accumulator, Budget
-from dpsynth_ledger.service.budgets import check_sizes, refusal_numbers
+from dpsynth_ledger.service.budgets import check_sizes
+from dpsynth_ledger.service.plans import refusal_numbers
 from dpsynth_ledger.views import budget_view
 
 RELEASED = "histogram_released"

@@ -46,7 +46,7 @@ from dpsynth_ledger.chain import append_entry
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.metrics import counts_refusals
 from dpsynth_ledger.models import Budget, ReservationPart, ReservationRow
-from dpsynth_ledger.service.budgets import (
+from dpsynth_ledger.service.plans import (
     RunPlan,
     max_target,
     new_charges,
