@@ -374,7 +374,9 @@ def _central(cfg: dict[str, Any], noise_std: float) -> Any:
                          warmup_learning_rate=cfg["warmup_learning_rate"],
                          augment=cfg.get("augment", True),
                          second_moments=bool(cfg.get("second_moments")),
-                         components=cfg.get("components", 16))
+                         components=cfg.get("components", 16),
+                         **({"warmup_ema_decay": cfg["warmup_ema_decay"]}
+                            if "warmup_ema_decay" in cfg else {}))
 
 
 def _finetune(cfg: dict[str, Any], base: Path, dataset: Path, out: Path, *, noise_std: float,
