@@ -12,7 +12,7 @@ PYTEST_ARGS ?= --durations=40
 
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: all venv demo test test-unit test-integration test-e2e lint boundaries clean bench
+.PHONY: bench-long all venv demo test test-unit test-integration test-e2e lint boundaries clean bench
 
 all: test
 
@@ -53,6 +53,10 @@ bench: $(STAMP)
 			"DPSYNTH_FMNIST_DIR to a folder with the Fashion-MNIST IDX files" >&2; exit 1; }; \
 	fi
 	BENCH_SCALE=$(BENCH_SCALE) $(PY) -m benchmarks.run_all
+
+# The full Fashion-MNIST table at 3 seeds, 5,000-image corpora (hours on 2 cores)
+bench-long: $(STAMP)
+	$(MAKE) bench BENCH_ONLY=fmnist_table_long
 
 boundaries: $(STAMP)
 	$(VENV)/bin/lint-imports --config .importlinter

@@ -63,3 +63,29 @@ def test_settings_are_fixed_and_bad_input_is_refused(digits: Digits) -> None:
                              seed=0)
     recall = per_class_recall(model, digits.images[:5], digits.labels[:5])
     assert np.isnan(recall).sum() == 10 - len(set(digits.labels[:5].tolist()))
+
+
+def test_validation_selects_the_best_epoch_and_says_which(digits: Digits) -> None:
+    """DPImageBench's protocol: the weights of the epoch best on a validation split (never
+    the test set), the earliest on a tie; without a split, the last epoch (no selection)."""
+    train_x, train_y = digits.images[:300], digits.labels[:300]
+    val = (digits.images[300:500], digits.labels[300:500])
+    plain = train_classifier("logreg", train_x, train_y, num_classes=10, seed=1)
+    assert plain.selection is None
+    chosen = train_classifier("logreg", train_x, train_y, num_classes=10, seed=1,
+                              validation=val)
+    sel = chosen.selection
+    assert sel is not None and sel["validation_size"] == 200
+    assert len(sel["history"]) == sel["epochs"] >= 2
+    best = max(sel["history"])
+    assert sel["validation_accuracy"] == best
+    assert sel["epoch"] == sel["history"].index(best) + 1  # the earliest best epoch
+    # the weights returned are that epoch's: their validation accuracy is the recorded one
+    assert classifier_accuracy(chosen, *val) == pytest.approx(best)
+    # the same training: when the last epoch is the best, the weights are the plain run's
+    if sel["epoch"] == sel["epochs"]:
+        for pa, pb in zip(plain.parameters(), chosen.parameters(), strict=True):
+            assert torch.equal(pa, pb)
+    with pytest.raises(InvalidSpecError):
+        train_classifier("logreg", train_x, train_y, num_classes=10, seed=1,
+                         validation=(digits.images[:0], digits.labels[:0]))

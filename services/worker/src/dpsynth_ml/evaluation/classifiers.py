@@ -55,10 +55,15 @@ class Classifier(nn.Module):
         kind: "cnn", "logreg" or "mlp".
         image_size, channels: inputs are resized/converted to this (as in training).
         num_classes: K.
+        selection: how ``train_classifier`` chose its weights on a validation split (the
+            epoch and the accuracies), or None (the last epoch, no validation split).
     """
+
+    selection: dict[str, Any] | None
 
     def __init__(self, kind: str, *, image_size: int, channels: int, num_classes: int) -> None:
         super().__init__()
+        self.selection = None
         self.kind, self.image_size = kind, image_size
         self.channels, self.num_classes = channels, num_classes
         pixels = channels * image_size * image_size
@@ -99,7 +104,8 @@ def _check(images: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarr
 
 
 def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_classes: int,
-                     seed: int, device: str | torch.device = "cpu") -> Classifier:
+                     seed: int, device: str | torch.device = "cpu",
+                     validation: tuple[np.ndarray, np.ndarray] | None = None) -> Classifier:
     """Train a downstream classifier with its fixed settings (``CLASSIFIER_SETTINGS``).
 
     Args:
@@ -111,6 +117,14 @@ def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_c
         seed: seeds initialisation and shuffling.
         device: where to train ("cpu" by default; deterministic there, not necessarily on a
             GPU). The returned classifier is on the CPU.
+        validation: optional labelled images to select the epoch on (DPImageBench's
+            protocol, docs/evaluation.md "Model selection"): after every epoch the accuracy on
+            them is measured and the weights of the best epoch (the earliest on a tie) are
+            returned; ``model.selection`` records the epoch chosen and every epoch's
+            validation accuracy. They must never be the test images: a SYNTHETIC split of
+            the training corpus is post-processing and free; a split of private images must
+            be charged like any DP evaluation. Without it the last epoch is returned and
+            ``model.selection`` is None.
 
     Returns:
         The trained classifier, in eval mode.
@@ -140,15 +154,34 @@ def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_c
         steps_per_epoch = math.ceil(n / batch)
         epochs = max(int(settings["epochs"]), math.ceil(settings["min_steps"] / steps_per_epoch))
         loss_fn = nn.CrossEntropyLoss()
+        if validation is not None:
+            val_labels = _check(validation[0], validation[1], num_classes)
+            if len(val_labels) == 0:
+                raise InvalidSpecError("an empty validation split selects nothing")
+        history: list[float] = []
+        best: tuple[float, int, dict[str, torch.Tensor]] | None = None
         model.train()
-        for _ in range(epochs):
+        for epoch in range(epochs):
             perm = torch.randperm(n, generator=generator)
             for start in range(0, n, batch):
                 idx = perm[start:start + batch]
                 optimiser.zero_grad(set_to_none=True)
                 loss_fn(model(x[idx].to(device)), y[idx].to(device)).backward()
                 optimiser.step()
+            if validation is not None:
+                accuracy = float((predict(model, validation[0]) == val_labels).mean())
+                model.train()
+                history.append(accuracy)
+                if best is None or accuracy > best[0]:
+                    best = (accuracy, epoch + 1, {k: v.detach().clone()
+                                                  for k, v in model.state_dict().items()})
+    if best is not None:
+        model.load_state_dict(best[2])
     model.cpu().eval()
+    if best is not None and validation is not None:
+        model.selection = {"protocol": "best epoch on a validation split", "epoch": best[1],
+                           "epochs": epochs, "validation_accuracy": best[0],
+                           "validation_size": len(validation[0]), "history": history}
     return model
 
 
