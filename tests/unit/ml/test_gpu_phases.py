@@ -86,6 +86,36 @@ def test_whole_dataset_finetune_runs_on_the_gpu(digits_path: Path, pretrained: T
 
 
 @needs_cuda
+def test_the_dp_loop_gathers_its_rows_on_the_gpu(digits_path: Path,
+                                                 pretrained: TrainingResult,
+                                                 tmp_path: Path) -> None:
+    """The encoded private examples stay on the GPU: every micro-batch the loop gathers
+    (padding rows included) is built there, not copied from the host."""
+    from dpsynth_ml.dp import padding
+
+    gathered: list[str] = []
+    original = padding.gather_rows
+
+    def spy(source: torch.Tensor, indices: torch.Tensor, **kw: object) -> torch.Tensor:
+        out = original(source, indices, **kw)  # type: ignore[arg-type]
+        if source.dtype.is_floating_point:  # the latents (labels are gathered on the host)
+            gathered.append(out.device.type)
+        return out
+
+    import dpsynth_ml.training.finetune.loop as loop
+
+    loop_gather = loop.gather_rows
+    loop.gather_rows = spy  # type: ignore[assignment]
+    try:
+        train_placed(CUDA, finetune_spec(dp_steps=2, checkpoint_every=2),
+                     dataset_path=digits_path, out_dir=tmp_path,
+                     base_model_dir=pretrained.model_dir)
+    finally:
+        loop.gather_rows = loop_gather  # type: ignore[assignment]
+    assert gathered and set(gathered) == {"cuda"}
+
+
+@needs_cuda
 def test_per_label_finetune_runs_on_the_gpu(digits_path: Path, pretrained: TrainingResult,
                                             tmp_path: Path) -> None:
     dp = DpSpec(noise_multiplier=1.0, sample_rate=0.5, expected_batch_size=4,
@@ -216,3 +246,20 @@ def test_a_per_label_finetune_placed_on_the_cpu_records_it(
     result = train_on_device("cpu", spec, dataset_path=path, out_dir=tmp_path / "out",
                              base_model_dir=pretrained.model_dir, _test_generator=seeded(1))
     assert result.device == "cpu" and dict(result.steps_by_partition) == dict.fromkeys(names, 1)
+
+
+def test_encoded_examples_stay_on_an_accelerator_only_when_they_fit() -> None:
+    """``resident``: the host for a CPU job or a set over the cap (no accelerator call is
+    made then); ``gather_rows`` builds its rows on the source's device, padding included."""
+    from dpsynth_ml.dp.padding import gather_rows
+    from dpsynth_ml.training.finetune.setup import resident
+
+    latents = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert resident(latents, torch.device("cpu")).device.type == "cpu"
+    # over the cap: kept on the host even for an accelerator job
+    assert resident(latents, torch.device("cuda:0"), max_bytes=8).device.type == "cpu"
+    rows = gather_rows(latents, torch.tensor([2, -1, 0]), fill=0)
+    assert rows.device == latents.device
+    assert torch.equal(rows, torch.stack([latents[2], torch.zeros(4), latents[0]]))
+    empty = gather_rows(latents[:0], torch.tensor([-1, -1]), fill=7)
+    assert torch.equal(empty, torch.full((2, 4), 7.0))

@@ -184,14 +184,19 @@ def pad_groups(groups: torch.Tensor, total: int) -> torch.Tensor:
 
 def gather_rows(source: torch.Tensor, indices: torch.Tensor, *,
                 fill: float | int = 0) -> torch.Tensor:
-    """``source[indices]`` with ``fill`` rows where the index is -1 (padding).
+    """``source[indices]`` with ``fill`` rows where the index is -1 (padding), on
+    ``source``'s device (a dataset resident on an accelerator is gathered there: no
+    host-device copy of the rows).
 
     Works on an empty ``source`` (a class without records): every row is then padding.
+    ``indices`` may live on the host; which rows are real is decided there (no device sync).
     """
-    out = torch.full((int(indices.numel()), *source.shape[1:]), fill, dtype=source.dtype)
+    out = torch.full((int(indices.numel()), *source.shape[1:]), fill, dtype=source.dtype,
+                     device=source.device)
     real = indices >= 0
     if bool(real.any()):
-        out[real] = source[indices[real]]
+        on = source.device
+        out[real.to(on)] = source[indices[real].to(on)]
     return out
 
 
