@@ -238,9 +238,6 @@ def run(scale: str, *, cfg: dict[str, Any] | None = None,
         select: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
     """Run the table at ``scale`` (``cfg`` replaces its settings and ``select`` keeps some
     cells only: tests and reduced runs) and return its results."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     import torch
 
     from benchmarks.fmnist_privacy_utility import CLASS_NAMES, save_npz
@@ -257,25 +254,7 @@ def run(scale: str, *, cfg: dict[str, Any] | None = None,
         data = nopub._data(cfg)
         save_npz(work / "private.npz", data["private"][0], data["private"][1], CLASS_NAMES)
         pretrained: dict[str, dict[str, Any]] = {}
-        if needed:
-            from benchmarks.fmnist_table import pretrain_public as target  # importable
-
-            print(f"  pretraining (or reusing) the public models: {', '.join(needed)}",
-                  flush=True)
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=max(1, min(cfg["workers"], len(needed))),
-                                     mp_context=ctx) as pool:
-                for got in pool.map(target, [cfg] * len(needed), needed,
-                                    [str(work)] * len(needed)):
-                    pretrained[got["block"]] = got
-                    print(f"  [{got['block']} pretraining] {got['cache']}, "
-                          f"{got['steps']} steps, trained in {got['pretrain_s']} s", flush=True)
-        todo = [{**j, "base_model": pretrained[j["block"]]["model_dir"]}
-                if j.get("base_model", "") is None and j["block"] in pretrained else j
-                for j in todo]
-        from benchmarks.fmnist_table import run_job as job_target  # importable under -m
-
-        done = nopub.execute(cfg, todo, work, accounting, target=job_target)
+        done = _execute(cfg, todo, needed, work, accounting, pretrained)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = nopub.aggregate(done)
@@ -298,6 +277,57 @@ def run(scale: str, *, cfg: dict[str, Any] | None = None,
         "total_wall_s": round(time.perf_counter() - t0, 1),
         "total_cpu_s": round(time.process_time() - c0 + sum(j["cpu_s"] for j in done), 1),
     }
+
+
+def _execute(cfg: dict[str, Any], todo: list[dict[str, Any]], needed: list[str], work: Path,
+             accounting: dict[str, Any], pretrained: dict[str, dict[str, Any]],
+             ) -> list[dict[str, Any]]:
+    """Run the public pretrainings and the cells on one pool of ``cfg['workers']`` spawned
+    processes: the pretrainings first, then every cell that needs none (longest first), and
+    each public block's cells as soon as its pretraining is there (no core waits for the
+    other block's pretraining). Fills ``pretrained``; returns the cells' results."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+    from benchmarks.fmnist_table import pretrain_public, run_job  # importable under -m
+
+    def waiting(j: dict[str, Any]) -> bool:
+        return j.get("base_model", "") is None
+
+    if cfg["workers"] <= 1 or not needed:
+        for block in needed:
+            pretrained[block] = pretrain_public(cfg, block, str(work))
+        ready = [{**j, "base_model": pretrained[j["block"]]["model_dir"]} if waiting(j) else j
+                 for j in todo]
+        return nopub.execute(cfg, ready, work, accounting, target=run_job)
+    print(f"  pretraining (or reusing) the public models: {', '.join(needed)}", flush=True)
+    done: list[dict[str, Any]] = []
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=cfg["workers"], mp_context=ctx) as pool:
+        pending: dict[Future[dict[str, Any]], str] = {
+            pool.submit(pretrain_public, cfg, block, str(work)): "pretrain" for block in needed}
+        for j in todo:
+            if not waiting(j):
+                pending[pool.submit(run_job, cfg, j, str(work), accounting)] = "cell"
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                what = pending.pop(f)
+                got = f.result()
+                if what == "pretrain":
+                    pretrained[got["block"]] = got
+                    print(f"  [{got['block']} pretraining] {got['cache']}, {got['steps']} "
+                          f"steps, trained in {got['pretrain_s']} s", flush=True)
+                    for j in todo:
+                        if waiting(j) and j["block"] == got["block"]:
+                            cell = {**j, "base_model": got["model_dir"]}
+                            pending[pool.submit(run_job, cfg, cell, str(work),
+                                                accounting)] = "cell"
+                else:
+                    done.append(got)
+                    print(f"  [{got['row']} seed {got['seed']}] {100 * got['accuracy']:.1f} "
+                          f"% in {got['wall_s']} s", flush=True)
+    return done
 
 
 def _block_rows(rows: dict[str, Any], block: str) -> dict[str, Any]:
