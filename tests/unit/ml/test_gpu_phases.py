@@ -252,7 +252,7 @@ def test_encoded_examples_stay_on_an_accelerator_only_when_they_fit() -> None:
     """``resident``: the host for a CPU job or a set over the cap (no accelerator call is
     made then); ``gather_rows`` builds its rows on the source's device, padding included."""
     from dpsynth_ml.dp.padding import gather_rows
-    from dpsynth_ml.training.finetune.setup import resident
+    from dpsynth_ml.parallel.distributed import resident
 
     latents = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     assert resident(latents, torch.device("cpu")).device.type == "cpu"

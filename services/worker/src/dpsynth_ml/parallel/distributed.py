@@ -211,3 +211,19 @@ class RankHooks:
         if examples:
             merged["loss"] = loss_sum / examples
         self._hooks.on_private_stats(merged)
+
+
+RESIDENT_MAX_BYTES = 4 * 2**30
+"""The encoded private examples stay on an accelerator up to this size (the ``base`` preset's
+50,000 latents of 4x32x32 floats take 0.8 GB); larger sets are gathered on the host and each
+micro-batch is copied over (issue 18: no host-device copies in the inner loop where the
+data fits)."""
+
+
+def resident(tensor: torch.Tensor, device: torch.device,
+             max_bytes: int = RESIDENT_MAX_BYTES) -> torch.Tensor:
+    """``tensor`` where the DP loop will gather its rows: on ``device`` when that is an
+    accelerator and the tensor takes at most ``max_bytes``, on the host otherwise."""
+    if device.type == "cpu" or tensor.numel() * tensor.element_size() > max_bytes:
+        return tensor.cpu()
+    return tensor.to(device)

@@ -40,7 +40,7 @@ from dpsynth_ml.models.architectures import (
 from dpsynth_ml.models.codec import encode_records, vae_on
 from dpsynth_ml.models.model_io import load_model, model_hash
 from dpsynth_ml.models.trainable import apply_trainable, trains_embedder
-from dpsynth_ml.parallel.distributed import Placement, same_on_all_ranks
+from dpsynth_ml.parallel.distributed import Placement, resident, same_on_all_ranks
 from dpsynth_ml.spec import (
     DpSpec,
     FinetuneRecipe,
@@ -231,22 +231,6 @@ def prepare(spec: FinetuneTraining, *, dataset_path: Path, out_dir: Path,
                 engine=engine, sampler=sampler, trainable_names=names, generator=generator,
                 out_dir=Path(out_dir), start_step=start_step, rng=rng, layouts=layouts,
                 placement=placement, fixed=fixed)
-
-
-RESIDENT_MAX_BYTES = 4 * 2**30
-"""The encoded private examples stay on an accelerator up to this size (the ``base`` preset's
-50,000 latents of 4x32x32 floats take 0.8 GB); larger sets are gathered on the host and each
-micro-batch is copied over (issue 18: no host-device copies in the inner loop where the
-data fits)."""
-
-
-def resident(tensor: torch.Tensor, device: torch.device,
-             max_bytes: int = RESIDENT_MAX_BYTES) -> torch.Tensor:
-    """``tensor`` where the DP loop will gather its rows: on ``device`` when that is an
-    accelerator and the tensor takes at most ``max_bytes``, on the host otherwise."""
-    if device.type == "cpu" or tensor.numel() * tensor.element_size() > max_bytes:
-        return tensor.cpu()
-    return tensor.to(device)
 
 
 def _optimizer_state_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
