@@ -267,9 +267,17 @@ def model_and_data(spec: FinetuneRecipe, bundle: ModelBundle, info: ModelInfo,
     # target "masks" (a layout generator): the private masks take the images' place, each
     # one its record's example under the same Poisson sampling and clipping.
     dataset = training_view(dataset, spec.target)
+    base_classes = tuple(info.class_names)
     info = _finetune_info(spec, info, dataset, base_model_dir, fresh=fresh)
     if fresh and spec.class_map is None:
-        reset_class_embedder(bundle, spec.num_classes)  # new labels: a fresh class table
+        # new labels get a fresh class table; a base model that already has exactly the
+        # dataset's classes (same names, same order: a public model of the same label
+        # space, or the output of an earlier finetune) keeps its learned one
+        kept = base_classes == tuple(dataset.class_names)
+        if not kept:
+            reset_class_embedder(bundle, spec.num_classes)
+        info = dataclasses.replace(info, extra={**info.extra,
+                                                "class_table": "kept" if kept else "fresh"})
     latents = _encode(bundle, dataset, info)
     # Masks of a private dataset are private: read here, inside the DP job, and each one is
     # part of its example (same Poisson sample, same per-example clipping).
