@@ -755,7 +755,9 @@ ROW_LABELS = [
 
 
 def _pct(stat: dict[str, Any]) -> str:
-    return f"{100 * stat['mean']:.1f} ± {100 * stat['std']:.1f}"
+    """Mean ± std over seeds in %; a one-seed cell has no spread to give."""
+    spread = f" ± {100 * stat['std']:.1f}" if stat.get("seeds", 1) > 1 else ""
+    return f"{100 * stat['mean']:.1f}{spread}"
 
 
 def _split(acc: dict[str, Any] | None) -> str:

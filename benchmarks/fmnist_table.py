@@ -87,6 +87,8 @@ TABLE_SETTINGS: dict[str, dict[str, Any]] = {
 #: above its ε 0; the in-distribution block closing at least 40 % of its ε 0 → ε ∞ gap.
 OOD_GAIN_AIM = 15.0
 IN_DIST_GAP_AIM = 0.4
+SMALL_GAP = 5.0
+"""A gap (points) below which the in-distribution share is flagged as within noise."""
 
 
 def settings(scale: str) -> dict[str, Any]:
@@ -359,6 +361,9 @@ def aims(rows: dict[str, Any]) -> dict[str, Any]:
         else:
             entry["measured"] = (e10 - e0) / (inf - e0)
             entry["met"] = entry["measured"] >= IN_DIST_GAP_AIM
+            if inf - e0 < SMALL_GAP:
+                entry["note"] = (f"the ε 0 → ε ∞ gap is only {inf - e0:.1f} points, within "
+                                 f"the spread of one-seed cells: the share says little")
     out["in_dist/gap_closed_10"] = entry
     return out
 
@@ -424,7 +429,7 @@ def table_markdown(results: dict[str, Any]) -> str:
                               f"{p['steps']:,} steps, {p['cache']} (trained once in "
                               f"{p['pretrain_s']:.0f} s)" for b, p in pre.items()) + "."]
     lines += ["", "Aims of issue 18 at CPU scale:", ""]
-    for key, a in results["aims"].items():
+    for key, a in aims(rows).items():  # recomputed: notes added since the run show too
         got = ("not measured" if a["measured"] is None else
                f"{100 * a['measured']:.0f} % of the gap" if key.startswith("in_dist")
                else f"{a['measured']:.1f}")
