@@ -817,16 +817,22 @@ def table_markdown(results: dict[str, Any]) -> str:
                 if key.startswith("dpsgd") else "accuracy at ε " + key.split("_")[1])
         lines.append(f"- {what}: aim ≥ {a['aim']:g}, measured {got} ({verdict})"
                      + (f": {a['note']}" if a.get("note") else ""))
+    return "\n".join(lines + footer_lines(results)) + "\n"
+
+
+def footer_lines(results: dict[str, Any]) -> list[str]:
+    """The published reference points, the devices every phase ran on and the run's cost:
+    the last lines of this table and of ``fmnist_table``'s."""
+    rows = results["rows"]
     devices = sorted({f"{k}: {v}" for r in rows.values() for k, v in r["devices"].items()})
-    lines += ["", "Published (no public data, 60,000 private images, δ = 1e-5), ε 10 / ε 1: "
-              + "; ".join(f"{p['source']} {p['eps_10']:g} / {p['eps_1']:g}"
-                          for p in results["published"]) + ".",
-              "", f"Devices the phases ran on: {', '.join(devices)} (CUDA available: "
-                  f"{results['cuda_available']}). Total {fmt(results['total_wall_s'], 4)} s "
-                  f"wall, {fmt(results['total_cpu_s'], 4)} s CPU over all processes; 1-min "
-                  f"load average {results['load_average_start']} at the start, "
-                  f"{results['load_average_end']} at the end."]
-    return "\n".join(lines) + "\n"
+    return ["", "Published (no public data, 60,000 private images, δ = 1e-5), ε 10 / ε 1: "
+            + "; ".join(f"{p['source']} {p['eps_10']:g} / {p['eps_1']:g}"
+                        for p in results["published"]) + ".",
+            "", f"Devices the phases ran on: {', '.join(devices)} (CUDA available: "
+                f"{results['cuda_available']}). Total {fmt(results['total_wall_s'], 4)} s "
+                f"wall, {fmt(results['total_cpu_s'], 4)} s CPU over all processes; 1-min "
+                f"load average {results['load_average_start']} at the start, "
+                f"{results['load_average_end']} at the end."]
 
 
 if __name__ == "__main__":

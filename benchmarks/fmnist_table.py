@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import fmnist_no_public as nopub
-from benchmarks.common import bench_main, fmt
+from benchmarks.common import bench_main
 
 NAME = "fmnist_table"
 BLOCKS = ("no_public", "ood", "in_dist")
@@ -438,16 +438,7 @@ def table_markdown(results: dict[str, Any]) -> str:
         verdict = {True: "met", False: "**not met**", None: "—"}[a["met"]]
         lines.append(f"- `{key}`: aim ≥ {aim}, measured {got} ({verdict})"
                      + (f": {a['note']}" if a.get("note") else ""))
-    devices = sorted({f"{k}: {v}" for r in rows.values() for k, v in r["devices"].items()})
-    lines += ["", "Published (no public data, 60,000 private images, δ = 1e-5), ε 10 / ε 1: "
-              + "; ".join(f"{p['source']} {p['eps_10']:g} / {p['eps_1']:g}"
-                          for p in results["published"]) + ".",
-              "", f"Devices the phases ran on: {', '.join(devices)} (CUDA available: "
-                  f"{results['cuda_available']}). Total {fmt(results['total_wall_s'], 4)} s "
-                  f"wall, {fmt(results['total_cpu_s'], 4)} s CPU over all processes; 1-min "
-                  f"load average {results['load_average_start']} at the start, "
-                  f"{results['load_average_end']} at the end."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + nopub.footer_lines(results)) + "\n"
 
 
 if __name__ == "__main__":
