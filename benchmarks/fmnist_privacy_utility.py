@@ -326,11 +326,15 @@ class FeatureSpace:
 
 
 def dp_adam_classifier(init: Any, images: np.ndarray, labels: np.ndarray, *, epsilon: float,
-                       delta: float, cfg: dict[str, Any], seed: int) -> tuple[Any, dict]:
+                       delta: float, cfg: dict[str, Any], seed: int,
+                       device: str = "cpu") -> tuple[Any, dict]:
     """DP-Adam on the private images from a (public) initial classifier; DP-DocLDM's baseline.
 
     Poisson sampling at q = B / N, per-example clipping to C, one Gaussian draw per step,
     divided by B (``DpSgdEngine``); σ from the ledger's calibration for (ε, q, steps, δ).
+    On ``device`` (the images are copied there once; the sampler and the noise source's key
+    stay on the host, the noise is drawn on the device: ``DpSgdEngine``); physical batches of
+    ``cfg["dpadam_physical_batch"]`` (default 512) examples. The model stays on ``device``.
     """
     import copy
 
@@ -343,8 +347,9 @@ def dp_adam_classifier(init: Any, images: np.ndarray, labels: np.ndarray, *, eps
     q = batch / n
     steps = max(1, round(cfg["dpadam_epochs"] / q))
     sigma = calibrated_sigma(epsilon, q, steps, delta)
-    model = copy.deepcopy(init).train()
-    x, y = model.to_input(images), torch.from_numpy(labels)
+    model = copy.deepcopy(init).to(device).train()
+    x, y = model.to_input(images).to(device), torch.from_numpy(labels).to(device)
+    physical = int(cfg.get("dpadam_physical_batch", 512))
     generator = torch.Generator().manual_seed(10_000 + seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg["dpadam_learning_rate"])
     engine = DpSgdEngine(model, optimizer, noise_multiplier=sigma,
@@ -355,9 +360,9 @@ def dp_adam_classifier(init: Any, images: np.ndarray, labels: np.ndarray, *, eps
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # dropout
         for _ in range(steps):
-            idx = sampler.sample()
-            for start in range(0, int(idx.numel()), 512):
-                chunk = idx[start:start + 512]
+            idx = sampler.sample().to(device)
+            for start in range(0, int(idx.numel()), physical):
+                chunk = idx[start:start + physical]
                 engine.accumulate(loss_fn(engine.module(x[chunk]), y[chunk]))
             engine.privatize()
             engine.apply_update()

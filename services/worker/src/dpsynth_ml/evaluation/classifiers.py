@@ -116,7 +116,8 @@ def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_c
         num_classes: K (classes absent from the training set are still outputs).
         seed: seeds initialisation and shuffling.
         device: where to train ("cpu" by default; deterministic there, not necessarily on a
-            GPU). The returned classifier is on the CPU.
+            GPU). The returned classifier stays there, so :func:`predict` (and everything
+            built on it: accuracies, recalls, the DP evaluation's counts) runs there too.
         validation: optional labelled images to select the epoch on (DPImageBench's
             protocol, docs/evaluation.md "Model selection"): after every epoch the accuracy on
             them is measured and the weights of the best epoch (the earliest on a tie) are
@@ -177,7 +178,7 @@ def train_classifier(kind: str, images: np.ndarray, labels: np.ndarray, *, num_c
                                                   for k, v in model.state_dict().items()})
     if best is not None:
         model.load_state_dict(best[2])
-    model.cpu().eval()
+    model.eval()
     if best is not None and validation is not None:
         model.selection = {"protocol": "best epoch on a validation split", "epoch": best[1],
                            "epochs": epochs, "validation_accuracy": best[0],
