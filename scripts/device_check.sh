@@ -21,7 +21,8 @@
 # the identical code path on the CPU with the tiny preset, batch 4 and 2 rounds (the test);
 # its phase throughput is the tiny profile (a few steps per phase, on the CPU). The budget is
 # shared: the engine rows get what the phase throughput (about 90 s on a GPU) and, on a GPU
-# with benchmarks/fmnist_no_public.py present, the gpu-smoke benchmark (about 3.5 min) leave.
+# with benchmarks/fmnist_no_public.py present, the gpu-smoke benchmark (about 3.5 min on an
+# H200: two cells of ~95 s and the direct rows) leave.
 #
 # Runs from a plain copy of the repository: .venv/bin/python when present, else python3,
 # with shared/src, services/worker/src and the repository root on PYTHONPATH, so dpsynth_ml,
@@ -61,11 +62,19 @@ elif command -v python3 >/dev/null 2>&1; then
 else
   py="$(command -v python)"
 fi
-export PYTHONPATH="$root/shared/src:$root/services/worker/src:$root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$root/shared/src:$root/services/worker/src:$root/services/ledger/src:$root${PYTHONPATH:+:$PYTHONPATH}"
+# Fashion-MNIST carried as .fmnist/ (scripts/device_wheels.sh) where the machine has no
+# Debian dataset-fashion-mnist
+if [[ -z "${DPSYNTH_FMNIST_DIR:-}" && -f "$root/.fmnist/train-images-idx3-ubyte.gz" ]]; then
+  export DPSYNTH_FMNIST_DIR="$root/.fmnist"
+fi
 # Wheels carried to a machine that lacks packages (scripts/device_wheels.sh fills .whl/ on a
 # machine with a package index): installed into a scratch folder, LAST on the path, so the
 # image's own packages and the repository (opacus ships a top-level "benchmarks") come first.
-if compgen -G "$root/.whl/*.whl" >/dev/null; then
+# Only where the interpreter lacks them (a developer's venv has them, and the wheels are
+# built for the machine's Python 3.12).
+if compgen -G "$root/.whl/*.whl" >/dev/null \
+    && ! "$py" -c "import diffusers, opacus, pydantic, dp_accounting" >/dev/null 2>&1; then
   site="${TMPDIR:-/tmp}/device-check-site"
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$site" "$root"/.whl/*.whl
@@ -113,7 +122,7 @@ fi
 if (( tiny )); then phase_s=75; else phase_s=90; fi
 smoke_s=0
 if (( ! tiny )) && [[ "$profile" == gpu && -f benchmarks/fmnist_no_public.py ]]; then
-  smoke_s=${DEVICE_CHECK_SMOKE_S:-200}
+  smoke_s=${DEVICE_CHECK_SMOKE_S:-230}
 fi
 reserve=$(( 25 + phase_s + smoke_s ))
 limit=$(( $(remaining) - reserve ))
@@ -147,8 +156,14 @@ if (( smoke_s > 0 )); then
   if (( limit >= 60 )); then
     say "gpu-smoke benchmark: ${limit}s left for it"
     brc=0
+    marker="$(mktemp)"
     BENCH_SCALE=gpu-smoke run_limited "$limit" "$py" -m benchmarks.fmnist_no_public || brc=$?
     (( brc == 0 )) || say "gpu-smoke benchmark ended with status $brc (124: the time limit)"
+    # its results file lives in the repository copy: bring it out with the rest
+    for f in benchmarks/results/fmnist_no_public.gpu.json benchmarks/results/fmnist_no_public.json; do
+      if [[ -f "$f" && "$f" -nt "$marker" ]]; then cp "$f" "$outdir/"; fi
+    done
+    rm -f "$marker"
   else
     say "gpu-smoke benchmark skipped: ${limit}s left"
   fi
