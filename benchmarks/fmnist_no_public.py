@@ -87,9 +87,8 @@ GPU_UNET: dict[str, Any] = {
     "up_block_types": ["AttnUpBlock2D", "UpBlock2D", "UpBlock2D"], "layers_per_block": 2,
     "norm_num_groups": 32, "attention_head_dim": 32}
 
-#: Every setting of every scale, fixed before the run (never chosen on the test set).
-SIZES: dict[str, dict[str, Any]] = {
-    "cpu": {
+#: The CPU scale's settings (chosen on the designer slice), also the base of gpu-smoke.
+_CPU_RECIPE: dict[str, Any] = {
         "private_size": 10000,           # seeded choice of the 60,000 training images
         "class_size": 1000,              # public declared N̂_c (10,000 / 10 classes)
         "designer_validation_size": 2000,  # disjoint from private and test: settings checks
@@ -135,6 +134,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "dpadam_seeds": 1,
         "dpadam_epochs": 2,
         "dpadam_batch_size": 256,
+        "dpadam_physical_batch": 512,
         "dpadam_learning_rate": 1e-3,
         "dpadam_max_grad_norm": 1.0,
         "logreg_epochs": 10,
@@ -142,28 +142,30 @@ SIZES: dict[str, dict[str, Any]] = {
         "logreg_learning_rate": 5e-3,
         "torch_threads": 1,
         "workers": 2,                    # two spawned processes, one core each
-    },
+}
+
+#: Every setting of every scale, fixed before the run (never chosen on the test set).
+SIZES: dict[str, dict[str, Any]] = {
+    "cpu": dict(_CPU_RECIPE),
     # Issue 18 item 6: all 60,000 training images private, ε 10 and 1, one seed, 10,000-image
-    # corpora plus the direct-DP rows; about 3.5 minutes on one H100 (not run here).
+    # corpora plus the direct-DP rows. The CPU scale's recipe (chosen on the designer slice:
+    # its UNet, warm-up and release share; q = 0.1 as there), with 1,500 warm-up steps (61 %
+    # against 75 % at 3,000 on that slice) so a cell fits in about three minutes. Sized from
+    # what an H200 measured (benchmarks/fmnist_smoke_probe.py, docs/benchmarks.md "GPU"),
+    # never from the test set. A first smoke recipe (the GPU UNet, a 300-step warm-up at
+    # batch 500, 16 DP steps at K = 1) gave 21.7 % / 12.5 %: too few warm-up updates.
     "gpu-smoke": {
+        **_CPU_RECIPE,
         "private_size": 60000, "class_size": 6000, "designer_validation_size": 0,
-        "test_size": 10000, "unet": GPU_UNET,
-        "release_fraction": 0.1, "release_sample_rate": 0.1, "release_queries": 5,
-        "downsample": 2, "second_moments": True, "components": 16, "augment": False,
-        "warmup_steps": 2000, "warmup_batch_size": 50,
-        "warmup_learning_rate": 3e-4,
-        "dp_batch_size": 4096, "dp_steps": 150, "max_grad_norm": 1e-3,
-        "noise_multiplicity": 8, "ema_decay": 0.999, "dp_learning_rate": 3e-4,
-        "max_physical_batch_size": 4096,
-        "nonprivate_epochs": 0, "nonprivate_batch_size": 256,
-        "sampler": "dpm_solver++", "sampler_steps": 20, "sample_batch_size": 2000,
+        "test_size": 10000, "warmup_steps": 1500,
+        "dp_batch_size": 6000, "max_physical_batch_size": 2048,
+        "nonprivate_epochs": 0, "sample_batch_size": 2000,
         "headline_seeds": 1, "headline_per_class": 1000, "other_seeds": 1,
         "other_per_class": 0, "eps0_per_class": 0,
-        "dpadam_seeds": 1, "dpadam_epochs": 10, "dpadam_batch_size": 4096,
-        "dpadam_learning_rate": 1e-3, "dpadam_max_grad_norm": 1.0,
-        "logreg_epochs": 10, "logreg_batch_size": 4096, "logreg_learning_rate": 5e-3,
+        "dpadam_seeds": 1, "dpadam_epochs": 5, "dpadam_batch_size": 4096,
+        "dpadam_physical_batch": 4096,
+        "logreg_epochs": 5, "logreg_batch_size": 4096,
         "torch_threads": None, "workers": 1,
-        "selection": "synthetic_validation", "validation_fraction": 0.1,
     },
     # 1-3 H100-hours (issue 18: expected 85-87 % / 78-81 %): K = 8, ~100 epochs.
     "gpu": {
@@ -181,7 +183,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "headline_seeds": 3, "headline_per_class": 6000, "other_seeds": 1,
         "other_per_class": 1000, "eps0_per_class": 100,
         "dpadam_seeds": 3, "dpadam_epochs": 40, "dpadam_batch_size": 4096,
-        "dpadam_learning_rate": 1e-3, "dpadam_max_grad_norm": 1.0,
+        "dpadam_physical_batch": 4096, "dpadam_learning_rate": 1e-3, "dpadam_max_grad_norm": 1.0,
         "logreg_epochs": 40, "logreg_batch_size": 4096, "logreg_learning_rate": 5e-3,
         "torch_threads": None, "workers": 1,
         "selection": "synthetic_validation", "validation_fraction": 0.1,
@@ -203,7 +205,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "headline_seeds": 3, "headline_per_class": 6000, "other_seeds": 1,
         "other_per_class": 6000, "eps0_per_class": 100,
         "dpadam_seeds": 3, "dpadam_epochs": 40, "dpadam_batch_size": 4096,
-        "dpadam_learning_rate": 1e-3, "dpadam_max_grad_norm": 1.0,
+        "dpadam_physical_batch": 4096, "dpadam_learning_rate": 1e-3, "dpadam_max_grad_norm": 1.0,
         "logreg_epochs": 40, "logreg_batch_size": 4096, "logreg_learning_rate": 5e-3,
         "torch_threads": None, "workers": 1,
         "selection": "synthetic_validation", "validation_fraction": 0.1,
@@ -392,7 +394,7 @@ def _finetune(cfg: dict[str, Any], base: Path, dataset: Path, out: Path, *, nois
               sigma: float, steps: int) -> tuple[Path, str]:
     """Release + warm-up + ``steps`` DP-SGD steps (0: warm-up only) with the ML core; the
     model and the device the training reports it ran on."""
-    from dpsynth_ml import train
+    from dpsynth_ml.parallel.placement import train_on_device
     from dpsynth_ml.spec import DpSpec, FinetuneTraining, RecordLevel
 
     q = cfg["dp_batch_size"] / cfg["private_size"]
@@ -404,8 +406,9 @@ def _finetune(cfg: dict[str, Any], base: Path, dataset: Path, out: Path, *, nois
                             ema_decay=cfg["ema_decay"], learning_rate=cfg["dp_learning_rate"],
                             max_physical_batch_size=cfg["max_physical_batch_size"],
                             checkpoint_every=max(1, steps))
-    result = train(spec, dataset_path=dataset, out_dir=out, base_model_dir=base,
-                   placement=_placement())
+    # the worker's entry point for one device: the result records where it ACTUALLY ran
+    result = train_on_device(_device(), spec, dataset_path=dataset, out_dir=out,
+                             base_model_dir=base)
     return result.model_dir, str(result.device)
 
 
@@ -543,9 +546,10 @@ def _direct(cfg: dict[str, Any], job: dict[str, Any], data: dict[str, Any]) -> d
     sub = {"dpadam_batch_size": cfg[f"{prefix}_batch_size"],
            "dpadam_epochs": cfg[f"{prefix}_epochs"],
            "dpadam_learning_rate": cfg[f"{prefix}_learning_rate"],
-           "max_grad_norm": cfg["dpadam_max_grad_norm"]}
+           "max_grad_norm": cfg["dpadam_max_grad_norm"],
+           "dpadam_physical_batch": cfg.get("dpadam_physical_batch", 512)}
     model, meta = dp_adam_classifier(init, x, y, epsilon=job["epsilon"], delta=DELTA, cfg=sub,
-                                     seed=job["seed"])
+                                     seed=job["seed"], device=_device())
     return {"accuracy": classifier_accuracy(model, *data["test"]),
             "dp": {**meta, "epsilon": job["epsilon"], "delta": DELTA,
                    "standalone_epsilon": event_epsilon(_dp_event(meta))}}
@@ -680,6 +684,9 @@ def run(scale: str, *, cfg: dict[str, Any] | None = None,
     from benchmarks.fmnist_privacy_utility import CLASS_NAMES, save_npz
 
     cfg = dict(SIZES[scale] if cfg is None else cfg)
+    wanted = [r for r in os.environ.get("BENCH_ROWS", "").split(",") if r]
+    if select is None and wanted:  # e.g. BENCH_ROWS=eps_10: a reduced run, said so
+        select = lambda j: j["row"] in wanted  # noqa: E731
     t0, c0, load0 = time.perf_counter(), time.process_time(), _load()
     todo = [j for j in jobs(cfg) if select is None or select(j)]
     accounting = accounting_table(cfg, {j["accounting"] for j in todo if "accounting" in j})
@@ -694,7 +701,7 @@ def run(scale: str, *, cfg: dict[str, Any] | None = None,
     results = {
         "settings": {**cfg, "delta": DELTA, "epsilons": list(EPSILONS),
                      "split_seed": SPLIT_SEED, "downstream": downstream_protocol(cfg),
-                     "reduced": select is not None},
+                     "reduced": select is not None, "bench_rows": wanted or None},
         "accounting": accounting,
         "rows": rows,
         "aims": aims(rows),

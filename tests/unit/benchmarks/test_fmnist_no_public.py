@@ -70,12 +70,12 @@ def test_warmup_only_spends_the_whole_epsilon_on_the_release() -> None:
 
 
 def test_dp_feta_subsampled_queries_are_a_dp_sgd_event() -> None:
-    cfg = bench.SIZES["gpu-smoke"]
+    cfg = bench.SIZES["gpu"]
     split = bench.split_epsilon(10.0, cfg, dp_steps=3)  # few steps: a fast PLD
     rel = DpSgdEvent(**split["release"]["event"])
     assert (rel.sample_rate, rel.steps) == (0.1, 5)
     assert rel.noise_multiplier == pytest.approx(
-        calibrate_noise_multiplier(1.0, 0.1, 5, bench.DELTA))
+        calibrate_noise_multiplier(10.0 * cfg["release_fraction"], 0.1, 5, bench.DELTA))
     assert cfg["second_moments"]  # the unit norm √2·bound
     assert split["release"]["noise_std"] == pytest.approx(
         rel.noise_multiplier * math.sqrt(2.0) * central_image_bound(28, 1, 2))
