@@ -68,6 +68,24 @@ def edm_timestep_mass(scheduler: DDPMScheduler) -> torch.Tensor:
     return edges[1:] - edges[:-1]
 
 
+def standard_normal_like(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """float32 N(0, 1) draws of ``like``'s shape on ``like``'s device.
+
+    On the generator's own device (the CPU: every CPU run, bit for bit as before) they come
+    from ``generator``. On another device (a GPU training with the CPU job generator) one
+    64-bit seed is drawn from ``generator`` and a generator of that device, seeded with it,
+    draws the noise there: no [B, C, h, w] tensor is drawn on the host and copied (issue 18:
+    the diffusion noise on the device), and the draws remain a function of the job
+    generator's state (a resumed run draws the same). Diffusion noise is not privacy noise:
+    it only has to be independent of the data (the DP noise is the ChaCha20 source's,
+    :mod:`dpsynth_ml.dp.noise`)."""
+    if like.device == generator.device or like.device.type == generator.device.type == "cpu":
+        return torch.randn(like.shape, generator=generator, device=like.device)
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
+    local = torch.Generator(device=like.device).manual_seed(seed)
+    return torch.randn(like.shape, generator=local, device=like.device)
+
+
 def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMScheduler,
                               latents: torch.Tensor, labels: torch.Tensor,
                               generator: torch.Generator,
@@ -89,9 +107,10 @@ def per_sample_diffusion_loss(denoiser: ConditionalDenoiser, scheduler: DDPMSche
         Loss per example, shape [B] (mean over that example's latent elements).
     """
     batch = latents.shape[0]
-    # drawn with the (CPU) job generator, then moved: the same draws on any device
+    # the B timesteps from the (CPU) job generator, then moved (B integers); the noise drawn
+    # where the latents are (standard_normal_like)
     steps = draw_timesteps(scheduler, batch, generator, timesteps).to(latents.device)
-    noise = torch.randn(latents.shape, generator=generator).to(latents.device)
+    noise = standard_normal_like(latents, generator)
     # diffusers annotates the timesteps as IntTensor; any integer tensor is indexed the same
     noisy: torch.Tensor = scheduler.add_noise(latents, noise, cast("torch.IntTensor", steps))
     pred = denoiser(noisy, steps, labels, layout=layout)

@@ -144,17 +144,43 @@ def sample_released(release: CentralRelease, index: torch.Tensor, generator: tor
                     *, image_size: int) -> torch.Tensor:
     """Images [n, c, S, S] in [0, 1] for released entries ``index``: the released image
     itself, or with second moments a fresh draw from the entry's released Gaussian (mean +
-    Σ_j z_j·component_j, post-processed as the means are)."""
-    if release.components is None:
-        chosen = torch.from_numpy(np.ascontiguousarray(release.images[index.numpy()]))
-        return chosen.permute(0, 3, 1, 2).float()
-    means = release.means.reshape(-1, *release.means.shape[2:])
-    idx = index.numpy()
-    comps = torch.from_numpy(release.components[idx]).double()  # [n, k, h, w, c]
-    z = torch.randn(len(idx), comps.shape[1], generator=generator, dtype=torch.float64)
-    draws = torch.from_numpy(means[idx]) + torch.einsum("nk,nkhwc->nhwc", z, comps)
-    images = postprocess(draws.numpy(), image_size=image_size)
-    return torch.from_numpy(images).permute(0, 3, 1, 2).float()
+    Σ_j z_j·component_j, post-processed as the means are). On the CPU; the warm-up uses
+    :class:`ReleasedBatches`, the same draws on its device."""
+    return ReleasedBatches(release, image_size=image_size)(index, generator)
+
+
+class ReleasedBatches:
+    """Warm-up batches drawn where the denoiser trains: the released means and components
+    are copied to ``device`` once, so each step moves only the batch's indices and its
+    n·k standard normals (drawn from the CPU ``generator``, so the draws do not depend on
+    the device) and draws, post-processes and returns the images on the device. On the CPU
+    this is exactly :func:`sample_released`."""
+
+    def __init__(self, release: CentralRelease, *, image_size: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.device, self.image_size = torch.device(device), image_size
+        self.images: torch.Tensor | None = None
+        self.means: torch.Tensor | None = None
+        self.components: torch.Tensor | None = None
+        if release.components is None:
+            self.images = torch.from_numpy(np.ascontiguousarray(release.images)).permute(
+                0, 3, 1, 2).float().to(self.device)
+        else:
+            means = release.means.reshape(-1, *release.means.shape[2:])
+            self.means = torch.from_numpy(np.ascontiguousarray(means)).to(self.device)
+            self.components = torch.from_numpy(release.components).to(self.device).double()
+
+    def __call__(self, index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        idx = index.to(self.device)
+        if self.images is not None:
+            return self.images[idx]
+        assert self.means is not None and self.components is not None
+        comps = self.components[idx]  # [n, k, h, w, c]
+        z = torch.randn(len(index), comps.shape[1], generator=generator,
+                        dtype=torch.float64).to(self.device)
+        draws = self.means[idx] + torch.einsum("nk,nkhwc->nhwc", z, comps)
+        return postprocess_tensor(draws.to(torch.float32),
+                                  image_size=self.image_size).permute(0, 3, 1, 2)
 
 
 def _median3(x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +194,14 @@ def _median3(x: torch.Tensor) -> torch.Tensor:
 def postprocess(means: np.ndarray, *, image_size: int) -> np.ndarray:
     """Released means [n, h, w, c] (centred) → float32 images [n, S, S, c] in [0, 1]:
     + 0.5, clamp, bilinear upsampling, 3×3 median blur, mild sharpen, clamp."""
-    x = torch.from_numpy(np.ascontiguousarray(means)).to(torch.float32).permute(0, 3, 1, 2)
+    x = torch.from_numpy(np.ascontiguousarray(means)).to(torch.float32)
+    return postprocess_tensor(x, image_size=image_size).numpy()
+
+
+def postprocess_tensor(means: torch.Tensor, *, image_size: int) -> torch.Tensor:
+    """:func:`postprocess` on a float32 tensor [n, h, w, c] on any device (the result
+    [n, S, S, c] stays there)."""
+    x = means.permute(0, 3, 1, 2)
     x = (x + 0.5).clamp(0.0, 1.0)
     if x.shape[-1] != image_size:
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear",
@@ -176,7 +209,7 @@ def postprocess(means: np.ndarray, *, image_size: int) -> np.ndarray:
     x = _median3(x)
     blurred = F.avg_pool2d(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
     x = (x + SHARPEN * (x - blurred)).clamp(0.0, 1.0)
-    return x.permute(0, 2, 3, 1).contiguous().numpy()
+    return x.permute(0, 2, 3, 1).contiguous()
 
 
 def release_central_images(dataset: ImageDataset, spec: CentralImages, *,

@@ -26,7 +26,7 @@ from dpsynth_ml.models.codec import check_space, pixels_to_model
 from dpsynth_ml.spec import CentralImages, ModelInfo, TimestepDistribution
 from dpsynth_ml.training.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.warmup.augment import augment as augment_images
-from dpsynth_ml.warmup.release import CentralRelease, sample_released
+from dpsynth_ml.warmup.release import CentralRelease, ReleasedBatches
 
 
 @torch.no_grad()
@@ -55,7 +55,8 @@ def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
         bundle, info: the model (its VAE encodes a latent model's batches).
         release: the released images (each batch repeats them, or with second moments draws
             fresh images from each class's released Gaussian,
-            :func:`~dpsynth_ml.warmup.release.sample_released`).
+            :func:`~dpsynth_ml.warmup.release.sample_released`), drawn on ``device``
+            (:class:`~dpsynth_ml.warmup.release.ReleasedBatches`).
         labels: int64 [n], model class indices of the released entries (the null class for
             an unconditional model).
         spec: steps, batch size, learning rate, augmentation.
@@ -83,14 +84,15 @@ def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
     ema = ([p.detach().clone() for p in params] if spec.warmup_ema_decay is not None
            else None)
     null_class = info.null_class
-    losses: list[float] = []
+    batches = ReleasedBatches(release, image_size=size, device=device)
+    step_losses: list[torch.Tensor] = []  # on the device: no host sync per step
     was_training = denoiser.training
     denoiser.train()
     try:
         for _ in range(spec.warmup_steps):
             idx = torch.randint(0, len(release.labels), (spec.warmup_batch_size,),
                                 generator=generator)
-            batch = sample_released(release, idx, generator, image_size=size)
+            batch = batches(idx, generator)
             if spec.augment:
                 batch = augment_images(batch, generator)
             latents = encode_unit_images(bundle, info, batch, device)
@@ -102,10 +104,11 @@ def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward
             optimizer.step()
-            losses.append(float(loss.detach()))
+            step_losses.append(loss.detach())
             if ema is not None and spec.warmup_ema_decay is not None:
+                done = len(step_losses)
                 _ema_update(ema, params, min(spec.warmup_ema_decay,
-                                             (1.0 + len(losses)) / (10.0 + len(losses))))
+                                             (1.0 + done) / (10.0 + done)))
         if ema is not None:
             with torch.no_grad():
                 for average, p in zip(ema, params, strict=True):
@@ -117,7 +120,7 @@ def warm_up(denoiser: ConditionalDenoiser, bundle: ModelBundle, info: ModelInfo,
         if bundle.vae is not None and vae_device is not None:
             cast("nn.Module", bundle.vae).to(vae_device)
         denoiser.train(was_training)
-    return losses
+    return torch.stack(step_losses).tolist() if step_losses else []
 
 
 @torch.no_grad()
