@@ -50,6 +50,7 @@ Run: ``BENCH_SCALE=cpu .venv/bin/python -m benchmarks.fmnist_no_public``. The ``
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -630,18 +631,28 @@ def execute(cfg: dict[str, Any], todo: list[dict[str, Any]], work: Path,
     if target is None:
         from benchmarks.fmnist_no_public import run_job as target  # importable under -m
     done: list[dict[str, Any]] = []
+    progress = os.environ.get("BENCH_PROGRESS_FILE")  # the cells so far, after each one
+    if progress:
+        def note() -> None:
+            tmp = Path(progress + ".tmp")
+            tmp.write_text(json.dumps({"partial": True, "done": done}, default=str, indent=1))
+            tmp.replace(progress)
     if cfg["workers"] > 1:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=cfg["workers"], mp_context=ctx) as pool:
             futures = [pool.submit(target, cfg, j, str(work), accounting) for j in todo]
             for f in futures:
                 done.append(f.result())
+                if progress:
+                    note()
                 print(f"  [{done[-1]['row']} seed {done[-1]['seed']}] "
                       f"{100 * done[-1]['accuracy']:.1f} % in {done[-1]['wall_s']} s",
                       flush=True)
     else:
         for j in todo:
             done.append(target(cfg, j, str(work), accounting))
+            if progress:
+                note()
             print(f"  [{j['row']} seed {j['seed']}] {100 * done[-1]['accuracy']:.1f} %",
                   flush=True)
     return done

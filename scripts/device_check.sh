@@ -14,6 +14,11 @@
 #                               DP finetune, sampling; each row names the device its phase
 #                               actually ran on; on a GPU a short CPU reference beside it
 #                               (benchmarks/phase_throughput.py), rewritten after each phase
+#   OUTDIR/pytest_gpu.log       the GPU tests (tests/unit/ml: every phase on the device, the
+#                               noise on CUDA); with --tiny or no CUDA they run and skip
+#   OUTDIR/fmnist_no_public.gpu.json  the gpu-smoke results (a GPU only; .json if a phase
+#                               did not run on CUDA), or fmnist_no_public.progress.json with
+#                               the cells done when the time limit stopped it
 #   OUTDIR/device_check.log     everything printed
 #
 # Without --tiny: CUDA when torch sees it (preset "base", batch 64, 7 interleaved DP /
@@ -108,7 +113,17 @@ if ! run_limited "$limit" "$py" -m benchmarks.engine_cost device --to "$outdir/d
     "${HOSTNAME:-unknown}" "$gpus" > "$outdir/device.json"
 fi
 
-# 2. the engine rows
+# 2. the GPU tests (at most 60 s; the repository's own conftest files above tests/unit/ml
+# need the platform's servers, so they are cut off: these tests use none)
+limit=$(( $(remaining) < 60 ? $(remaining) : 60 ))
+trc=0
+run_limited "$limit" "$py" -m pytest -q -p no:cacheprovider --confcutdir=tests/unit/ml \
+  -o addopts=-ra tests/unit/ml/test_gpu_phases.py tests/unit/ml/test_device_draws.py \
+  tests/unit/ml/test_noise_source.py tests/unit/ml/test_distributed_dp.py \
+  -k "on_the_gpu or on_cuda or gpu_model" > "$outdir/pytest_gpu.log" 2>&1 || trc=$?
+say "GPU tests: status $trc ($(tail -1 "$outdir/pytest_gpu.log"))"
+
+# 3. the engine rows
 if (( tiny )); then
   profile=tiny
 else
@@ -132,13 +147,13 @@ run_limited "$limit" "$py" -m benchmarks.engine_cost run --out "$outdir" --profi
   --budget-s "$(( limit > 15 ? limit - 10 : limit ))" --quiet || rc=$?
 (( rc == 0 )) || say "engine rows ended with status $rc (124: the time limit); rows kept"
 
-# 3. the summary, from whatever rows were written
+# 4. the summary, from whatever rows were written
 limit=$(( $(remaining) < 20 ? $(remaining) : 20 ))
 src=0
 run_limited "$(( limit < 5 ? 5 : limit ))" "$py" -m benchmarks.engine_cost summarize \
   --out "$outdir" || src=$?
 
-# 4. per-phase throughput (benchmarks/phase_throughput.py), in what the smoke run leaves
+# 5. per-phase throughput (benchmarks/phase_throughput.py), in what the smoke run leaves
 limit=$(( $(remaining) - smoke_s ))
 (( limit <= phase_s + 10 )) || limit=$(( phase_s + 10 ))
 say "phase throughput: profile=$profile, ${limit}s left for it"
@@ -148,7 +163,7 @@ run_limited "$limit" "$py" -m benchmarks.phase_throughput --out "$outdir" \
   || prc=$?
 (( prc == 0 )) || say "phase throughput ended with status $prc (124: the time limit); rows kept"
 
-# 5. HOOK: the gpu-smoke benchmark (issue 18; benchmarks/fmnist_no_public.py is another
+# 6. the gpu-smoke benchmark (issue 18; benchmarks/fmnist_no_public.py is another
 # change's): a GPU only, never with --tiny, only when its file exists and the budget left
 # covers it. It writes its own results (benchmarks/results/); its log goes to the log.
 if (( smoke_s > 0 )); then
@@ -157,11 +172,14 @@ if (( smoke_s > 0 )); then
     say "gpu-smoke benchmark: ${limit}s left for it"
     brc=0
     marker="$(mktemp)"
-    BENCH_SCALE=gpu-smoke run_limited "$limit" "$py" -m benchmarks.fmnist_no_public || brc=$?
+    progress="$outdir/fmnist_no_public.progress.json"
+    BENCH_SCALE=gpu-smoke BENCH_PROGRESS_FILE="$progress" run_limited "$limit" "$py" \
+      -m benchmarks.fmnist_no_public || brc=$?
     (( brc == 0 )) || say "gpu-smoke benchmark ended with status $brc (124: the time limit)"
-    # its results file lives in the repository copy: bring it out with the rest
+    # its results file lives in the repository copy: bring it out with the rest (it
+    # replaces the progress file; a stopped run leaves the progress file)
     for f in benchmarks/results/fmnist_no_public.gpu.json benchmarks/results/fmnist_no_public.json; do
-      if [[ -f "$f" && "$f" -nt "$marker" ]]; then cp "$f" "$outdir/"; fi
+      if [[ -f "$f" && "$f" -nt "$marker" ]]; then cp "$f" "$outdir/" && rm -f "$progress"; fi
     done
     rm -f "$marker"
   else

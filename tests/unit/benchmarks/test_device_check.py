@@ -35,6 +35,10 @@ def test_device_check_tiny_writes_device_rows_and_summary(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert wall < 90, f"--tiny took {wall:.0f} s"
 
+    # the GPU tests ran (and, without CUDA, skipped cleanly: none failed or errored)
+    tests_log = (out / "pytest_gpu.log").read_text()
+    assert "skipped" in tests_log and " failed" not in tests_log and "error" not in tests_log
+
     device = json.loads((out / "device.json").read_text())
     assert device["hostname"] and device["python"]
     assert device["torch"]["version"] and "cuda_available" in device["torch"]

@@ -4,7 +4,9 @@ images (skipped without Debian's dataset-fashion-mnist)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -127,12 +129,18 @@ def _micro_cfg() -> dict[str, Any]:
 
 
 @pytest.mark.skipif(not FMNIST_DIR.exists(), reason="dataset-fashion-mnist not installed")
-def test_a_micro_run_fills_every_kind_of_row_and_renders() -> None:
+def test_a_micro_run_fills_every_kind_of_row_and_renders(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     threads = torch.get_num_threads()  # the run sets one thread (as its workers do)
+    progress = tmp_path / "progress.json"  # what a time-limited device check keeps
+    monkeypatch.setenv("BENCH_PROGRESS_FILE", str(progress))
     try:
         _micro_run()
     finally:
         torch.set_num_threads(threads)
+    kept = json.loads(progress.read_text())
+    assert kept["partial"] is True
+    assert sorted(j["row"] for j in kept["done"]) == ["dp_logreg_1", "eps_1", "eps_inf"]
 
 
 def _micro_run() -> None:
