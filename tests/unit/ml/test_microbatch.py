@@ -109,3 +109,77 @@ def test_finetune_batch_sizes_follow_binomial_n_q(
     mean, var = NUM_RECORDS * q, NUM_RECORDS * q * (1 - q)
     assert abs(sizes.mean().item() - mean) < 4 * math.sqrt(var / steps)
     assert abs(sizes.var().item() - var) < 4 * var * math.sqrt(2 / (steps - 1))
+
+
+@pytest.mark.usefixtures("recording")
+def test_an_out_of_memory_step_is_redone_on_the_same_batch_with_smaller_micro_batches(
+        pretrained: TrainingResult, digits_path: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU that runs out of memory in a step's second micro-batch (after the first one was
+    clipped and summed): the step's partial sum is discarded and the SAME Poisson batch is
+    redone in micro-batches of half the size, for the rest of the run. The released steps
+    equal a run that used the smaller size from the start (same samples, same noise; the
+    diffusion draws keyed by example, the failed attempt's draws not counted: they are
+    data-independent randomness either way), so nothing of the failed attempt leaks into
+    them."""
+    from dpsynth_ml import read_model_info
+
+    original, original_step = ft_loop._on_device, ft_loop._record_micro_batches
+    runs = {}
+    for physical, inject in ((4, False), (8, True)):
+        draws = KeyedDraws()
+        monkeypatch.setattr(ft_loop, "per_sample_diffusion_loss", draws)
+        big: list[int] = []
+
+        def attempt(run: object, *args: object, draws: KeyedDraws = draws) -> object:
+            counts = dict(draws.counts)
+            try:
+                return original_step(run, *args)  # type: ignore[arg-type]
+            except torch.cuda.OutOfMemoryError:
+                draws.counts.clear()
+                draws.counts.update(counts)
+                raise
+
+        monkeypatch.setattr(ft_loop, "_record_micro_batches", attempt)
+
+        def on_device(run: object, *tensors: torch.Tensor, inject: bool = inject,
+                      big: list[int] = big) -> tuple[torch.Tensor, ...]:
+            if inject and tensors[0].shape[0] > 4:
+                big.append(1)
+                if len(big) % 2 == 0:  # every second large micro-batch: after a sum
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+            return original(run, *tensors)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(ft_loop, "_on_device", on_device)
+        spec = finetune_spec(max_physical_batch_size=physical, noise_multiplicity=2,
+                             class_map={i: i for i in range(10)},
+                             dp_steps=2, dp_sample_rate=0.25, checkpoint_every=2,
+                             learning_rate=1e-9)
+        result = train(spec, dataset_path=digits_path, out_dir=tmp_path / str(physical),
+                       base_model_dir=pretrained.model_dir, _test_generator=seeded(21))
+        runs[physical] = (RecordingEngine.instances[-1], RecordingSampler.instances[-1],
+                          result, len(big))
+    (clean, clean_sampler, _, _), (retried, retried_sampler, result, large) = runs[4], runs[8]
+    assert large == 2  # one large micro-batch summed, the next one failed, then size 4
+    for a, b in zip(retried_sampler.batches, clean_sampler.batches, strict=True):
+        assert torch.equal(a, b)
+    assert len(retried.released) == len(clean.released) == 2  # noised once per step
+    for a, b in zip(retried.released, clean.released, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert read_model_info(result.model_dir).extra["micro_batch_after_out_of_memory"] == 4
+
+
+def test_an_out_of_memory_error_stands_where_a_retry_is_not_clean() -> None:
+    from types import SimpleNamespace
+
+    from dpsynth_ml.dp import BookKeepingEngine
+
+    def run(size: int, distributed: bool, engine: object) -> object:
+        return SimpleNamespace(physical_batch=0, engine=engine,
+                               spec=SimpleNamespace(max_physical_batch_size=size),
+                               placement=SimpleNamespace(distributed=distributed))
+
+    bookkeeping = BookKeepingEngine.__new__(BookKeepingEngine)  # never stepped
+    assert not ft_loop._smaller_micro_batches(run(8, False, object()))  # opacus hooks
+    assert not ft_loop._smaller_micro_batches(run(8, True, bookkeeping))  # several ranks
+    assert not ft_loop._smaller_micro_batches(run(1, False, bookkeeping))  # nothing smaller

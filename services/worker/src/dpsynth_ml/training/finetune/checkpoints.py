@@ -141,6 +141,8 @@ def stamp(run: FinetuneRun, step: int) -> ModelInfo:
     extra = run.info.extra
     if run.fixed is not None:  # the timing channel's public cost (docs/privacy.md)
         extra = {**extra, "fixed_batch": run.fixed.record()}
+    if run.physical_batch and run.physical_batch != run.spec.max_physical_batch_size:
+        extra = {**extra, "micro_batch_after_out_of_memory": run.physical_batch}
     return dataclasses.replace(run.info, steps=step, rng=run.rng, extra=extra)
 
 

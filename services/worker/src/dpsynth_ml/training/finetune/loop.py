@@ -4,16 +4,18 @@ noised once and applied."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from dpsynth_ml.dp import SubjectPoissonSampler
+from dpsynth_ml.dp import BookKeepingEngine, SubjectPoissonSampler
 from dpsynth_ml.dp.distributed import (
     ShardedSubjectPoissonSampler,
 )
 from dpsynth_ml.dp.padding import (
+    PaddedRows,
     gather_rows,
     mask_losses,
     pad_groups,
@@ -22,6 +24,8 @@ from dpsynth_ml.dp.padding import (
 from dpsynth_ml.training.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.training.finetune import checkpoints
 from dpsynth_ml.training.hooks import TrainingHooks
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from dpsynth_ml.training.finetune.setup import FinetuneRun
@@ -58,6 +62,13 @@ def logical_step(run: FinetuneRun) -> dict[str, float]:
     label) go through the same passes with their loss multiplied by 0, so their gradient is
     exactly 0 and the clipped sum is the unpadded one (dp.padding). Returns owner-only,
     non-DP statistics.
+
+    A record-level step that runs out of accelerator memory is redone on the SAME Poisson
+    batch with half the micro-batch size (down to 1; :func:`_smaller_micro_batches`): the
+    unreleased partial sums are discarded, nothing was noised or applied, and the clipped
+    sum does not depend on how the rows are cut, so the released step is the accounted
+    mechanism's. The rows and micro-batch shapes are fixed by public quantities (the padded
+    rows), so whether a size fits does not depend on the private data.
     """
     if isinstance(run.sampler, (SubjectPoissonSampler, ShardedSubjectPoissonSampler)):
         return _subject_step(run, run.sampler)
@@ -72,7 +83,53 @@ def logical_step(run: FinetuneRun) -> dict[str, float]:
     labels = drop_labels(gather_rows(run.labels, rows.indices, fill=run.info.null_class),
                          probability=run.spec.label_dropout,
                          null_class=run.info.null_class, generator=run.generator)
-    size, step_size = int(indices.numel()), run.spec.max_physical_batch_size
+    while True:
+        try:
+            stats = _record_micro_batches(run, rows, labels)
+            break
+        except torch.cuda.OutOfMemoryError:
+            if not _smaller_micro_batches(run):
+                raise
+    _noise_and_update(run)
+    size = int(indices.numel())
+    out = {"batch_size": float(size), "rows": float(len(rows)),
+           "fraction_clipped": stats["clipped"] / size if size else 0.0}
+    if "loss" in stats:
+        out["loss"] = stats["loss"]
+    return out
+
+
+def micro_batch_size(run: FinetuneRun) -> int:
+    """The micro-batch size in use (the spec's, or what an out-of-memory left)."""
+    return run.physical_batch or run.spec.max_physical_batch_size
+
+
+def _smaller_micro_batches(run: FinetuneRun) -> bool:
+    """After an out-of-memory error in a record-level step: discard the step's unreleased
+    state, halve the micro-batch size for the rest of the run and say so; False (the error
+    stands) on several ranks (they would fall out of step), at size 1, or with the opacus
+    hooks engine."""
+    size = micro_batch_size(run)
+    # only the book-keeping engine (every preset's) drops a failed pass cleanly: it clears
+    # its kept records on any error; opacus' hooks would keep stale activations
+    if run.placement.distributed or size <= 1 or not isinstance(run.engine, BookKeepingEngine):
+        return False
+    run.engine.discard()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    run.physical_batch = max(1, size // 2)
+    log.warning("out of accelerator memory: micro-batches of %d rows instead of %d for the "
+                "rest of this run (the same mechanism: only the cut of each logical batch "
+                "changes)", run.physical_batch, size)
+    return True
+
+
+def _record_micro_batches(run: FinetuneRun, rows: PaddedRows,
+                          labels: torch.Tensor) -> dict[str, float]:
+    """Clip and sum one record-level logical batch (``rows``, its dropped ``labels``) in
+    micro-batches of :func:`micro_batch_size` rows; nothing is noised or applied here.
+    Returns the number of clipped examples and, with any real row, the mean loss."""
+    size, step_size = int(rows.real.sum()), micro_batch_size(run)
     loss_sum, clipped = 0.0, 0
     for start in range(0, len(rows), step_size):
         chunk, real = rows.indices[start:start + step_size], rows.real[start:start + step_size]
@@ -83,9 +140,7 @@ def logical_step(run: FinetuneRun) -> dict[str, float]:
             draw, run.spec.noise_multiplicity)
         clipped += chunk_clipped
         loss_sum += float(losses.sum())
-    _noise_and_update(run)
-    stats = {"batch_size": float(size), "rows": float(len(rows)),
-             "fraction_clipped": clipped / size if size else 0.0}
+    stats = {"clipped": float(clipped)}
     if size:
         stats["loss"] = loss_sum / size
     return stats

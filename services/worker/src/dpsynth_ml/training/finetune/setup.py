@@ -87,6 +87,10 @@ class FinetuneRun:
     placement: Placement = dataclasses.field(default_factory=Placement)
     # rows every logical step processes (public; dp.padding), set by prepare
     fixed: FixedBatch | None = None
+    # the micro-batch size in use: the spec's max_physical_batch_size, halved by the loop
+    # when a record-level step runs out of accelerator memory (loop.logical_step); 0: the
+    # spec's
+    physical_batch: int = 0
 
 
 def whole_dataset_privacy(spec: FinetuneTraining) -> WholeDataset:
