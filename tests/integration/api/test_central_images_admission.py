@@ -72,6 +72,24 @@ def test_a_central_images_finetune_is_admitted_with_class_sizes(api: Api) -> Non
     assert claim["dataset"]["class_sizes"] == SIZES
 
 
+def test_the_dry_run_says_the_release_is_charged_on_top_of_its_plan(api: Api) -> None:
+    """The plan's spent-after figure is DP-SGD's; the release is its own ledger event, so the
+    dry run warns that the dataset will spend more (the demo's dry run showed 4.18 after and
+    the job spent 5.59); without central images there is no such warning."""
+    _, token = api.tenant()
+    dataset = _private(api, token, class_sizes=SIZES).json()["dataset_id"]
+    model = api.model(token)
+    r = _post(api, token, _spec(dataset, model), dry=True)
+    assert r.status_code == 200, r.text
+    (warning,) = [w for w in r.json()["warnings"] if "central_images" in w]
+    assert "standalone epsilon of 0.5" in warning and "DP-SGD part only" in warning
+    spec = _spec(dataset, model)
+    del spec["training"]["central_images"]
+    r = _post(api, token, spec, dry=True)
+    assert r.status_code == 200 and not any("central_images" in w for w in r.json()["warnings"])
+    assert api.ledger.reservations == {} and api.sender.sent == []
+
+
 def test_an_initialise_only_pretrain_takes_class_names_and_no_dataset(api: Api) -> None:
     _, token = api.tenant()
     spec = {"type": "pretrain", "initialise_only": True, "class_names": ["x", "y", "z"],

@@ -71,7 +71,23 @@ def admit(ctx: AdmitContext, spec: FinetuneSpec) -> Admission:
                              expected_batch_size=batch, steps=steps, population_size=population)
     check_plan_size(reserve, ctx.limits)  # the ledger's bounds (api setting), refused early
     return Admission(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve,
-                     warnings=_class_table_warnings(dataset, base, spec))
+                     warnings=(_class_table_warnings(dataset, base, spec)
+                               + _central_images_warnings(spec)))
+
+
+def _central_images_warnings(spec: FinetuneSpec) -> list[str]:
+    """The plan's figures are the DP-SGD part's: a central-image release is its own ledger
+    event, charged when the job starts (it needs the job's reservation), so a dry run must
+    say that the dataset's spent figure after the job is higher than the plan's."""
+    central = spec.training.central_images
+    if central is None:
+        return []
+    return [f"training.central_images: the job also releases its class statistics at a "
+            f"standalone epsilon of {central.target_epsilon:g}, charged as its own ledger "
+            f"event when the job starts (before DP-SGD); the plan's "
+            f"dataset_epsilon_spent_after and tight figure count the DP-SGD part only, so the "
+            f"dataset's spent epsilon after the job is higher (both composed under the "
+            f"budget's filter; the ledger refuses the release if it does not fit)"]
 
 
 def _admit_per_label(ctx: AdmitContext, spec: FinetuneSpec, dataset: Dataset,
