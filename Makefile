@@ -31,7 +31,8 @@ $(STAMP): shared/pyproject.toml services/*/pyproject.toml requirements/dev.txt r
 
 venv: $(STAMP)
 
-# About 2.5 minutes on 2 idle cores. On a slow or loaded machine: make demo DEMO_ARGS=--quick
+# About 12.5 minutes on 2 idle cores (9 with DEMO_ARGS=--reuse-base-model after a first run).
+# On a slow or loaded machine: make demo DEMO_ARGS=--quick
 # (a smaller setting), or DEMO_ARGS=--reuse-base-model from the second run on (reuses the
 # public base model the first run pretrained). No phase has a fixed deadline.
 demo: $(STAMP)

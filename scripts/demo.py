@@ -16,10 +16,10 @@ network, and it has never seen a 5-9. The private dataset (all ten digits) is up
 keyed hash of itself, so adding or removing one record moves no other), never trains on them
 and uses them as the real test data of the evaluation. The DP finetune starts with the DP
 central-image warm-up (DP-FETA: the per-class means of the private images, released once by
-the Gaussian mechanism at epsilon ``CENTRAL_EPSILON`` = 2, charged to the budget; the
-upload declares a public bound on every class's size for it) and then DP-SGD at the
-target epsilon 4 (attention layers, 5 epochs); the dataset's budget (limit 8) spends about
-5.4 in all (RDP filter).
+the Gaussian mechanism at epsilon ``CENTRAL_EPSILON`` = 4, charged to the budget; the
+upload declares a public bound on every class's size for it; 1,500 warm-up steps on them)
+and then DP-SGD at the target epsilon 2 (attention layers, 5 epochs); the dataset's budget
+(limit 8) spends about 5.6 in all (RDP filter).
 
 The private data's contribution (``private_contribution`` in summary.json; issue 18,
 item 7). A second corpus is generated from the PUBLIC base model (the model before the DP
@@ -35,9 +35,9 @@ records), the difference p2 - p1 has the standard error
 positively, so this SE is if anything too large and the check conservative). Its
 ``epsilon`` is the dataset's spent epsilon (RDP filter: the warm-up and DP-SGD together),
 the guarantee the DP-finetuned corpus is released under. The demo prints whether
-p2 - p1 >= 2 SE and, with ``--require-private-contribution`` (OFF by default), exits 1
-when it is not: on the test digits the chosen design measured between +1.6 and +2.8 SE
-over repeated runs (below), so the check would fail some runs of the demo.
+p2 - p1 >= 2 SE and exits 1 when it is not (``--require-private-contribution``, on by
+default except with ``--quick``, whose smaller settings were never validated for it;
+``--no-require-private-contribution`` only reports the comparison).
 
 Why this design, and how its settings were chosen. With the whole public part (all ten
 digits, as before issue 18) the public base model alone already gave 0.755 against 0.781
@@ -58,15 +58,26 @@ set a priori, not tuned. The chosen design was then run on the test digits with 
 fixed (2026-11-26, n 278; the public-only corpus is seeded, the DP noise is drawn afresh
 every run, so the DP-finetuned accuracy varies from run to run): public only 0.453 each
 time; DP finetuned 0.525 (+0.072 = +1.7 SE), 0.572 (+0.119 = +2.8 SE) and 0.522 (+0.068 =
-+1.6 SE), SE about 0.042, epsilon 5.39 spent. The private data helps (the base model alone
-has never seen a 5-9), but the two-standard-error bar is not met by every run, so a check on
-it would make ``make demo`` fail at random: ``--require-private-contribution`` stays off by
-default. No setting was changed after these runs.
++1.6 SE), SE about 0.042, epsilon 5.39 spent. The private data helped (the base model alone
+has never seen a 5-9), but not every run met the two-standard-error bar.
+
+Issue 18, item 7 asks the demo to FAIL below that bar, so the design was strengthened, again
+on the validation records only (2026-11-27, one run each, n 186; public only 0.387 each
+time): the design above 0.489 (+2.0 SE); the release at epsilon 4 and DP-SGD at a target of
+2 (the Fashion-MNIST table found the release carries most of what the private data gives at
+CPU scale, and a few noisy DP-SGD steps little) 0.527 (+2.7 SE); the same with 1,500 warm-up
+steps instead of 500 (the designer slice of Fashion-MNIST gained most from a longer
+warm-up) 0.608 (+4.4 SE; the logistic regression 0.726). The last is the default. Its runs
+on the test digits, settings fixed before them (n 278, 2026-11-27, three runs with
+``--reuse-base-model``): public only 0.439 each time; DP finetuned 0.615 (+0.176 = +4.2 SE),
+0.640 (+0.201 = +4.9 SE) and 0.691 (+0.252 = +6.2 SE), SE about 0.042, epsilon 5.59 spent.
+The demo now takes about 9 minutes with a cached base model (12.5 with its pretraining): the
+1,500 warm-up steps cost about 4 minutes of the 6.5 of the DP finetune.
 
 Writes ``out/demo/summary.json`` and ``out/demo/report.html`` and exits 1 when the best
 classifier trained on synthetic data is below twice chance (20%), the ledger history does
-not verify, or (with ``--require-private-contribution``) the private data's contribution is
-below two standard errors.
+not verify, or the private data's contribution is below two standard errors (not checked
+with ``--quick`` or ``--no-require-private-contribution``).
 
 Settings (chosen on a 2-core CPU, validated on synthetic vs. public digits, never on the test
 digits): 150 pretraining epochs (~800 UNet steps on the 0-4 public digits; with 30 epochs
@@ -118,7 +129,7 @@ class's training records, as N̂ is on the total)."""
 PUBLIC_CLASSES = "0,1,2,3,4"
 """The digits the public corpus keeps: the public part of the split restricted to 0-4, so the
 digits 5-9 can come only from the private data (see the docstring)."""
-CENTRAL_EPSILON = 2.0
+CENTRAL_EPSILON = 4.0
 PHASES: dict[str, float] = {}
 CACHE = OUT.parent / "demo-cache"
 """Base models pretrained by earlier runs on the public digits only (`--reuse-base-model`)."""
@@ -215,9 +226,12 @@ def corpus_manifest(zip_path: Path, dest: Path) -> dict:
     return json.loads((dest / "manifest.json").read_text())
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The demo's settings: the command line over the defaults above, with ``--quick``'s
+    smaller settings applied and the private-contribution check resolved (on unless
+    ``--quick`` or ``--no-require-private-contribution``)."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--target-epsilon", type=float, default=4.0)
+    parser.add_argument("--target-epsilon", type=float, default=2.0)
     parser.add_argument("--epsilon-limit", type=float, default=8.0)
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--pretrain-epochs", type=int, default=150)
@@ -242,14 +256,15 @@ def main() -> int:
     parser.add_argument("--train-embedder", action=argparse.BooleanOptionalAction,
                         default=False, help="the DP finetune trains the class table too")
     parser.add_argument("--require-private-contribution",
-                        action=argparse.BooleanOptionalAction, default=False,
+                        action=argparse.BooleanOptionalAction, default=None,
                         help="exit 1 unless the DP-finetuned corpus's classifier beats the "
-                        "public-only corpus's by at least two standard errors (off by "
-                        "default: on the test digits the gap measured 1.6 to 2.8 standard "
-                        "errors over repeated runs, see the docstring)")
+                        "public-only corpus's by at least two standard errors (on by "
+                        "default, off with --quick, whose smaller settings were never "
+                        "validated for it; --no-require-private-contribution only reports "
+                        "the comparison)")
     parser.add_argument("--central-epsilon", type=float, default=CENTRAL_EPSILON,
                         help="epsilon of the DP central-image warm-up of the finetune (0: none)")
-    parser.add_argument("--central-warmup-steps", type=int, default=500)
+    parser.add_argument("--central-warmup-steps", type=int, default=1500)
     parser.add_argument("--validation", action="store_true",
                         help="choose settings without the test digits: the private upload is "
                         "only the TRAINING part of the private digits (the records the demo "
@@ -259,11 +274,17 @@ def main() -> int:
     parser.add_argument("--stall-minutes", type=float, default=15.0,
                         help="give up on a job only when it shows no progress and no "
                         "heartbeat for this long (there is no fixed deadline)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.pretrain_epochs = min(args.pretrain_epochs, QUICK_PRETRAIN_EPOCHS)
         args.samples_per_class = min(args.samples_per_class, QUICK_SAMPLES_PER_CLASS)
+    if args.require_private_contribution is None:
+        args.require_private_contribution = not args.quick
+    return args
 
+
+def main() -> int:
+    args = parse_args()
     if args.validation:  # its own folder: the demo's outputs stay as they are
         global OUT
         OUT = ROOT / "out" / "demo-validation"
@@ -382,6 +403,8 @@ def run_journey(client: Client, args: argparse.Namespace, data: dict, public_npz
         plan = client.submit_job(finetune_spec, dry_run=True)
         print("4. DP finetune, dry run first:")
         print(json.dumps(plan, indent=2)[:1500])
+        for warning in plan.get("warnings") or []:
+            print(f"   note: {warning}")
         ft = client.submit_job(finetune_spec)
         ft = watch(client, ft["job_id"], "DP finetune", stall_s=args.stall_minutes * 60)
     dp_model_id = ft["result"]["model_id"]

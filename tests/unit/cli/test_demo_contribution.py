@@ -98,3 +98,31 @@ def test_validation_mode_never_uploads_the_test_digits() -> None:
     test_hashes = set(np.asarray(record_hashes(images))[held])
     assert not test_hashes & set(record_hashes(kept_images))
     assert demo.VALIDATION_KEY != demo.HOLDOUT_KEY
+
+
+def _demo_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "scripts" / "demo.py"
+    spec = importlib.util.spec_from_file_location("dpsynth_demo_script", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_demo_fails_without_the_private_contribution_by_default() -> None:
+    """Issue 18, item 7: ``make demo`` (no arguments) exits 1 below two standard errors; the
+    validated design is its default (release at epsilon 4, 1,500 warm-up steps, DP-SGD at 2);
+    ``--quick`` (never validated for the check) and the explicit opt-out only report it."""
+    demo = _demo_module()
+    args = demo.parse_args([])
+    assert args.require_private_contribution is True
+    assert (args.central_epsilon, args.central_warmup_steps, args.target_epsilon) == (4.0, 1500,
+                                                                                     2.0)
+    assert demo.parse_args(["--quick"]).require_private_contribution is False
+    assert demo.parse_args(["--quick", "--require-private-contribution"]) \
+        .require_private_contribution is True
+    assert demo.parse_args(["--no-require-private-contribution"]) \
+        .require_private_contribution is False
