@@ -8,8 +8,9 @@ DP finetune → generate → evaluate → report → download → budget → led
 
 It runs in a fresh folder that holds only links to the repository's ``.venv`` and
 ``examples`` (the README's commands use those relative paths), with no DPSYNTH_* variable
-inherited and a private per-user state folder, as a new user's shell would be. About three
-minutes on 2 cores, most of it the pretraining the README asks for.
+inherited and a private per-user state folder, as a new user's shell would be. About nine
+minutes on 2 cores (530-570 s measured 2026-11-27), most of it the pretraining the README
+asks for.
 """
 
 from __future__ import annotations
