@@ -100,18 +100,6 @@ def test_validation_mode_never_uploads_the_test_digits() -> None:
     assert demo.VALIDATION_KEY != demo.HOLDOUT_KEY
 
 
-def _demo_module():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "scripts" / "demo.py"
-    spec = importlib.util.spec_from_file_location("dpsynth_demo_script", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_make_demo_fails_without_the_private_contribution_by_default() -> None:
     """Issue 18, item 7: ``make demo`` (no arguments) exits 1 below two standard errors; the
     validated design is its default (release at epsilon 4, 1,500 warm-up steps, DP-SGD at 2);
