@@ -70,7 +70,9 @@ steps instead of 500 (the designer slice of Fashion-MNIST gained most from a lon
 warm-up) 0.608 (+4.4 SE; the logistic regression 0.726). The last is the default. Its runs
 on the test digits, settings fixed before them (n 278, 2026-11-27, three runs with
 ``--reuse-base-model``): public only 0.439 each time; DP finetuned 0.615 (+0.176 = +4.2 SE),
-0.640 (+0.201 = +4.9 SE) and 0.691 (+0.252 = +6.2 SE), SE about 0.042, epsilon 5.59 spent.
+0.640 (+0.201 = +4.9 SE) and 0.691 (+0.252 = +6.2 SE), SE about 0.042, epsilon 5.59 spent;
+a fourth, a plain ``make demo`` with a fresh pretraining, 0.554 (+0.115 = +2.7 SE): a run
+below the bar is unlikely but not impossible.
 The demo now takes about 9 minutes with a cached base model (12.5 with its pretraining): the
 1,500 warm-up steps cost about 4 minutes of the 6.5 of the DP finetune.
 
