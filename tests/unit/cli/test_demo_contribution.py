@@ -100,7 +100,7 @@ def test_validation_mode_never_uploads_the_test_digits() -> None:
     assert demo.VALIDATION_KEY != demo.HOLDOUT_KEY
 
 
-def test_make_demo_fails_without_the_private_contribution_by_default() -> None:
+def test_make_demo_requires_the_private_contribution_by_default() -> None:
     """Issue 18, item 7: ``make demo`` (no arguments) exits 1 below two standard errors; the
     validated design is its default (release at epsilon 4, 1,500 warm-up steps, DP-SGD at 2);
     ``--quick`` (never validated for the check) and the explicit opt-out only report it."""
@@ -114,3 +114,21 @@ def test_make_demo_fails_without_the_private_contribution_by_default() -> None:
         .require_private_contribution is True
     assert demo.parse_args(["--no-require-private-contribution"]) \
         .require_private_contribution is False
+
+
+def test_the_demo_fails_below_two_standard_errors_only_when_required() -> None:
+    """``make demo``'s exit status: a summary whose private contribution is under two
+    standard errors fails it when the check is required (the default) and passes otherwise;
+    the ledger and twice-chance checks fail it either way."""
+    demo = _demo_module()
+    summary = {"ledger_verified": True, "classifier_accuracy": 0.6,
+               "private_contribution": private_contribution(0.439, 0.554, n_test=278,
+                                                            epsilon=5.59)}
+    assert demo.failure_of(summary, require_private_contribution=True) is None  # +2.7 SE
+    summary["private_contribution"] = private_contribution(0.439, 0.500, n_test=278,
+                                                           epsilon=5.59)  # +1.5 SE
+    failure = demo.failure_of(summary, require_private_contribution=True)
+    assert failure and "not above the public-only one" in failure
+    assert demo.failure_of(summary, require_private_contribution=False) is None
+    for broken in ({"ledger_verified": False}, {"classifier_accuracy": 0.19}):
+        assert demo.failure_of({**summary, **broken}, require_private_contribution=False)
