@@ -18,7 +18,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from dpsynth_shared.dp_events import DpSgdEvent, Neighbouring, ParallelEvent
-from dpsynth_shared.release_contract import MAX_DELTA, MIN_DELTA, SizeRelease
+from dpsynth_shared.release_contract import (
+    MAX_DELTA,
+    MIN_DELTA,
+    CentralImagesCharge,
+    CentralImagesTerms,
+    SizeRelease,
+)
 from dpsynth_shared.text import MAX_DECLARED_SIZE, MAX_INT32, MIN_EPSILON, ContractBody, Name
 
 TIGHT_LABEL = (
@@ -191,12 +197,21 @@ _POPULATION = ("public size N̂ of the dataset the job reads when it is not the 
                "expected_batch_size / N̂); None: the budget's declared_size")
 
 
+_CENTRAL = ("a whole-dataset finetune's DP central-image release (training.central_images): "
+            "the plan composes it with the DP-SGD part (dataset_epsilon_spent_after, the "
+            "tight figure and admissible count both) and the admission refuses the job when "
+            "both do not fit now. The reservation holds the DP-SGD part only: the release is "
+            "charged as its own event when the job starts, and refused then if it no longer "
+            "fits")
+
+
 class PlanRequest(_Shape):
     dataset_id: str
     target_epsilon: float = Field(ge=MIN_EPSILON, le=100)
     population_size: int | None = Field(None, ge=1, le=MAX_DECLARED_SIZE,
                                         description=_POPULATION)
     neighbouring: Neighbouring = Field(Neighbouring.ADD_REMOVE, description=_RELATION)
+    central_images: CentralImagesTerms | None = Field(None, description=_CENTRAL)
 
 
 class LabelPlan(BaseModel):
@@ -245,6 +260,11 @@ class Plan(BaseModel):
         "labels are not disjoint in the privacy unit (a subject in two classes)")
     notes: list[str] = Field(default_factory=list, description="what the plan assumed, in "
                              "words (group privacy, sequential per-label composition, ...)")
+    central_images: CentralImagesCharge | None = Field(
+        None, description="the central-image release the job makes before DP-SGD, composed "
+        "into dataset_epsilon_spent_after, dataset_tight_epsilon_after and admissible "
+        "(job_epsilon, rdp_total and max_admissible_target_epsilon stay the DP-SGD part's; "
+        "the largest target is the one that fits beside the release)")
 
 
 class ReserveRequest(_Shape):
@@ -255,6 +275,7 @@ class ReserveRequest(_Shape):
     population_size: int | None = Field(None, ge=1, le=MAX_DECLARED_SIZE,
                                         description=_POPULATION)
     neighbouring: Neighbouring = Field(Neighbouring.ADD_REMOVE, description=_RELATION)
+    central_images: CentralImagesTerms | None = Field(None, description=_CENTRAL)
 
 
 class ReservationState(StrEnum):

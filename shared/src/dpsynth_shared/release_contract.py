@@ -186,7 +186,25 @@ class DpEvaluationRelease(BaseModel):
     accountant: str
 
 
-class CentralImagesRequest(_Body):
+class CentralImagesTerms(_Body):
+    """The public terms of a finetune's DP central-image release (DP-FETA warm-up): what the
+    ledger calibrates and charges it from. A job's reservation request carries them so that
+    its plan composes the release with the DP-SGD part (:class:`CentralImagesRequest` adds
+    the job and attempt that charge it)."""
+
+    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the release's "
+                                  "standalone epsilon at the dataset's delta")
+    image_size: int = Field(ge=1, le=4096, description="side of the model's images")
+    channels: int = Field(ge=1, le=4)
+    downsample: int = Field(ge=1, le=8)
+    sample_rate: float | None = Field(None, gt=0, lt=1, description="None: one query over "
+                                      "every unit; else Poisson-subsampled queries")
+    queries: int = Field(1, ge=1, le=64)
+    second_moments: bool = Field(False, description="the release also carries each class's "
+                                 "second moments (sensitivity x sqrt(2))")
+
+
+class CentralImagesRequest(CentralImagesTerms):
     """worker → ledger: charge a finetune's DP central-image release (DP-FETA warm-up) to the
     budget of the job's reservation, before the worker draws the noise.
 
@@ -198,17 +216,19 @@ class CentralImagesRequest(_Body):
 
     job_id: str
     attempt: int = Field(ge=1)
-    target_epsilon: float = Field(ge=MIN_EPSILON, le=100, description="the release's "
-                                  "standalone epsilon at the dataset's delta")
-    image_size: int = Field(ge=1, le=4096, description="side of the model's images")
-    channels: int = Field(ge=1, le=4)
-    downsample: int = Field(ge=1, le=8)
-    sample_rate: float | None = Field(None, gt=0, lt=1, description="None: one query over "
-                                      "every unit; else Poisson-subsampled queries")
-    queries: int = Field(1, ge=1, le=64)
-    second_moments: bool = Field(False, description="the release also carries each class's "
-                                 "second moments (sensitivity x sqrt(2))")
     dry_run: bool = False
+
+
+class CentralImagesCharge(BaseModel):
+    """The central-image release a job's plan composes with its DP-SGD part (calibrated as
+    the worker's release will be; charged only when the job starts, as its own event)."""
+
+    event: DpSgdEvent | GaussianEvent = Field(discriminator="kind")
+    bound: float = Field(description="public L2 bound of one unit's centred contribution")
+    noise_std: float
+    epsilon: float = Field(description="the release's standalone PLD epsilon at delta")
+    rdp_charge: float = Field(description="RDP at the order it adds to each partition")
+    partitions: list[str]
 
 
 class CentralImagesRelease(BaseModel):

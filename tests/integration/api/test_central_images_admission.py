@@ -72,22 +72,43 @@ def test_a_central_images_finetune_is_admitted_with_class_sizes(api: Api) -> Non
     assert claim["dataset"]["class_sizes"] == SIZES
 
 
-def test_the_dry_run_says_the_release_is_charged_on_top_of_its_plan(api: Api) -> None:
-    """The plan's spent-after figure is DP-SGD's; the release is its own ledger event, so the
-    dry run warns that the dataset will spend more (the demo's dry run showed 4.18 after and
-    the job spent 5.59); without central images there is no such warning."""
+def test_the_dry_run_composes_the_release_with_its_plan(api: Api) -> None:
+    """The release is its own ledger event, charged when the job starts; the reservation
+    request carries its public terms (the base model's image shape, the spec's settings), so
+    the plan's spent-after figure and ``admissible`` count both (the demo's dry run once
+    showed 4.18 after and the job spent 5.59). The in-memory ledger adds epsilons; the real
+    ledger's composition is tests/integration/ledger/test_ledger_central_images_plan.py."""
     _, token = api.tenant()
     dataset = _private(api, token, class_sizes=SIZES).json()["dataset_id"]
     model = api.model(token)
     r = _post(api, token, _spec(dataset, model), dry=True)
     assert r.status_code == 200, r.text
+    plan = r.json()["plan"]
+    assert plan["central_images"]["epsilon"] == 0.5 and plan["job_epsilon"] == 2.0
+    assert plan["dataset_epsilon_spent_after"] == 2.5  # DP-SGD 2 + release 0.5
     (warning,) = [w for w in r.json()["warnings"] if "central_images" in w]
-    assert "standalone epsilon of 0.5" in warning and "DP-SGD part only" in warning
+    assert "standalone epsilon of 0.5" in warning and "compose" in warning
     spec = _spec(dataset, model)
     del spec["training"]["central_images"]
     r = _post(api, token, spec, dry=True)
     assert r.status_code == 200 and not any("central_images" in w for w in r.json()["warnings"])
+    assert "central_images" not in r.json()["plan"]
+    assert r.json()["plan"]["dataset_epsilon_spent_after"] == 2.0
     assert api.ledger.reservations == {} and api.sender.sent == []
+
+
+def test_a_job_whose_release_would_not_fit_is_refused(api: Api) -> None:
+    """ε limit 10: DP-SGD at 2 fits alone, not beside a release at 9; nothing is stored."""
+    _, token = api.tenant()
+    dataset = _private(api, token, class_sizes=SIZES).json()["dataset_id"]
+    model = api.model(token)
+    spec = _spec(dataset, model, central_images={**CENTRAL, "target_epsilon": 9.0})
+    assert _post(api, token, spec, dry=True).json()["plan"]["admissible"] is False
+    r = _post(api, token, spec)
+    assert r.status_code == 409 and r.json()["code"] == "privacy_budget_exhausted", r.text
+    assert api.ledger.reservations == {} and api.sender.sent == []
+    del spec["training"]["central_images"]
+    assert _post(api, token, spec).status_code == 201
 
 
 def test_an_initialise_only_pretrain_takes_class_names_and_no_dataset(api: Api) -> None:

@@ -15,7 +15,7 @@ from dpsynth_api.datasets.schemas import DatasetOut
 from dpsynth_api.jobs.schemas import DryRun, JobOut
 from dpsynth_api.models.schemas import ModelOut
 from dpsynth_cli.main import app
-from dpsynth_cli.summaries import dry_run_line
+from dpsynth_cli.summaries import dry_run_line, dry_run_rows
 from typer.testing import CliRunner
 
 from tests.unit.cli.fake_api import FakeApi, dataset_body, job_body, model_body
@@ -228,6 +228,21 @@ def test_the_dry_run_says_first_what_the_job_spends(api: FakeApi, tmp_path: Path
     api.route("POST", "/v1/jobs", {**dry, "warnings": ["set training.class_map"]})
     warned = runner.invoke(app, ["jobs", "submit", str(spec), "--dry-run"], env=WIDE)
     assert "warning: set training.class_map" in warned.stderr
+
+
+def test_the_dry_run_names_a_central_image_release_beside_dp_sgd() -> None:
+    """A finetune with training.central_images: the plan's figure after composes the release
+    with DP-SGD (the ledger's), and the line and the rows say which epsilon is which."""
+    plan = {**PLAN, "dataset_epsilon_spent_after": 6.0,
+            "central_images": {"epsilon": 2.0, "kind": "gaussian", "rdp_charge": 0.1}}
+    line = dry_run_line({"type": "finetune", "plan": plan}, {"epsilon_limit": 8.0})
+    assert line == ("this job spends 6 of 8; 2 left (the dataset's spent figure, RDP filter: "
+                    "0 → 6; the DP-SGD part's own epsilon is 4, its central-image release's "
+                    "2, both counted in the figure after)")
+    rows = dict(dry_run_rows({"type": "finetune", "plan": plan}))
+    assert rows["central-image release"].startswith("standalone epsilon 2, charged when")
+    assert "central-image release" not in dict(dry_run_rows({"type": "finetune",
+                                                             "plan": PLAN}))
 
 
 def test_the_dry_run_line_counts_reservations_refusals_and_free_jobs() -> None:

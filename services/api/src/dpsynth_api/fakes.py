@@ -41,6 +41,7 @@ from dpsynth_shared.ledger_contract import (
     VerifyReport,
 )
 from dpsynth_shared.release_contract import (
+    CentralImagesCharge,
     Evaluation,
     EvaluationRequest,
     HistogramRelease,
@@ -149,16 +150,24 @@ class FakeLedger:
                                neighbouring=budget.neighbouring)
             batch, labels = request.expected_batch_size, None
             per_step = request.target_epsilon / request.steps
+        release, extra = None, 0.0
+        if request.central_images is not None:  # additive too: the release's own target
+            extra = request.central_images.target_epsilon
+            release = CentralImagesCharge(
+                event=GaussianEvent(sigma=1.0, sensitivity=1.0,
+                                    neighbouring=budget.neighbouring),
+                bound=1.0, noise_std=1.0, epsilon=extra, rdp_charge=extra,
+                partitions=["*", *budget.partitions])
         return Plan(
             dataset_id=request.dataset_id, event=event, expected_batch_size=batch,
             job_epsilon=request.target_epsilon, delta=budget.delta, admission_order=8,
             rdp_per_step=per_step, rdp_total=request.target_epsilon, per_label=labels,
             dataset_epsilon_spent_before=spent,
-            dataset_epsilon_spent_after=spent + request.target_epsilon,
-            dataset_tight_epsilon_after=spent + request.target_epsilon,
-            admissible=request.target_epsilon <= remaining + 1e-12,
-            max_admissible_target_epsilon=remaining if remaining > 0 else None,
-            accountant="fake-additive",
+            dataset_epsilon_spent_after=spent + request.target_epsilon + extra,
+            dataset_tight_epsilon_after=spent + request.target_epsilon + extra,
+            admissible=request.target_epsilon + extra <= remaining + 1e-12,
+            max_admissible_target_epsilon=(remaining - extra if remaining > extra else None),
+            accountant="fake-additive", central_images=release,
         )
 
     @staticmethod

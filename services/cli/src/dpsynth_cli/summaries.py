@@ -216,8 +216,12 @@ def dry_run_line(result: dict[str, Any], budget: dict[str, Any] | None) -> str:
     reserved = float((budget or {}).get("dataset_epsilon_reserved") or 0.0)
     spends = max(0.0, float(after) - before - reserved)
     held = f" + {_eps(reserved)} reserved by running jobs" if reserved else ""
-    what = (f"(the dataset's spent figure, RDP filter: {_eps(before)}{held} → {_eps(after)}; "
-            f"the job's own epsilon is {_eps(plan.get('job_epsilon'))})")
+    release = plan.get("central_images") or {}
+    own = (f"the DP-SGD part's own epsilon is {_eps(plan.get('job_epsilon'))}, its "
+           f"central-image release's {_eps(release.get('epsilon'))}, both counted in the "
+           "figure after" if release else
+           f"the job's own epsilon is {_eps(plan.get('job_epsilon'))}")
+    what = f"(the dataset's spent figure, RDP filter: {_eps(before)}{held} → {_eps(after)}; {own})"
     if limit is None:
         return f"this job spends {_eps(spends)} of the dataset's budget {what}"
     if plan.get("admissible") is False:
@@ -262,6 +266,11 @@ def dry_run_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         if key == "dataset_tight_epsilon_after" and plan.get("dataset_tight_epsilon_label"):
             text += f"  ({plan['dataset_tight_epsilon_label']})"
         rows.append((label, text))
+    release = plan.get("central_images")
+    if release:
+        rows.append(("central-image release", f"standalone epsilon "
+                     f"{_eps(release.get('epsilon'))}, charged when the job starts; counted "
+                     "in 'spent after' and 'admissible'"))
     for name, part in sorted((plan.get("per_label") or {}).items()):
         rows.append((f"class {name}", f"job epsilon {_eps(part.get('job_epsilon'))}, noise "
                      f"{_num(part.get('noise_multiplier'))}, q {_num(part.get('sample_rate'))}, "

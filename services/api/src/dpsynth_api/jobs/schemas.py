@@ -152,6 +152,11 @@ def privacy_block(plan: Plan, *, reservation_id: str | None, steps: int) -> dict
                    "class_size": part.class_size, "job_epsilon": part.job_epsilon,
                    "rdp_total": part.rdp_total}
             for name, part in plan.per_label.items()}}),
+        # the central-image release the job makes first (composed into the figures after)
+        **({} if plan.central_images is None else {"central_images": {
+            "epsilon": plan.central_images.epsilon, "kind": plan.central_images.event.kind,
+            "noise_std": plan.central_images.noise_std,
+            "rdp_charge": plan.central_images.rdp_charge}}),
     }
 
 

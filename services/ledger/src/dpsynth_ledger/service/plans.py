@@ -14,6 +14,7 @@ from dpsynth_shared.ledger_contract import (
     PlanRequest,
 )
 from dpsynth_shared.plan_limits import check_plan_size
+from dpsynth_shared.release_contract import CentralImagesCharge
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
@@ -34,6 +35,7 @@ from dpsynth_ledger.accounting import (
 from dpsynth_ledger.book import disjoint_of, figures, flt, snapshot, touched
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.models import Accumulator, Budget, ReservationRow
+from dpsynth_ledger.service.central_terms import planned_charge
 from dpsynth_ledger.views import job_event, released_events
 
 
@@ -96,6 +98,9 @@ def plan_runs(budget: Budget, request: PlanRequest, ctx: LedgerContext) -> list[
     if population is not None and budget.delta >= 1.0 / population:
         raise DpsynthError(ErrorCode.INVALID_REQUEST, "delta must be below 1/population_size "
                            "(the public size of the derived or linked dataset sampled from)")
+    if request.central_images is not None and request.per_label is not None:
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, "central_images is a whole-dataset "
+                           "finetune's release; a per-label job makes none")
     if request.per_label is None:
         assert request.expected_batch_size is not None and request.steps is not None
         # q = b / N̂: a derived or linked dataset samples from its own public size N̂_child
@@ -177,36 +182,62 @@ def plan_with_runs(session: Session, *, request: PlanRequest, ctx: LedgerContext
     runs = plan_runs(budget, request, ctx)
     accs = repo.accumulators(session, budget.dataset_id)
     reservations = repo.reservations_of(session, budget.dataset_id)
+    release = None
+    if request.central_images is not None:  # the training partitions, as the release charges
+        release = planned_charge(budget, request.central_images,
+                                 touched(WHOLE_DATASET, accs), ctx)
     plan = plan_from(budget, accs=accs, reservations=reservations, runs=runs,
                      per_label=request.per_label is not None, ctx=ctx,
                      released=released_events(session, budget.dataset_id),
-                     with_report=with_report)
+                     with_report=with_report, release=release)
     return plan, runs
+
+
+def with_release(new: Mapping[str, float],
+                 release: CentralImagesCharge | None) -> dict[str, float]:
+    """A job's new RDP per partition with its central-image release added (rounded up)."""
+    out = dict(new)
+    if release is not None:
+        for p in release.partitions:
+            out[p] = add_up(out.get(p, 0.0), release.rdp_charge)
+    return out
 
 
 def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],  # type: ignore[type-arg]
               runs: list[RunPlan], per_label: bool, ctx: LedgerContext,
               released: list[DpSgdEvent | GaussianEvent] | None = None,
-              with_report: bool = True) -> Plan:
+              with_report: bool = True, release: CentralImagesCharge | None = None) -> Plan:
     """The plan of a calibrated job against a snapshot of the dataset's accounts
     (``released``: the dataset's charged one-shot releases, for the tight figure;
     ``with_report=False``: the largest admissible target and the tight figure after the
     job are left out, None; the tight figure is also None when the composition is longer
-    than ``max_tight_composition``)."""
+    than ``max_tight_composition``; ``release``: the job's central-image release, composed
+    into the figures after the job and ``admissible``, and left beside the largest target
+    as room already taken)."""
     f = flt(budget)
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
     disjoint = disjoint_of(budget)
-    new = new_charges(runs, accs, disjoint)
+    new = with_release(new_charges(runs, accs, disjoint), release)
     after = max(f.total_after(committed[p], reserved[p], new[p]) if p in new
                 else add_up(committed[p], reserved[p]) for p in accs)
     fixed: list[DpSgdEvent | GaussianEvent | ParallelEvent] = [
         job_event(r, (lambda u: u.steps_reserved) if r.state != "closed"
                   else (lambda u: u.steps_granted)) for r in reservations]
     fixed += released or []
+    if release is not None:
+        fixed.append(release.event)
     event: DpSgdEvent | ParallelEvent = runs[0].event
     labels = None
     composition, notes = composition_notes(budget, per_label)
+    if release is not None:
+        notes.append(
+            f"the job first releases its central images (a {release.event.kind} event, "
+            f"standalone epsilon {release.epsilon:.4g}, RDP {release.rdp_charge:.4g} at the "
+            "order on every training partition): dataset_epsilon_spent_after, the tight "
+            "figure and admissible compose it with DP-SGD; job_epsilon and rdp_total are the "
+            "DP-SGD part's. The reservation holds the DP-SGD part; the release is charged as "
+            "its own event when the job starts")
     job_epsilon = max(r.job_epsilon for r in runs)
     rdp_total = max(r.rdp_total for r in runs)
     if per_label and composition == "sequential":  # the job's models together: composed
@@ -223,7 +254,8 @@ def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],
     tight_after: float | None = None
     if with_report:
         with ctx.heavy.slot("a plan's report figures"):
-            best = max_target(budget, runs, committed=committed, reserved=reserved, ctx=ctx)
+            beside = with_release(reserved, release)  # the release's room is not the job's
+            best = max_target(budget, runs, committed=committed, reserved=beside, ctx=ctx)
             if len(fixed) + len(runs) <= ctx.heavy.max_composition:
                 tight_after = pld_epsilon([*fixed, event], budget.delta, ctx.discretization,
                                           dataset=budget.neighbouring, disjoint=disjoint)
@@ -240,6 +272,7 @@ def plan_from(budget: Budget, *, accs: dict, reservations: list[ReservationRow],
         admissible=f.admits(committed=committed, reserved=reserved, new=new),
         max_admissible_target_epsilon=best,
         accountant=ACCOUNTANT_NAME, per_label=labels, composition=composition, notes=notes,
+        central_images=release,
     )
 
 

@@ -52,6 +52,7 @@ from dpsynth_ledger.service.plans import (
     new_charges,
     plan_with_runs,
     refusal_numbers,
+    with_release,
 )
 from dpsynth_ledger.views import event_of, reservation_view
 
@@ -132,8 +133,8 @@ def reserve(session: Session, *, request: ReserveRequest,
         neighbouring=request.neighbouring,
         dataset_id=request.dataset_id, target_epsilon=request.target_epsilon,
         expected_batch_size=request.expected_batch_size, steps=request.steps,
-        per_label=request.per_label, population_size=request.population_size), ctx=ctx,
-        with_report=request.dry_run)
+        per_label=request.per_label, population_size=request.population_size,
+        central_images=request.central_images), ctx=ctx, with_report=request.dry_run)
     if request.dry_run:
         return plan
     session.commit()  # end the read transaction: the decision is taken under the lock only
@@ -144,7 +145,8 @@ def reserve(session: Session, *, request: ReserveRequest,
         session.commit()
         return reservation_view(existing, budget, ctx.discretization)
     accs = repo.accumulators(session, budget.dataset_id)
-    new = new_charges(runs_, accs, disjoint_of(budget))
+    release = plan.central_images  # the job's central-image release: must fit beside it now
+    new = with_release(new_charges(runs_, accs, disjoint_of(budget)), release)
     committed = {p: a.committed for p, a in accs.items()}
     reserved = {p: a.reserved for p, a in accs.items()}
     admitted = flt(budget).admits(committed=committed, reserved=reserved, new=new)
@@ -155,6 +157,10 @@ def reserve(session: Session, *, request: ReserveRequest,
                "rdp_requested": plan.rdp_total}
     if request.population_size is not None:  # a derived or linked dataset's public N̂
         details["population_size"] = request.population_size
+    if release is not None:  # informational: the release is charged by its own entry
+        details["central_images"] = {"event": release.event.model_dump(mode="json"),
+                                     "epsilon": release.epsilon,
+                                     "rdp_charge": release.rdp_charge}
     if not admitted:
         numbers = refusal_numbers(budget, accs, target=request.target_epsilon,
                                   job_epsilon=plan.job_epsilon, new=new)
@@ -164,8 +170,9 @@ def reserve(session: Session, *, request: ReserveRequest,
         write_entry(session, budget, res, "reservation_refused", decision="refused",
                     numbers=numbers, **details)
         session.commit()
-        raise _refusal(budget, runs_, numbers, committed=committed, reserved=reserved,
-                       partitions=list(new), ctx=ctx)
+        raise _refusal(budget, runs_, numbers, committed=committed,
+                       reserved=with_release(reserved, release), partitions=list(new),
+                       ctx=ctx)
     repo.add(session, res)
     refresh_reserved(accs, repo.reservations_of(session, budget.dataset_id),
                      disjoint_of(budget))

@@ -14,6 +14,7 @@ from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_specs import FinetuneSpec, steps_for
 from dpsynth_shared.ledger_contract import LabelShape, ReserveRequest
 from dpsynth_shared.plan_limits import check_plan_size
+from dpsynth_shared.release_contract import CentralImagesTerms
 
 from dpsynth_api.datasets.derive import check_not_deleted
 from dpsynth_api.datasets.service import get_dataset
@@ -66,28 +67,56 @@ def admit(ctx: AdmitContext, spec: FinetuneSpec) -> Admission:
                            "must be at most 1)", declared_size=dataset.declared_size)
     steps = steps_for(epochs=spec.training.epochs, expected_batch_size=batch,
                       declared_size=dataset.declared_size)
+    terms = central_images_terms(base, spec)
     reserve = ReserveRequest(job_id=ctx.job_id, dataset_id=budget_id,
                              target_epsilon=spec.privacy.target_epsilon,
-                             expected_batch_size=batch, steps=steps, population_size=population)
+                             expected_batch_size=batch, steps=steps, population_size=population,
+                             central_images=terms)
     check_plan_size(reserve, ctx.limits)  # the ledger's bounds (api setting), refused early
     return Admission(dataset=dataset, model_id=base.id, steps=steps, reserve=reserve,
                      warnings=(_class_table_warnings(dataset, base, spec)
-                               + _central_images_warnings(spec)))
+                               + _central_images_warnings(spec, composed=terms is not None)))
 
 
-def _central_images_warnings(spec: FinetuneSpec) -> list[str]:
-    """The plan's figures are the DP-SGD part's: a central-image release is its own ledger
-    event, charged when the job starts (it needs the job's reservation), so a dry run must
-    say that the dataset's spent figure after the job is higher than the plan's."""
+def central_images_terms(base: Model, spec: FinetuneSpec) -> CentralImagesTerms | None:
+    """The public terms of the job's central-image release, as the worker will ask the ledger
+    to charge them (the base model's image shape, the spec's release settings), so that the
+    plan and the admission compose the release with DP-SGD; None without a release or when
+    the base model does not record its image shape."""
+    central = spec.training.central_images
+    info = base.info or {}
+    size, channels = int(info.get("image_size") or 0), int(info.get("channels") or 0)
+    if central is None or not size or not channels:
+        return None
+    return CentralImagesTerms(
+        target_epsilon=central.target_epsilon, image_size=size, channels=channels,
+        downsample=central.downsample, sample_rate=central.sample_rate,
+        queries=central.queries, second_moments=central.second_moments)
+
+
+def _central_images_warnings(spec: FinetuneSpec, *, composed: bool) -> list[str]:
+    """A central-image release is its own ledger event, charged when the job starts. The plan
+    composes it when the base model records its image shape (``composed``); otherwise the
+    plan's figures are the DP-SGD part's and a dry run must say that the dataset will spend
+    more."""
     central = spec.training.central_images
     if central is None:
         return []
+    if composed:
+        return [f"training.central_images: the job first releases its class statistics at a "
+                f"standalone epsilon of {central.target_epsilon:g}, charged as its own ledger "
+                f"event when the job starts; the plan's dataset_epsilon_spent_after, tight "
+                f"figure and admissible compose it with the DP-SGD part (plan.central_images), "
+                f"while job_epsilon is the DP-SGD part's. The reservation holds the DP-SGD "
+                f"part only: the release is refused at the start if other jobs have taken its "
+                f"room meanwhile"]
     return [f"training.central_images: the job also releases its class statistics at a "
             f"standalone epsilon of {central.target_epsilon:g}, charged as its own ledger "
-            f"event when the job starts (before DP-SGD); the plan's "
-            f"dataset_epsilon_spent_after and tight figure count the DP-SGD part only, so the "
-            f"dataset's spent epsilon after the job is higher (both composed under the "
-            f"budget's filter; the ledger refuses the release if it does not fit)"]
+            f"event when the job starts (before DP-SGD); the base model records no image "
+            f"shape, so the plan's dataset_epsilon_spent_after and tight figure count the "
+            f"DP-SGD part only, and the dataset's spent epsilon after the job is higher (both "
+            f"composed under the budget's filter; the ledger refuses the release if it does "
+            f"not fit)"]
 
 
 def _admit_per_label(ctx: AdmitContext, spec: FinetuneSpec, dataset: Dataset,
