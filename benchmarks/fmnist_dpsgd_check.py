@@ -65,6 +65,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--smoke", action="store_true", help="a few steps of everything "
                         "(checks the pipeline; its accuracies mean nothing)")
     args = parser.parse_args()
@@ -91,7 +93,8 @@ def main() -> int:
                                   noise_std=noise_std, sigma=1.0, steps=0)
         results["warmup_s"] = round(time.perf_counter() - t0, 1)
         print(f"warm-up {results['warmup_s']} s", flush=True)
-        for name, change in VARIANTS.items():
+        for name in args.variants.split(","):
+            change = VARIANTS[name]
             vcfg = {**cfg, **change}
             if args.smoke and vcfg["dp_steps"]:
                 vcfg.update(dp_steps=1, dp_batch_size=50)
