@@ -95,6 +95,13 @@ def _audits_pass(client: TestClient, dataset: str) -> None:
     assert recompute.json()["differences"] == [], recompute.json()["differences"]
 
 
+def _within_budget_and_audited(client: TestClient, dataset: str) -> None:
+    """Committed + reserved RDP within the budget, and every audit of the chain passes."""
+    spent = client.get(f"/v1/budgets/{dataset}").json()
+    assert spent["rdp_spent"] + spent["rdp_reserved"] <= spent["rdp_budget"]
+    _audits_pass(client, dataset)
+
+
 def gaussian_rdp(order: int, sigma: float, sensitivity: float) -> float:
     """RDP at ``order`` of the Gaussian mechanism (Mironov 2017, Prop. 7): α·Δ²/(2σ²)."""
     return order * sensitivity**2 / (2 * sigma**2)
@@ -287,9 +294,7 @@ def test_a_refused_release_charges_nothing(client: TestClient) -> None:
     # the largest admissible target is admitted
     r = _release(client, res["reservation_id"], "job_cr", best)
     assert r.status_code == 201, r.text
-    spent = client.get("/v1/budgets/ds_cr").json()
-    assert spent["rdp_spent"] + spent["rdp_reserved"] <= spent["rdp_budget"]
-    _audits_pass(client, "ds_cr")
+    _within_budget_and_audited(client, "ds_cr")
 
 
 def test_only_the_jobs_open_reservation_releases(client: TestClient) -> None:

@@ -31,6 +31,7 @@ from .test_ledger_central_images import (
     _entries,
     _partitions,
     _release,
+    _within_budget_and_audited,
     gaussian_rdp,
 )
 
@@ -136,9 +137,7 @@ def test_a_job_whose_release_would_not_fit_is_refused_at_admission(
     assert r.status_code == 201, r.text
     charged = _release(client, r.json()["reservation_id"], "job_pr2", 1.5)
     assert charged.status_code == 201, charged.text
-    spent = client.get("/v1/budgets/ds_pr").json()
-    assert spent["rdp_spent"] + spent["rdp_reserved"] <= spent["rdp_budget"]
-    _audits_pass(client, "ds_pr")
+    _within_budget_and_audited(client, "ds_pr")
 
 
 def test_central_images_are_refused_on_a_per_label_plan(client: TestClient) -> None:
