@@ -27,6 +27,10 @@ $(STAMP): shared/pyproject.toml services/*/pyproject.toml requirements/dev.txt r
 	# (run in a subprocess). Kept out of site-packages: PyPI's torchvision is a CUDA build whose
 	# C extension does not load with the CPU torch, so `import torchvision` fails there.
 	$(PIP) install -q --no-deps --upgrade --target $(VENV)/pytorch-fid-ref torchvision==0.28.0 pytorch-fid==0.3.0
+	# jax_privacy's one-run auditing functions, only as the independent reference of
+	# tests/unit/ml/test_one_run_audit.py (its auditing.py needs numpy, scipy and dp_accounting;
+	# the package itself would pull JAX, so it is kept out of site-packages and loaded by path)
+	$(PIP) install -q --no-deps --upgrade --target $(VENV)/jax-privacy-ref jax_privacy==2.0.0
 	touch $(STAMP)
 
 venv: $(STAMP)
