@@ -49,6 +49,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from dpsynth_ml.dp.noise import ChaChaGaussian, NoiseSource
+from dpsynth_ml.dp.rows import check_gradient_rows
 
 #: Attributes opacus attaches to each trainable parameter (untyped on ``torch.Tensor``).
 _GRAD_SAMPLE = "grad_sample"
@@ -274,6 +275,26 @@ class DpSgdEngine:
             set_grad_sample(p, grouped)
         self._carried = carried if carry_out else None
         return self._clip_and_sum(), mean_loss
+
+    def accumulate_gradients(self, rows: Sequence[torch.Tensor]) -> int:
+        """Clip explicit per-unit gradients and add them to the step's sum, through opacus'
+        own clipping (as :meth:`BookKeepingEngine.accumulate_gradients`): the white-box
+        audit's gradient canaries (issue 19) enter the mechanism here.
+
+        Args:
+            rows: one [n, *p.shape] tensor per trainable parameter, in :attr:`params` order.
+
+        Returns:
+            How many of the n units had a norm above C.
+        """
+        if self._carried is not None:
+            raise RuntimeError("a subject's contribution is carried: finish it first")
+        checked = check_gradient_rows(rows, self.params)
+        if not checked[0].shape[0]:
+            return 0
+        for p, r in zip(self.params, checked, strict=True):
+            set_grad_sample(p, r)
+        return self._clip_and_sum()
 
     def _draw_passes(self, draw_losses: Callable[[], torch.Tensor], draws: int) -> torch.Tensor:
         """K forward/backward passes folded into one per-example gradient (the K-draw mean

@@ -24,6 +24,7 @@ from dpsynth_ml.dp.bookkeeping.layers import (
 )
 from dpsynth_ml.dp.bookkeeping.units import _Rows, group_rows
 from dpsynth_ml.dp.noise import ChaChaGaussian, NoiseSource
+from dpsynth_ml.dp.rows import check_gradient_rows
 
 #: opacus' clip factor min(1, C / (||G|| + 1e-6)); kept so both engines release the same sum.
 _CLIP_EPS = 1e-6
@@ -309,7 +310,7 @@ class BookKeepingEngine:
                 last = (rows.unit == num_units - 1).to(torch.float64) * scale
                 carried = self._weighted(last)
         norms = sq[:complete].clamp(min=0).sqrt()
-        factors = (self.max_grad_norm / (norms + _CLIP_EPS)).clamp(max=1.0)
+        factors = self._clip_factors(norms)
         unit_factor = torch.zeros(num_units, dtype=torch.float64, device=device)
         unit_factor[:complete] = factors
         if first is not None and complete > 0:
@@ -322,6 +323,40 @@ class BookKeepingEngine:
         self._sums = clipped if self._sums is None else [
             s + c for s, c in zip(self._sums, clipped, strict=True)]
         self._carried = carried
+        self._last_norms = norms
+        return int((norms > self.max_grad_norm).sum().item())
+
+    def _clip_factors(self, norms: torch.Tensor) -> torch.Tensor:
+        """float64 [U]: each unit's clip factor min(1, C / (||G|| + 1e-6)), opacus' formula.
+        (Tests inject a broken engine here, e.g. one that does not clip.)"""
+        return (self.max_grad_norm / (norms + _CLIP_EPS)).clamp(max=1.0)
+
+    def accumulate_gradients(self, rows: Sequence[torch.Tensor]) -> int:
+        """Clip explicit per-unit gradients and add them to the step's sum: each unit's
+        rows (one [n, *p.shape] tensor per trainable parameter, in :attr:`params` order)
+        are clipped once, with the same factor as a recorded unit, then summed. The
+        white-box audit's gradient canaries (issue 19) enter the mechanism here.
+
+        Returns:
+            How many of the n units had a norm above C.
+
+        Raises:
+            ValueError: if the rows do not match the trainable parameters.
+        """
+        if self._carried is not None:
+            raise RuntimeError("a subject's contribution is carried: finish it first")
+        rows = check_gradient_rows(rows, self._params)
+        if not rows[0].shape[0]:
+            return 0
+        sq = torch.zeros(rows[0].shape[0], dtype=torch.float64, device=rows[0].device)
+        for r in rows:
+            sq += _sq(r).to(sq.device)
+        norms = sq.sqrt()
+        factors = self._clip_factors(norms)
+        clipped = [(r * factors.to(r.device, r.dtype).view(-1, *([1] * (r.dim() - 1)))).sum(0)
+                   for r in rows]
+        self._sums = clipped if self._sums is None else [
+            s + c for s, c in zip(self._sums, clipped, strict=True)]
         self._last_norms = norms
         return int((norms > self.max_grad_norm).sum().item())
 
@@ -388,3 +423,4 @@ def _flat_sq(tensors: list[torch.Tensor]) -> torch.Tensor:
     for t in tensors[1:]:
         total = total + _sq(t.reshape(1, -1))[0].to(total.device)
     return total
+

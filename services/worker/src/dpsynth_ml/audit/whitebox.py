@@ -1,0 +1,177 @@
+"""White-box one-run audits with gradient (Dirac) canaries, through a real DP-SGD engine.
+
+Each of m canaries is a coordinate of the trainable parameters (distinct, drawn at random)
+and a gradient that is ``norm`` x C on that coordinate and 0 elsewhere. A coin flip puts
+each canary in the run with probability 1/2. At every logical step the included canaries
+are Poisson-sampled at the run's rate q (:class:`~dpsynth_ml.dp.PoissonSampler`, the
+trainers' sampler), and each sampled canary's gradient goes through the engine's own
+clipping (``accumulate_gradients``: the clip factor of every recorded unit) into the step's
+sum, beside whatever the caller's ``records_step`` added (the stand-in records' micro-
+batches). The engine then noises the sum once and applies it, as in training. The auditor
+is white-box: it reads the released gradient at every step, and a canary's score is the sum
+over the steps of the released sum (gradient x the expected batch size) at its coordinate.
+The scores and coin flips give the one-run bound (:mod:`dpsynth_ml.audit.one_run`).
+
+What this measures is the mechanism as the engine runs it (clipping, the noise's scale and
+count, the normalisation, the sampling rate it is given), not the code around it that picks
+records, nor the accounting: the caller compares the bound with the epsilon the ledger
+claims for the same (sigma, q, steps, delta).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from dpsynth_ml.audit.one_run import AuditBound, audit
+from dpsynth_ml.dp.sampler import PoissonSampler
+
+#: the canary gradient's norm in units of C: above 1, so that clipping is part of what is
+#: audited (an engine that did not clip would release 10 C per canary)
+DEFAULT_CANARY_NORM = 10.0
+#: at most this many float32 values of canary rows at once (~256 MiB)
+_ROW_BUDGET = 1 << 26
+
+
+class AuditableEngine(Protocol):
+    """What the audit needs of :class:`~dpsynth_ml.dp.DpSgdEngine` /
+    :class:`~dpsynth_ml.dp.BookKeepingEngine`."""
+
+    max_grad_norm: float
+
+    @property
+    def params(self) -> Sequence[torch.nn.Parameter]: ...
+
+    def accumulate_gradients(self, rows: Sequence[torch.Tensor]) -> int: ...
+
+    def privatize(self) -> None: ...
+
+    def apply_update(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class DiracCanaries:
+    """m gradient canaries: where each one is and whether it is in the run.
+
+    Attributes:
+        coordinates: [m] distinct flat positions in the concatenated trainable parameters
+            (in the engine's ``params`` order), int64.
+        included: [m] the coin flips (bool), each True with probability 1/2.
+        norm: each canary gradient's norm in units of C.
+    """
+
+    coordinates: torch.Tensor
+    included: torch.Tensor
+    norm: float = DEFAULT_CANARY_NORM
+
+    @classmethod
+    def draw(cls, num_coordinates: int, count: int, generator: torch.Generator, *,
+             norm: float = DEFAULT_CANARY_NORM) -> DiracCanaries:
+        """``count`` canaries on distinct random coordinates, with fair coin flips.
+
+        Raises:
+            ValueError: with more canaries than coordinates, none, or a norm <= 0.
+        """
+        if not 0 < count <= num_coordinates:
+            raise ValueError(f"{count} canaries need 1..{num_coordinates} coordinates (one "
+                             "trainable value each)")
+        if not norm > 0:
+            raise ValueError("the canary norm must be > 0")
+        coordinates = torch.randperm(num_coordinates, generator=generator)[:count]
+        included = torch.rand(count, generator=generator, dtype=torch.float64) < 0.5
+        return cls(coordinates=coordinates, included=included, norm=norm)
+
+
+@dataclass(frozen=True)
+class WhiteBoxAudit:
+    """A white-box audit's result: the bound, and what was run to get it.
+
+    Attributes:
+        bound: the one-run lower bound and its counts.
+        steps, sample_rate: the run's logical steps and its canaries' sampling rate.
+        presences: how many (canary, step) pairs had the canary in the step's batch.
+        scores: [m] each canary's score (float64).
+    """
+
+    bound: AuditBound
+    steps: int
+    sample_rate: float
+    presences: int
+    scores: np.ndarray
+
+
+def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: int,
+                    sample_rate: float, expected_batch_size: int,
+                    generator: torch.Generator, delta: float, confidence: float = 0.95,
+                    records_step: Callable[[], None] | None = None,
+                    finish_step: Callable[[], None] | None = None) -> WhiteBoxAudit:
+    """Run ``steps`` DP-SGD steps of ``engine`` with ``canaries`` and bound its epsilon.
+
+    Args:
+        engine: the DP-SGD engine under audit (its model is trained by the run and must not
+            be released: it is the audit's, not a user's).
+        canaries: from :meth:`DiracCanaries.draw` over ``engine``'s trainable values.
+        steps: logical steps.
+        sample_rate: q, each included canary's probability of joining a step.
+        expected_batch_size: the engine's normaliser (the released gradient times this is
+            the released sum).
+        generator: the canaries' Poisson sampling (the noise is the engine's own).
+        delta: the delta of the claims tested.
+        confidence: of the bound.
+        records_step: called at the start of every step to add the stand-in records'
+            micro-batches to the engine (None: canaries only).
+        finish_step: called after each released gradient was read, to apply it (and
+            whatever a trainer does after, e.g. its LR schedule and EMA); None:
+            ``engine.apply_update``.
+
+    Raises:
+        ValueError: on a canary outside the trainable values, or steps < 1.
+    """
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    params = list(engine.params)
+    sizes = [p.numel() for p in params]
+    total = sum(sizes)
+    coordinates = canaries.coordinates.to(torch.long)
+    if coordinates.numel() == 0 or int(coordinates.max()) >= total or int(
+            coordinates.min()) < 0:
+        raise ValueError("every canary must sit on one of the engine's trainable values")
+    members = canaries.included.nonzero().flatten()
+    sampler = PoissonSampler(int(members.numel()), sample_rate, generator)
+    value = canaries.norm * engine.max_grad_norm
+    chunk = max(1, min(1024, _ROW_BUDGET // max(total, 1)))
+    device = params[0].device
+    scores = torch.zeros(coordinates.numel(), dtype=torch.float64)
+    presences = 0
+    for _ in range(steps):
+        if records_step is not None:
+            records_step()
+        sampled = members[sampler.sample()]
+        presences += int(sampled.numel())
+        for start in range(0, int(sampled.numel()), chunk):
+            part = coordinates[sampled[start:start + chunk]]
+            flat = torch.zeros((int(part.numel()), total), dtype=params[0].dtype,
+                               device=device)
+            flat[torch.arange(int(part.numel()), device=device), part.to(device)] = value
+            rows = [r.reshape(-1, *p.shape) for r, p in
+                    zip(torch.split(flat, sizes, dim=1), params, strict=True)]
+            engine.accumulate_gradients(rows)
+        engine.privatize()
+        released = torch.cat([_grad(p).detach().flatten() for p in params])
+        scores += (released[coordinates.to(released.device)].to(torch.float64).cpu()
+                   * expected_batch_size)
+        (finish_step or engine.apply_update)()
+    bound = audit(scores.numpy(), canaries.included.numpy(), confidence=confidence,
+                  delta=delta)
+    return WhiteBoxAudit(bound=bound, steps=steps, sample_rate=sample_rate,
+                         presences=presences, scores=scores.numpy())
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    if p.grad is None:
+        raise RuntimeError("the engine released no gradient for a trainable parameter")
+    return p.grad
