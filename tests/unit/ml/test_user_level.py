@@ -45,7 +45,7 @@ def subject_sum(engine: DpSgdEngine, ex: Examples, rows: torch.Tensor,
                 seen: list[int] | None = None) -> torch.Tensor:
     """One user-level logical step over ``rows`` (grouped by subject), without updating.
 
-    Mirrors the trainer's ``_subject_step``: weights 1/n_j, micro-batches of ``micro``
+    Mirrors the trainer's ``_subject_batches``: weights 1/n_j, micro-batches of ``micro``
     examples, a subject cut by a boundary carried into the next micro-batch.
 
     Returns:

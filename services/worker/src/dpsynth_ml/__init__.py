@@ -6,6 +6,8 @@ of Celery, HTTP, SQL or object stores, and opacus is imported only in ``dpsynth_
 contract holds the worker to it); docs/ml-core.md describes each name.
 """
 
+from dpsynth_ml.audit.finetune import audit_finetune
+from dpsynth_ml.audit.whitebox import WhiteBoxAudit
 from dpsynth_ml.data import ImageDataset, load_dataset
 from dpsynth_ml.evaluation import (
     Classifier,
@@ -52,8 +54,9 @@ __all__ = [
     "FeatureNetInfo", "FinetuneTraining", "ImageDataset", "InvalidSpecError", "LayoutSet",
     "MlError", "ModelInfo",
     "NullHooks", "PerLabel", "PretrainTraining", "RecordLevel", "SampleResult", "SubjectLevel",
-    "TrainingHooks", "TrainingResult", "TrainingSpec",
-    "check_feature_net", "check_training", "evaluate_corpus", "holdout_correct_counts",
+    "TrainingHooks", "TrainingResult", "TrainingSpec", "WhiteBoxAudit",
+    "audit_finetune", "check_feature_net", "check_training", "evaluate_corpus",
+    "holdout_correct_counts",
     "initial_model", "is_layout_generator", "load_dataset", "load_feature_net", "load_layouts",
     "model_hash",
     "read_model_info", "release_accuracies", "sample", "sample_layouts", "train",

@@ -21,7 +21,7 @@ follows a linear warm-up over logical steps; with ``ema_decay`` an EMA of the tr
 weights (diffusers ``EMAModel``) is what the model and checkpoints release, while
 checkpoints also keep the raw weights to resume from (post-processing of DP outputs, free).
 
-With ``SubjectLevel`` privacy the step is user-level DP-SGD (``loop._subject_step``):
+With ``SubjectLevel`` privacy the step is user-level DP-SGD (``loop._subject_batches``):
 Poisson sampling over subjects, up to ``max_images_per_subject`` images of each sampled
 subject chosen uniformly, their per-example gradients averaged into ONE contribution per
 subject, clipped once; the noised sum is divided by the expected number of subjects.

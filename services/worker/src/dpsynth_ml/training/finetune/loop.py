@@ -54,8 +54,19 @@ def train_loop(run: FinetuneRun, hooks: TrainingHooks) -> tuple[int, bool]:
 
 
 def logical_step(run: FinetuneRun) -> dict[str, float]:
-    """One DP-SGD step: Poisson batch → padded to the fixed rows → micro-batches →
-    clip/sum → noise once → update.
+    """One DP-SGD step: :func:`accumulate_step` (Poisson batch → padded rows →
+    micro-batches → clipped sum), then the noise once and the update. Returns owner-only,
+    non-DP statistics."""
+    stats = accumulate_step(run)
+    _noise_and_update(run)
+    return stats
+
+
+def accumulate_step(run: FinetuneRun) -> dict[str, float]:
+    """The private half of one logical step: Poisson batch → padded to the fixed rows →
+    micro-batches → each example (or subject) clipped and added to the engine's sum.
+    Nothing is noised or applied (:func:`logical_step` does it next; the white-box audit
+    adds its gradient canaries in between, ``dpsynth_ml.audit``).
 
     Only the examples of the Poisson batch are drawn for (label dropout, K diffusion draws);
     the rest of the dataset is not touched. Padding rows (zero latents and layouts, the null
@@ -71,7 +82,7 @@ def logical_step(run: FinetuneRun) -> dict[str, float]:
     rows), so whether a size fits does not depend on the private data.
     """
     if isinstance(run.sampler, (SubjectPoissonSampler, ShardedSubjectPoissonSampler)):
-        return _subject_step(run, run.sampler)
+        return _subject_batches(run, run.sampler)
     indices = run.sampler.sample()
     assert run.fixed is not None
     rows = pad_indices(indices, run.fixed)
@@ -90,7 +101,6 @@ def logical_step(run: FinetuneRun) -> dict[str, float]:
         except torch.cuda.OutOfMemoryError:
             if not _smaller_micro_batches(run):
                 raise
-    _noise_and_update(run)
     size = int(indices.numel())
     out = {"batch_size": float(size), "rows": float(len(rows)),
            "fraction_clipped": stats["clipped"] / size if size else 0.0}
@@ -169,6 +179,12 @@ def _chunk_losses(run: FinetuneRun, chunk: torch.Tensor, real: torch.Tensor,
 def _noise_and_update(run: FinetuneRun) -> None:
     """Noise the clipped sum once, apply it, then advance the LR schedule and the EMA."""
     run.engine.privatize()
+    apply_private_gradient(run)
+
+
+def apply_private_gradient(run: FinetuneRun) -> None:
+    """Apply the private gradient the engine released, then advance the LR schedule and
+    the EMA (the second half of :func:`_noise_and_update`)."""
     run.engine.apply_update()
     if run.lr_schedule is not None:
         run.lr_schedule.step()
@@ -176,11 +192,12 @@ def _noise_and_update(run: FinetuneRun) -> None:
         run.ema.step(run.engine.params)
 
 
-def _subject_step(run: FinetuneRun, sampler: SubjectPoissonSampler | ShardedSubjectPoissonSampler,
-                  ) -> dict[str, float]:
-    """One user-level DP-SGD step: Poisson over subjects → each sampled subject's (capped)
-    images → per-example gradients (K draws each) → ONE clipped contribution per subject
-    (the mean of its images' gradients) → noise once → update.
+def _subject_batches(run: FinetuneRun,
+                     sampler: SubjectPoissonSampler | ShardedSubjectPoissonSampler,
+                     ) -> dict[str, float]:
+    """The private half of one user-level DP-SGD step: Poisson over subjects → each sampled
+    subject's (capped) images → per-example gradients (K draws each) → ONE clipped
+    contribution per subject (the mean of its images' gradients), added to the sum.
 
     The subjects' images are laid out contiguously and cut into micro-batches of
     ``max_physical_batch_size`` images; a subject cut by a boundary carries its partial
@@ -216,7 +233,6 @@ def _subject_step(run: FinetuneRun, sampler: SubjectPoissonSampler | ShardedSubj
             weights[start:end], carry_in=carry_in, carry_out=carry_out)
         clipped += chunk_clipped
         loss_sum += float(losses.sum())
-    _noise_and_update(run)
     subjects = batch.num_subjects
     stats = {"batch_size": float(subjects), "images": float(size), "rows": float(total),
              "fraction_clipped": clipped / subjects if subjects else 0.0}

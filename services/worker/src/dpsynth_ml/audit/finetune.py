@@ -1,0 +1,86 @@
+"""A white-box audit of a finetune's DP-SGD, run through the finetune's own code.
+
+:func:`audit_finetune` builds the run exactly as :func:`dpsynth_ml.train` would
+(``training.finetune.setup.prepare``: the base model, the trainable set, the engine the
+finetune would choose, the sampler, the fixed padded rows, noise multiplicity, label
+dropout, micro-batches, the LR warm-up and EMA), on a PUBLIC stand-in dataset that the
+caller sized like the private one (N̂, image size, channels, classes). Every logical step
+is the finetune's own first half (``loop.accumulate_step``: the stand-in records' Poisson
+batch, clipped into the sum); then the gradient canaries of :mod:`dpsynth_ml.audit.whitebox`
+join the same sum through the engine's clipping, the engine noises it once, the auditor
+reads it, and the finetune's own second half applies it. The canaries are extra units,
+each sampled at the run's q, like records padding the stand-in up to N̂.
+
+The model trained here is never saved or returned (issue 19, item 4): the work folder is a
+temporary one, deleted on return, and the only output is the bound and its counts.
+
+Not audited here: the central-image release (a separate Gaussian mechanism, refused:
+``central_images`` must be off), per-label finetunes (one engine per class), several ranks.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from dpsynth_ml.audit.whitebox import (
+    DEFAULT_CANARY_NORM,
+    DiracCanaries,
+    WhiteBoxAudit,
+    white_box_audit,
+)
+from dpsynth_ml.spec import FinetuneTraining, InvalidSpecError, PerLabel
+from dpsynth_ml.training.finetune import checkpoints, loop, setup
+from dpsynth_ml.training.hooks import NullHooks
+
+
+def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir: Path,
+                   canaries: int, delta: float, generator: torch.Generator,
+                   confidence: float = 0.95, canary_norm: float = DEFAULT_CANARY_NORM,
+                   seeded_noise: bool = False) -> WhiteBoxAudit:
+    """White-box one-run audit of ``spec``'s DP-SGD on the stand-in at ``dataset_path``.
+
+    Args:
+        spec: the finetune's training spec, with the ledger's sigma, q and steps.
+        dataset_path: the PUBLIC stand-in (never a private dataset: nothing here is charged).
+        base_model_dir: the finetune's base model.
+        canaries: m, at most the number of trainable values.
+        delta: the delta of the claims tested (the dataset's).
+        generator: the stand-in's and the canaries' sampling, label dropout and diffusion
+            draws.
+        confidence: of the bound.
+        canary_norm: each canary gradient's norm in units of C.
+        seeded_noise: TESTS ONLY: key the DP noise from ``generator`` (replayable) instead
+            of 256 fresh bits of OS entropy.
+
+    Raises:
+        InvalidSpecError: for what this audit does not cover (central images, per-label).
+    """
+    if spec.central_images is not None:
+        raise InvalidSpecError("the audit covers DP-SGD only: audit the spec without "
+                               "central_images (the release is its own Gaussian mechanism)")
+    if isinstance(spec.privacy, PerLabel):
+        raise InvalidSpecError("per-label finetunes are not audited yet (one engine per class)")
+    with tempfile.TemporaryDirectory(prefix="dpsynth-audit-") as work:
+        run = setup.prepare(spec, dataset_path=dataset_path, out_dir=Path(work),
+                            base_model_dir=base_model_dir, resume_from=None,
+                            generator=generator, rng="test" if seeded_noise else "os",
+                            hooks=NullHooks())
+        try:
+            checkpoints.attach_schedule_and_ema(run, None)
+            values = sum(p.numel() for p in run.engine.params)
+            drawn = DiracCanaries.draw(values, canaries, generator, norm=canary_norm)
+            return white_box_audit(
+                run.engine, drawn, steps=run.dp.steps, sample_rate=run.dp.sample_rate,
+                expected_batch_size=run.dp.expected_batch_size, generator=generator,
+                delta=delta, confidence=confidence,
+                records_step=lambda: _accumulate(run),
+                finish_step=lambda: loop.apply_private_gradient(run))
+        finally:
+            run.engine.close()
+
+
+def _accumulate(run: setup.FinetuneRun) -> None:
+    loop.accumulate_step(run)
