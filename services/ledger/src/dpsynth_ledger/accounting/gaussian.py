@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from dpsynth_shared.gdp import analytic_gaussian_delta
+
 from dpsynth_ledger.accounting.pld import (
     DEFAULT_DISCRETIZATION,
     MAX_NOISE_MULTIPLIER,
@@ -59,28 +61,6 @@ MIN_GAUSSIAN_MULTIPLIER = 1e-2
 """The smallest one-shot noise multiplier calibration considers (ε ≤ 100 at δ ≤ 0.5 needs
 more than 0.05; below it the PLD of the check would be millions of points)."""
 _PLD_MARGIN_STEPS = 16
-
-
-def _log_phi(x: float) -> float:
-    """log Φ(x), accurate in both tails (erfc is relative-accurate for a large argument)."""
-    if x > 0:
-        return math.log1p(-0.5 * math.erfc(x / math.sqrt(2.0)))
-    tail = 0.5 * math.erfc(-x / math.sqrt(2.0))
-    if tail > 0:
-        return math.log(tail)
-    return -0.5 * x * x - math.log(-x) - 0.5 * math.log(2 * math.pi)  # Mills' ratio, x ≪ 0
-
-
-def analytic_gaussian_delta(epsilon: float, multiplier: float) -> float:
-    """δ(ε) of ONE Gaussian release of noise multiplier σ/Δ, exactly (Balle & Wang 2018,
-    "Improving the Gaussian Mechanism for Differential Privacy", Thm. 8, add/remove):
-    δ = Φ(Δ/(2σ) − εσ/Δ) − e^ε Φ(−Δ/(2σ) − εσ/Δ). Decreasing in σ and in ε."""
-    a = 1.0 / (2.0 * multiplier) - epsilon * multiplier
-    b = -1.0 / (2.0 * multiplier) - epsilon * multiplier
-    first, second = _log_phi(a), epsilon + _log_phi(b)
-    if second >= first:
-        return 0.0
-    return math.exp(first) * -math.expm1(second - first)
 
 
 def analytic_gaussian_sigma(target_epsilon: float, delta: float) -> float:
