@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 import torch
+from dpsynth_ledger.accounting.gdp_envelope import dp_sgd_gdp_envelope
 from dpsynth_ledger.accounting.pld import calibrate_noise_multiplier
 from dpsynth_ml.audit.whitebox import DiracCanaries, WhiteBoxAudit, white_box_audit
 from dpsynth_ml.dp import BookKeepingEngine, DpSgdEngine
@@ -159,3 +160,74 @@ def test_canaries_are_distinct_and_refuse_impossible_requests() -> None:
     with pytest.raises(ValueError, match="gradient rows"):
         engine.accumulate_gradients([torch.zeros(1, 24, 40)])
     engine.close()
+
+
+# --- the f-DP analysis against the claim's GDP envelope: sigma/2 and 2q too -------------
+# Sized by benchmarks/audit_power.py's power study (docs/privacy.md, "Empirical audits"):
+# at q 0.25 and 20 steps, 200,000 one-hot canaries put the broken runs' bounds 12-57 %
+# above the claim's envelope and the correct run's 37-51 % below it (5 repeats per cell).
+GDP_Q, GDP_STEPS, GDP_CANARIES = 0.25, 20, 200_000
+
+
+def _gdp_run(eps: float, *, broken: str | None, seed: int) -> WhiteBoxAudit:
+    sigma = calibrate_noise_multiplier(eps, GDP_Q, GDP_STEPS, DELTA)
+    envelope = dp_sgd_gdp_envelope(sigma, GDP_Q, GDP_STEPS)
+    torch.manual_seed(seed)
+    model = nn.Linear(500, 400)  # 200,400 trainable values
+    engine = BookKeepingEngine(
+        model, torch.optim.SGD(model.parameters(), lr=0.01),
+        noise_multiplier=sigma / 2 if broken == "sigma/2" else sigma, max_grad_norm=CLIP,
+        expected_batch_size=EXPECTED, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(2000 + seed)
+    canaries = DiracCanaries.draw(200_400, GDP_CANARIES, g)
+    try:
+        return white_box_audit(
+            engine, canaries, steps=GDP_STEPS,
+            sample_rate=2 * GDP_Q if broken == "2q" else GDP_Q,
+            expected_batch_size=EXPECTED, generator=g, delta=DELTA,
+            claimed_mu=envelope.mu, tail_delta=envelope.tail_delta)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 2.0])
+def test_the_gdp_analysis_catches_half_the_noise_and_twice_the_rate(eps: float) -> None:
+    correct = _gdp_run(eps, broken=None, seed=10)
+    assert not correct.gdp.rejected, correct.gdp
+    for broken in ("sigma/2", "2q"):
+        result = _gdp_run(eps, broken=broken, seed=11)
+        assert result.gdp.rejected, (broken, result.gdp)
+        assert result.gdp.mu_lower_bound > result.gdp.claimed_mu  # type: ignore[operator]
+
+
+def test_one_hot_units_are_clipped_as_the_same_dense_rows() -> None:
+    model = _model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    sums = []
+    for path in ("dense", "one_hot"):
+        engine = BookKeepingEngine(model, torch.optim.SGD(params, lr=0.1), noise_multiplier=1.0,
+                                   max_grad_norm=CLIP, expected_batch_size=1,
+                                   _test_noise=ZeroNoise())
+        positions = torch.tensor([3, 700, 3, 1183])
+        values = torch.tensor([0.2, -4.0, 1.0, 0.49], dtype=torch.float64)
+        if path == "dense":
+            flat = torch.zeros(4, 1184)
+            flat[torch.arange(4), positions] = values.float()
+            rows = [r.reshape(-1, *p.shape) for r, p in
+                    zip(torch.split(flat, [p.numel() for p in params], dim=1), params,
+                        strict=True)]
+            clipped = engine.accumulate_gradients(rows)
+        else:
+            clipped = engine.accumulate_one_hot(positions, values)
+        assert clipped == 2  # |-4.0| and 1.0 are above C = 0.5
+        engine.privatize()
+        sums.append(torch.cat([p.grad.detach().flatten() for p in params]).clone())
+        engine.discard()
+        engine.close()
+    torch.testing.assert_close(sums[0], sums[1])
+    assert sums[0][3].item() == pytest.approx(0.2 + 0.5, abs=1e-5)  # 0.2 kept, 1.0 -> C
+    assert sums[0][700].item() == pytest.approx(-0.5, abs=1e-5)
+    with pytest.raises(ValueError, match="outside"):
+        BookKeepingEngine(model, torch.optim.SGD(params, lr=0.1), noise_multiplier=1.0,
+                          max_grad_norm=CLIP, expected_batch_size=1).accumulate_one_hot(
+            torch.tensor([5000]), torch.tensor([1.0]))

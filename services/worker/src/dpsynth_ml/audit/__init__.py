@@ -4,6 +4,8 @@ configuration really has, beside the accountant's upper bound.
 :mod:`~dpsynth_ml.audit.one_run` holds the statistics of the one-run audit (Steinke, Nasr
 and Jagielski, NeurIPS 2023): the p-value of a count of correct membership guesses under an
 (eps, delta) claim, the bound it gives, and the guesses pre-registered for m canaries.
+:mod:`~dpsynth_ml.audit.gdp` is the f-DP one-run analysis against a claim's GDP envelope
+(tighter on Gaussian mechanisms; the envelope comes from the ledger).
 :mod:`~dpsynth_ml.audit.whitebox` runs white-box gradient (Dirac) canaries through a DP-SGD
 engine; :mod:`~dpsynth_ml.audit.finetune` does it inside a finetune's own steps on a public
 stand-in. Black-box loss canaries and the ``audit`` job are not built yet (docs/privacy.md,

@@ -39,6 +39,7 @@ from dpsynth_ml.training.hooks import NullHooks
 def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir: Path,
                    canaries: int, delta: float, generator: torch.Generator,
                    confidence: float = 0.95, canary_norm: float = DEFAULT_CANARY_NORM,
+                   claimed_mu: float | None = None, tail_delta: float = 0.0,
                    seeded_noise: bool = False) -> WhiteBoxAudit:
     """White-box one-run audit of ``spec``'s DP-SGD on the stand-in at ``dataset_path``.
 
@@ -52,6 +53,8 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
             draws.
         confidence: of the bound.
         canary_norm: each canary gradient's norm in units of C.
+        claimed_mu, tail_delta: the ledger's GDP envelope of the spec's sigma, q and steps
+            (``dp_sgd_gdp_envelope``): the result then says whether the run rejects it.
         seeded_noise: TESTS ONLY: key the DP noise from ``generator`` (replayable) instead
             of 256 fresh bits of OS entropy.
 
@@ -75,8 +78,8 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
             return white_box_audit(
                 run.engine, drawn, steps=run.dp.steps, sample_rate=run.dp.sample_rate,
                 expected_batch_size=run.dp.expected_batch_size, generator=generator,
-                delta=delta, confidence=confidence,
-                records_step=lambda: _accumulate(run),
+                delta=delta, confidence=confidence, claimed_mu=claimed_mu,
+                tail_delta=tail_delta, records_step=lambda: _accumulate(run),
                 finish_step=lambda: loop.apply_private_gradient(run))
         finally:
             run.engine.close()

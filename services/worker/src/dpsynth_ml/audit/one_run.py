@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy import optimize
@@ -130,7 +131,13 @@ def max_certifiable_epsilon(m: int, *, confidence: float, delta: float,
                             guess_counts: Sequence[tuple[int, int]] | None = None) -> float:
     """The largest lower bound an audit of ``m`` canaries can report at all: every guess of
     its best candidate correct (each candidate at the Bonferroni-split significance)."""
-    counts = list(guess_counts) if guess_counts is not None else default_guess_counts(m)
+    counts = tuple(guess_counts) if guess_counts is not None else tuple(default_guess_counts(m))
+    return _max_certifiable(m, confidence, delta, counts)
+
+
+@lru_cache(maxsize=64)
+def _max_certifiable(m: int, confidence: float, delta: float,
+                     counts: tuple[tuple[int, int], ...]) -> float:
     significance = (1.0 - confidence) / len(counts)
     return max(epsilon_lower_bound(m, a + b, a + b, significance=significance, delta=delta)
                for a, b in counts)

@@ -5,12 +5,15 @@ and a gradient that is ``norm`` x C on that coordinate and 0 elsewhere. A coin f
 each canary in the run with probability 1/2. At every logical step the included canaries
 are Poisson-sampled at the run's rate q (:class:`~dpsynth_ml.dp.PoissonSampler`, the
 trainers' sampler), and each sampled canary's gradient goes through the engine's own
-clipping (``accumulate_gradients``: the clip factor of every recorded unit) into the step's
-sum, beside whatever the caller's ``records_step`` added (the stand-in records' micro-
-batches). The engine then noises the sum once and applies it, as in training. The auditor
-is white-box: it reads the released gradient at every step, and a canary's score is the sum
-over the steps of the released sum (gradient x the expected batch size) at its coordinate.
-The scores and coin flips give the one-run bound (:mod:`dpsynth_ml.audit.one_run`).
+clipping into the step's sum: in the hooks engine opacus' clipping of dense per-unit rows
+(``accumulate_gradients``); in the book-keeping engine the clip factor every unit gets,
+applied to one-hot units (``accumulate_one_hot``: 10^5 canaries cost O(10^5)). Beside them
+is whatever the caller's ``records_step`` added (the stand-in records' micro-batches). The
+engine then noises the sum once and applies it, as in training. The auditor is white-box:
+it reads the released gradient at every step, and a canary's score is the sum over the
+steps of the released sum (gradient x the expected batch size) at its coordinate.
+The scores and coin flips give the one-run bounds (:mod:`dpsynth_ml.audit.one_run`,
+:mod:`dpsynth_ml.audit.gdp`).
 
 What this measures is the mechanism as the engine runs it (clipping, the noise's scale and
 count, the normalisation, the sampling rate it is given), not the code around it that picks
@@ -27,6 +30,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from dpsynth_ml.audit.gdp import GdpAuditBound, audit_gdp
 from dpsynth_ml.audit.one_run import AuditBound, audit
 from dpsynth_ml.dp.sampler import PoissonSampler
 
@@ -91,13 +95,16 @@ class WhiteBoxAudit:
     """A white-box audit's result: the bound, and what was run to get it.
 
     Attributes:
-        bound: the one-run lower bound and its counts.
+        bound: the one-run (eps, delta) lower bound and its counts.
+        gdp: the f-DP one-run bound against a GDP claim (:mod:`dpsynth_ml.audit.gdp`),
+            with the claim's verdict when a ``claimed_mu`` was given.
         steps, sample_rate: the run's logical steps and its canaries' sampling rate.
         presences: how many (canary, step) pairs had the canary in the step's batch.
         scores: [m] each canary's score (float64).
     """
 
     bound: AuditBound
+    gdp: GdpAuditBound
     steps: int
     sample_rate: float
     presences: int
@@ -108,7 +115,9 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
                     sample_rate: float, expected_batch_size: int,
                     generator: torch.Generator, delta: float, confidence: float = 0.95,
                     records_step: Callable[[], None] | None = None,
-                    finish_step: Callable[[], None] | None = None) -> WhiteBoxAudit:
+                    finish_step: Callable[[], None] | None = None,
+                    claimed_mu: float | None = None,
+                    tail_delta: float = 0.0) -> WhiteBoxAudit:
     """Run ``steps`` DP-SGD steps of ``engine`` with ``canaries`` and bound its epsilon.
 
     Args:
@@ -127,6 +136,9 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
         finish_step: called after each released gradient was read, to apply it (and
             whatever a trainer does after, e.g. its LR schedule and EMA); None:
             ``engine.apply_update``.
+        claimed_mu, tail_delta: the claim's GDP envelope (the ledger's
+            ``dp_sgd_gdp_envelope`` of the accounted sigma, q and steps); with it the
+            result says whether the run rejects its claim.
 
     Raises:
         ValueError: on a canary outside the trainable values, or steps < 1.
@@ -152,6 +164,11 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
             records_step()
         sampled = members[sampler.sample()]
         presences += int(sampled.numel())
+        one_hot = getattr(engine, "accumulate_one_hot", None)
+        if one_hot is not None:  # the book-keeping engine: the same clip factor, O(n)
+            one_hot(coordinates[sampled], torch.full((int(sampled.numel()),), value,
+                                                     dtype=torch.float64))
+            sampled = sampled[:0]
         for start in range(0, int(sampled.numel()), chunk):
             part = coordinates[sampled[start:start + chunk]]
             flat = torch.zeros((int(part.numel()), total), dtype=params[0].dtype,
@@ -165,10 +182,12 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
         scores += (released[coordinates.to(released.device)].to(torch.float64).cpu()
                    * expected_batch_size)
         (finish_step or engine.apply_update)()
-    bound = audit(scores.numpy(), canaries.included.numpy(), confidence=confidence,
-                  delta=delta)
-    return WhiteBoxAudit(bound=bound, steps=steps, sample_rate=sample_rate,
-                         presences=presences, scores=scores.numpy())
+    values, flips = scores.numpy(), canaries.included.numpy()
+    return WhiteBoxAudit(
+        bound=audit(values, flips, confidence=confidence, delta=delta),
+        gdp=audit_gdp(values, flips, confidence=confidence, delta=delta,
+                      claimed_mu=claimed_mu, tail_delta=tail_delta),
+        steps=steps, sample_rate=sample_rate, presences=presences, scores=values)
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:
