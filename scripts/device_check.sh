@@ -15,7 +15,8 @@
 #                               actually ran on; on a GPU a short CPU reference beside it
 #                               (benchmarks/phase_throughput.py), rewritten after each phase
 #   OUTDIR/pytest_gpu.log       the GPU tests (tests/unit/ml: every phase on the device, the
-#                               noise on CUDA); with --tiny or no CUDA they run and skip
+#                               noise on CUDA, the white-box privacy audit with 200,000
+#                               canaries); with --tiny or no CUDA they run and skip
 #   OUTDIR/fmnist_no_public.gpu.json  the gpu-smoke results (a GPU only; .json if a phase
 #                               did not run on CUDA), or fmnist_no_public.progress.json with
 #                               the cells done when the time limit stopped it
@@ -120,7 +121,7 @@ trc=0
 run_limited "$limit" "$py" -m pytest -q -p no:cacheprovider --confcutdir=tests/unit/ml \
   -o addopts=-ra tests/unit/ml/test_gpu_phases.py tests/unit/ml/test_device_draws.py \
   tests/unit/ml/test_noise_source.py tests/unit/ml/test_distributed_dp.py \
-  -k "on_the_gpu or on_cuda or gpu_model" > "$outdir/pytest_gpu.log" 2>&1 || trc=$?
+  tests/unit/ml/test_whitebox_audit.py -k "on_the_gpu or on_cuda or gpu_model" > "$outdir/pytest_gpu.log" 2>&1 || trc=$?
 say "GPU tests: status $trc ($(tail -1 "$outdir/pytest_gpu.log"))"
 
 # 3. the engine rows

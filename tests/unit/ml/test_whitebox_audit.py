@@ -169,11 +169,12 @@ def test_canaries_are_distinct_and_refuse_impossible_requests() -> None:
 GDP_Q, GDP_STEPS, GDP_CANARIES = 0.25, 20, 200_000
 
 
-def _gdp_run(eps: float, *, broken: str | None, seed: int) -> WhiteBoxAudit:
+def _gdp_run(eps: float, *, broken: str | None, seed: int,
+             device: str = "cpu") -> WhiteBoxAudit:
     sigma = calibrate_noise_multiplier(eps, GDP_Q, GDP_STEPS, DELTA)
     envelope = dp_sgd_gdp_envelope(sigma, GDP_Q, GDP_STEPS)
     torch.manual_seed(seed)
-    model = nn.Linear(500, 400)  # 200,400 trainable values
+    model = nn.Linear(500, 400).to(device)  # 200,400 trainable values
     engine = BookKeepingEngine(
         model, torch.optim.SGD(model.parameters(), lr=0.01),
         noise_multiplier=sigma / 2 if broken == "sigma/2" else sigma, max_grad_norm=CLIP,
@@ -181,21 +182,34 @@ def _gdp_run(eps: float, *, broken: str | None, seed: int) -> WhiteBoxAudit:
     g = torch.Generator().manual_seed(2000 + seed)
     canaries = DiracCanaries.draw(200_400, GDP_CANARIES, g)
     try:
-        return white_box_audit(
+        result = white_box_audit(
             engine, canaries, steps=GDP_STEPS,
             sample_rate=2 * GDP_Q if broken == "2q" else GDP_Q,
             expected_batch_size=EXPECTED, generator=g, delta=DELTA,
             claimed_mu=envelope.mu, tail_delta=envelope.tail_delta)
+        assert all(p.device.type == device and p.grad is None for p in engine.params)
+        return result
     finally:
         engine.close()
 
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 2.0])
 def test_the_gdp_analysis_catches_half_the_noise_and_twice_the_rate(eps: float) -> None:
-    correct = _gdp_run(eps, broken=None, seed=10)
+    _catches(eps, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gdp_audit_runs_on_the_gpu() -> None:
+    # the device script's audit row (scripts/device_check.sh step 2): the same run with the
+    # model, the noise and the canaries' clipped sums on the GPU
+    _catches(1.0, "cuda")
+
+
+def _catches(eps: float, device: str) -> None:
+    correct = _gdp_run(eps, broken=None, seed=10, device=device)
     assert not correct.gdp.rejected, correct.gdp
     for broken in ("sigma/2", "2q"):
-        result = _gdp_run(eps, broken=broken, seed=11)
+        result = _gdp_run(eps, broken=broken, seed=11, device=device)
         assert result.gdp.rejected, (broken, result.gdp)
         assert result.gdp.mu_lower_bound > result.gdp.claimed_mu  # type: ignore[operator]
 

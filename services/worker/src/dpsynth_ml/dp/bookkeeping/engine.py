@@ -381,10 +381,12 @@ class BookKeepingEngine:
             return 0
         if int(positions.min()) < 0 or int(positions.max()) >= sum(sizes):
             raise ValueError("a position outside the trainable values")
-        norms = values.to(torch.float64).abs().cpu()
+        device = self._params[0].device  # built where the sums live: one copy of n values
+        values = values.to(device=device, dtype=torch.float64)
+        norms = values.abs()
         factors = self._clip_factors(norms)
-        flat = torch.zeros(sum(sizes), dtype=torch.float64)
-        flat.index_add_(0, positions.cpu(), values.to(torch.float64).cpu() * factors)
+        flat = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
+        flat.index_add_(0, positions.to(device), values * factors)
         clipped = [part.view(p.shape).to(device=p.device, dtype=p.dtype)
                    for part, p in zip(torch.split(flat, sizes), self._params, strict=True)]
         self._sums = clipped if self._sums is None else [
