@@ -30,6 +30,8 @@ from dpsynth_shared.gdp import gdp_epsilon
 from scipy import optimize
 from scipy.special import ndtr, ndtri
 
+from dpsynth_ml.audit.one_run import checked_scores
+
 GUESS_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 _MU_CEILING = 40.0
 
@@ -112,14 +114,7 @@ def audit_gdp(scores: np.ndarray, included: np.ndarray, *, confidence: float, de
         ValueError: on mismatched or empty inputs, a confidence outside (0, 1), a tail
             delta that leaves no significance, or an impossible guess count.
     """
-    scores = np.asarray(scores, dtype=np.float64)
-    included = np.asarray(included, dtype=bool)
-    if scores.ndim != 1 or scores.shape != included.shape or scores.size == 0:
-        raise ValueError("scores and included must be 1-D, of the same non-zero length")
-    if not np.all(np.isfinite(scores)):
-        raise ValueError("every score must be finite")
-    if not 0 < confidence < 1:
-        raise ValueError("confidence must be in (0, 1)")
+    scores, included = checked_scores(scores, included, confidence)
     m = int(scores.size)
     counts = list(guess_counts) if guess_counts is not None else default_guess_counts(m)
     if any(not 1 <= k <= m for k in counts):

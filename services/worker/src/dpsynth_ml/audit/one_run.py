@@ -143,6 +143,21 @@ def _max_certifiable(m: int, confidence: float, delta: float,
                for a, b in counts)
 
 
+def checked_scores(scores: np.ndarray, included: np.ndarray,
+                   confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Scores as float64 and coin flips as bool, 1-D, of one non-zero length, finite, and a
+    confidence in (0, 1) (ValueError otherwise): what every audit analysis takes."""
+    scores = np.asarray(scores, dtype=np.float64)
+    included = np.asarray(included, dtype=bool)
+    if scores.ndim != 1 or scores.shape != included.shape or scores.size == 0:
+        raise ValueError("scores and included must be 1-D, of the same non-zero length")
+    if not np.all(np.isfinite(scores)):
+        raise ValueError("every score must be finite")
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be in (0, 1)")
+    return scores, included
+
+
 def audit(scores: np.ndarray, included: np.ndarray, *, confidence: float, delta: float,
           guess_counts: Sequence[tuple[int, int]] | None = None) -> AuditBound:
     """The one-run lower bound from each canary's score (higher = more likely "in") and its
@@ -152,14 +167,7 @@ def audit(scores: np.ndarray, included: np.ndarray, *, confidence: float, delta:
         ValueError: on mismatched or empty inputs, a confidence outside (0, 1), or a
             candidate with more guesses than canaries.
     """
-    scores = np.asarray(scores, dtype=np.float64)
-    included = np.asarray(included, dtype=bool)
-    if scores.ndim != 1 or scores.shape != included.shape or scores.size == 0:
-        raise ValueError("scores and included must be 1-D, of the same non-zero length")
-    if not np.all(np.isfinite(scores)):
-        raise ValueError("every score must be finite")
-    if not 0 < confidence < 1:
-        raise ValueError("confidence must be in (0, 1)")
+    scores, included = checked_scores(scores, included, confidence)
     m = int(scores.size)
     counts = list(guess_counts) if guess_counts is not None else default_guess_counts(m)
     if any(a < 0 or b < 0 or a + b == 0 or a + b > m for a, b in counts):
