@@ -64,6 +64,7 @@ def test_the_result_carries_its_terms_and_refuses_bad_inputs() -> None:
     assert result.candidates == len(default_guess_counts(1000)) == 7
     # a perfect attack on 1,000 canaries: about mu 1 (eps 4.3 at delta 1e-5), no more
     assert result.correct == result.guesses and 0.9 < result.mu_lower_bound < 1.1
+    assert result.mu_lower_bound == pytest.approx(result.max_certifiable_mu, rel=1e-6)
     assert result.epsilon_lower_bound == pytest.approx(gdp_epsilon(result.mu_lower_bound,
                                                                    1e-5))
     # a claim's tail delta is charged against the significance: a smaller bound

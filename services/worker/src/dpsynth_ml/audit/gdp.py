@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from dpsynth_shared.gdp import gdp_epsilon
@@ -90,6 +91,9 @@ class GdpAuditBound:
             (at ``confidence``).
         confidence, delta, canaries, guesses, correct, candidates: as in ``AuditBound``.
         tail_delta: the additive delta of the claim, charged as 2 m tail_delta.
+        max_certifiable_mu: the largest mu bound these m, confidence and candidates could
+            give at all (every guess of the best candidate right): a claim whose envelope
+            is above it cannot be rejected by this audit, however broken the run.
     """
 
     mu_lower_bound: float
@@ -103,6 +107,7 @@ class GdpAuditBound:
     correct: int
     candidates: int
     tail_delta: float
+    max_certifiable_mu: float
 
 
 def audit_gdp(scores: np.ndarray, included: np.ndarray, *, confidence: float, delta: float,
@@ -133,4 +138,12 @@ def audit_gdp(scores: np.ndarray, included: np.ndarray, *, confidence: float, de
         mu_lower_bound=best_mu, epsilon_lower_bound=gdp_epsilon(best_mu, delta),
         claimed_mu=claimed_mu, rejected=claimed_mu is not None and best_mu > claimed_mu,
         confidence=confidence, delta=delta, canaries=m, guesses=best_k, correct=best_v,
-        candidates=len(counts), tail_delta=tail_delta)
+        candidates=len(counts), tail_delta=tail_delta,
+        max_certifiable_mu=max_certifiable_mu(m, significance, tuple(counts)))
+
+
+@lru_cache(maxsize=64)
+def max_certifiable_mu(m: int, significance: float, counts: tuple[int, ...]) -> float:
+    """The largest mu bound ``counts`` (each tested at ``significance``) can give for m
+    canaries: every guess right."""
+    return max(mu_lower_bound(m, k, k, significance=significance) for k in counts)
