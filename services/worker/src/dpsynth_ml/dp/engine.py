@@ -277,16 +277,9 @@ class DpSgdEngine:
         return self._clip_and_sum(), mean_loss
 
     def accumulate_gradients(self, rows: Sequence[torch.Tensor]) -> int:
-        """Clip explicit per-unit gradients and add them to the step's sum, through opacus'
-        own clipping (as :meth:`BookKeepingEngine.accumulate_gradients`): the white-box
-        audit's gradient canaries (issue 19) enter the mechanism here.
-
-        Args:
-            rows: one [n, *p.shape] tensor per trainable parameter, in :attr:`params` order.
-
-        Returns:
-            How many of the n units had a norm above C.
-        """
+        """Clip explicit per-unit rows (one [n, *p.shape] tensor per trainable parameter,
+        :attr:`params` order) through opacus' own clipping and add them to the step's sum:
+        the white-box audit's canaries (issue 19). Returns how many had a norm above C."""
         if self._carried is not None:
             raise RuntimeError("a subject's contribution is carried: finish it first")
         checked = check_gradient_rows(rows, self.params)

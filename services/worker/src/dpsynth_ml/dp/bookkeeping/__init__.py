@@ -58,17 +58,14 @@ groups > 1 or non-zero padding mode, Embedding with ``max_norm``, ``scale_grad_b
 output modified in place after the layer ran, a batch dimension that is not the examples'.
 
 The parts: :mod:`.layers` (the layer rules: each layer type's norms and weighted sum),
-:mod:`.units` (the unit layout: which unit each (draw, example) row belongs to) and
-:mod:`.engine` (:class:`BookKeepingEngine`: hooks, norms per unit, clipping, noise).
+:mod:`.units` (the unit layout: which unit each (draw, example) row belongs to),
+:mod:`.support` (which trainable parameters it can clip exactly) and :mod:`.engine`
+(:class:`BookKeepingEngine`: hooks, norms per unit, clipping, noise).
 """
 
-from dpsynth_ml.dp.bookkeeping.engine import (
-    BookKeepingEngine,
-    OptimizerHandle,
-    UnsupportedModuleError,
-    unsupported_parameters,
-)
+from dpsynth_ml.dp.bookkeeping.engine import BookKeepingEngine, OptimizerHandle
 from dpsynth_ml.dp.bookkeeping.layers import NormMode
+from dpsynth_ml.dp.bookkeeping.support import UnsupportedModuleError, unsupported_parameters
 from dpsynth_ml.dp.bookkeeping.units import _Rows as _Rows  # tests build unit layouts
 
 __all__ = ["BookKeepingEngine", "NormMode", "OptimizerHandle", "UnsupportedModuleError",

@@ -19,19 +19,15 @@ from dpsynth_ml.dp.bookkeeping.layers import (
     _LAYER_CLASSES,
     NormMode,
     _Layer,
-    _layer_problem,
     _sq,
 )
+from dpsynth_ml.dp.bookkeeping.support import UnsupportedModuleError, unsupported_parameters
 from dpsynth_ml.dp.bookkeeping.units import _Rows, group_rows
 from dpsynth_ml.dp.noise import ChaChaGaussian, NoiseSource
-from dpsynth_ml.dp.rows import check_gradient_rows
+from dpsynth_ml.dp.rows import clipped_one_hot_sums, clipped_row_sums
 
 #: opacus' clip factor min(1, C / (||G|| + 1e-6)); kept so both engines release the same sum.
 _CLIP_EPS = 1e-6
-
-
-class UnsupportedModuleError(ValueError):
-    """The module has a trainable parameter the book-keeping engine cannot clip exactly."""
 
 
 @dataclass
@@ -55,26 +51,6 @@ class OptimizerHandle:
 
     original_optimizer: Optimizer
     expected_batch_size: int
-
-
-def unsupported_parameters(module: nn.Module) -> list[str]:
-    """Names of trainable parameters the book-keeping engine cannot clip exactly (empty
-    when it can take the whole module); see the package docstring for the rules."""
-    owners: dict[int, int] = {}
-    problems: list[str] = []
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
-        for p_name, p in mod.named_parameters(recurse=False):
-            if not p.requires_grad:
-                continue
-            owners[id(p)] = owners.get(id(p), 0) + 1
-            full = f"{mod_name}.{p_name}" if mod_name else p_name
-            reason = _layer_problem(mod, p_name)
-            if reason:
-                problems.append(f"{full} ({reason})")
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if p.requires_grad and owners.get(id(p), 0) > 1:
-            problems.append(f"{name} (shared by {owners[id(p)]} layers)")
-    return sorted(set(problems))
 
 
 class BookKeepingEngine:
@@ -332,65 +308,29 @@ class BookKeepingEngine:
         return (self.max_grad_norm / (norms + _CLIP_EPS)).clamp(max=1.0)
 
     def accumulate_gradients(self, rows: Sequence[torch.Tensor]) -> int:
-        """Clip explicit per-unit gradients and add them to the step's sum: each unit's
-        rows (one [n, *p.shape] tensor per trainable parameter, in :attr:`params` order)
-        are clipped once, with the same factor as a recorded unit, then summed. The
-        white-box audit's gradient canaries (issue 19) enter the mechanism here.
-
-        Returns:
-            How many of the n units had a norm above C.
-
-        Raises:
-            ValueError: if the rows do not match the trainable parameters.
-        """
-        if self._carried is not None:
-            raise RuntimeError("a subject's contribution is carried: finish it first")
-        rows = check_gradient_rows(rows, self._params)
-        if not rows[0].shape[0]:
-            return 0
-        sq = torch.zeros(rows[0].shape[0], dtype=torch.float64, device=rows[0].device)
-        for r in rows:
-            sq += _sq(r).to(sq.device)
-        norms = sq.sqrt()
-        factors = self._clip_factors(norms)
-        clipped = [(r * factors.to(r.device, r.dtype).view(-1, *([1] * (r.dim() - 1)))).sum(0)
-                   for r in rows]
-        self._sums = clipped if self._sums is None else [
-            s + c for s, c in zip(self._sums, clipped, strict=True)]
-        self._last_norms = norms
-        return int((norms > self.max_grad_norm).sum().item())
+        """Clip explicit per-unit gradient rows (one [n, *p.shape] tensor per trainable
+        parameter, :attr:`params` order) with the factor every unit gets and add them to
+        the step's sum (the white-box audit's canaries, issue 19). Returns how many of the
+        n units had a norm above C; ValueError on rows that do not match."""
+        self._no_carry()
+        return self._add_clipped(*clipped_row_sums(rows, self._params, self._clip_factors))
 
     def accumulate_one_hot(self, positions: torch.Tensor, values: torch.Tensor) -> int:
-        """Units that are each ONE trainable value: unit i's gradient is ``values[i]`` at the
-        flat position ``positions[i]`` (the trainable values concatenated in
-        :attr:`params` order) and 0 elsewhere. Each is clipped with the factor every unit
-        gets (:meth:`_clip_factors` of its norm ``|values[i]|``) and added to the step's
-        sum: what :meth:`accumulate_gradients` does with such rows, in O(n) instead of
-        O(n x values), so a white-box audit can use 10^5 gradient canaries (issue 19).
+        """:meth:`accumulate_gradients` for units that are each ONE trainable value (flat
+        ``positions`` in :attr:`params` order, ``values`` there): O(n), so an audit can use
+        10^5 canaries. ValueError on a position outside the trainable values."""
+        self._no_carry()
+        return self._add_clipped(*clipped_one_hot_sums(positions, values, self._params,
+                                                       self._clip_factors))
 
-        Raises:
-            ValueError: on a position outside the trainable values or mismatched shapes.
-        """
+    def _no_carry(self) -> None:
         if self._carried is not None:
             raise RuntimeError("a subject's contribution is carried: finish it first")
-        positions, values = positions.flatten().to(torch.long), values.flatten()
-        if positions.shape != values.shape:
-            raise ValueError("one value per position")
-        sizes = [p.numel() for p in self._params]
-        if not positions.numel():
-            return 0
-        if int(positions.min()) < 0 or int(positions.max()) >= sum(sizes):
-            raise ValueError("a position outside the trainable values")
-        device = self._params[0].device  # built where the sums live: one copy of n values
-        values = values.to(device=device, dtype=torch.float64)
-        norms = values.abs()
-        factors = self._clip_factors(norms)
-        flat = torch.zeros(sum(sizes), dtype=torch.float64, device=device)
-        flat.index_add_(0, positions.to(device), values * factors)
-        clipped = [part.view(p.shape).to(device=p.device, dtype=p.dtype)
-                   for part, p in zip(torch.split(flat, sizes), self._params, strict=True)]
-        self._sums = clipped if self._sums is None else [
-            s + c for s, c in zip(self._sums, clipped, strict=True)]
+
+    def _add_clipped(self, clipped: list[torch.Tensor] | None, norms: torch.Tensor) -> int:
+        if clipped is not None:
+            self._sums = clipped if self._sums is None else [
+                s + c for s, c in zip(self._sums, clipped, strict=True)]
         self._last_norms = norms
         return int((norms > self.max_grad_norm).sum().item())
 
