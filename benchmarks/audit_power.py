@@ -28,7 +28,11 @@ claimed eps, by the f-DP analysis when its mu bound exceeds the claim's GDP enve
 Run from the repository root (about 6 minutes on one core)::
 
     .venv/bin/python -m benchmarks.audit_power [--canaries 1000 10000 100000] [--repeats 3]
-        [--out benchmarks/results/audit_power.json]
+        [--shapes 1x1 0.1x50] [--out benchmarks/results/audit_power.json]
+
+The engine-level test's size (``tests/unit/ml/test_whitebox_audit.py``, the f-DP teeth)
+comes from ``--canaries 200000 --repeats 5 --shapes 0.25x20 --out
+benchmarks/results/audit_power_test_size.json``.
 
 Prints a markdown table (the median bounds over the repeats).
 """
@@ -69,11 +73,12 @@ def scores(m: int, steps: int, q: float, sigma: float, *, variant: str,
     return total, included
 
 
-def run(canaries: list[int], repeats: int, seed: int) -> dict[str, Any]:
+def run(canaries: list[int], repeats: int, seed: int,
+        shapes: tuple[tuple[float, int], ...] = SHAPES) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     rows: list[dict[str, Any]] = []
     for eps in CLAIMS:
-        for q, steps in SHAPES:
+        for q, steps in shapes:
             sigma = calibrate_noise_multiplier(eps, q, steps, DELTA)
             envelope = dp_sgd_gdp_envelope(sigma, q, steps)
             for m in canaries:
@@ -131,6 +136,8 @@ def _line(row: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--canaries", type=int, nargs="+", default=[1000, 10_000, 100_000])
+    parser.add_argument("--shapes", nargs="+", default=[f"{q:g}x{t}" for q, t in SHAPES],
+                        help="sampling rate x steps, e.g. 0.25x20")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
@@ -139,7 +146,8 @@ def main() -> None:
           + " | ".join(VARIANTS) + " | max certifiable (ε, δ) |")
     print("|---" * (4 + len(VARIANTS)) + "|")
     start = time.perf_counter()
-    results = run(args.canaries, args.repeats, args.seed)
+    shapes = tuple((float(a), int(b)) for a, b in (s.split("x") for s in args.shapes))
+    results = run(args.canaries, args.repeats, args.seed, shapes)
     results["wall_s"] = round(time.perf_counter() - start, 1)
     print(f"\n{results['wall_s']} s; each cell: the (eps, delta) bound / the f-DP bound as "
           "eps; ✓ caught in every repeat, ✗ not, ⚠ the correct mechanism's claim rejected")

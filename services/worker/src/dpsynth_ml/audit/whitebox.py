@@ -146,8 +146,7 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
     if steps < 1:
         raise ValueError("steps must be >= 1")
     params = list(engine.params)
-    sizes = [p.numel() for p in params]
-    total = sum(sizes)
+    total = sum(p.numel() for p in params)
     coordinates = canaries.coordinates.to(torch.long)
     if coordinates.numel() == 0 or int(coordinates.max()) >= total or int(
             coordinates.min()) < 0:
@@ -156,7 +155,6 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
     sampler = PoissonSampler(int(members.numel()), sample_rate, generator)
     value = canaries.norm * engine.max_grad_norm
     chunk = max(1, min(1024, _ROW_BUDGET // max(total, 1)))
-    device = params[0].device
     scores = torch.zeros(coordinates.numel(), dtype=torch.float64)
     presences = 0
     for _ in range(steps):
@@ -164,19 +162,7 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
             records_step()
         sampled = members[sampler.sample()]
         presences += int(sampled.numel())
-        one_hot = getattr(engine, "accumulate_one_hot", None)
-        if one_hot is not None:  # the book-keeping engine: the same clip factor, O(n)
-            one_hot(coordinates[sampled], torch.full((int(sampled.numel()),), value,
-                                                     dtype=torch.float64))
-            sampled = sampled[:0]
-        for start in range(0, int(sampled.numel()), chunk):
-            part = coordinates[sampled[start:start + chunk]]
-            flat = torch.zeros((int(part.numel()), total), dtype=params[0].dtype,
-                               device=device)
-            flat[torch.arange(int(part.numel()), device=device), part.to(device)] = value
-            rows = [r.reshape(-1, *p.shape) for r, p in
-                    zip(torch.split(flat, sizes, dim=1), params, strict=True)]
-            engine.accumulate_gradients(rows)
+        _add_canaries(engine, coordinates[sampled], value, params, chunk)
         engine.privatize()
         released = torch.cat([_grad(p).detach().flatten() for p in params])
         scores += (released[coordinates.to(released.device)].to(torch.float64).cpu()
@@ -188,6 +174,27 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
         gdp=audit_gdp(values, flips, confidence=confidence, delta=delta,
                       claimed_mu=claimed_mu, tail_delta=tail_delta),
         steps=steps, sample_rate=sample_rate, presences=presences, scores=values)
+
+
+def _add_canaries(engine: AuditableEngine, positions: torch.Tensor, value: float,
+                  params: list[torch.nn.Parameter], chunk: int) -> None:
+    """Clip and add one step's sampled canaries (each ``value`` at one position): as
+    one-hot units where the engine takes them (the book-keeping engine, O(n)), else as
+    dense per-unit rows, ``chunk`` at a time (opacus' clipping in the hooks engine)."""
+    one_hot = getattr(engine, "accumulate_one_hot", None)
+    if one_hot is not None:
+        one_hot(positions, torch.full((int(positions.numel()),), value, dtype=torch.float64))
+        return
+    sizes = [p.numel() for p in params]
+    device = params[0].device
+    for start in range(0, int(positions.numel()), chunk):
+        part = positions[start:start + chunk].to(device)
+        flat = torch.zeros((int(part.numel()), sum(sizes)), dtype=params[0].dtype,
+                           device=device)
+        flat[torch.arange(int(part.numel()), device=device), part] = value
+        engine.accumulate_gradients([r.reshape(-1, *p.shape) for r, p in
+                                     zip(torch.split(flat, sizes, dim=1), params,
+                                         strict=True)])
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dpsynth_ml.dp.bookkeeping.layers import _sq
+
 ClipFactors = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -39,8 +41,7 @@ def clipped_row_sums(rows: Sequence[torch.Tensor], params: Sequence[torch.Tensor
     n = rows[0].shape[0]
     sq = torch.zeros(n, dtype=torch.float64, device=rows[0].device)
     for r in rows:
-        sq += torch.linalg.vector_norm(r.reshape(n, -1), dim=1,
-                                       dtype=torch.float64).square().to(sq.device)
+        sq += _sq(r).to(sq.device)
     norms = sq.sqrt()
     if not n:
         return None, norms
