@@ -216,6 +216,9 @@ SIZES: dict[str, dict[str, Any]] = {
 #: Issue 18's aims at CPU scale (accuracy, %; "dpsgd_adds": ε 1 and ε 10 with DP-SGD minus
 #: warm-up only at the same ε, percentage points).
 AIMS = {"eps_10": 72.0, "eps_1": 62.0, "dpsgd_adds": 4.0}
+#: The aims per scale: gpu-smoke's are issue 18's for all 60,000 images on one GPU (≥ 80 % /
+#: ≥ 70 %); the gpu and full scales have expected figures in docs, not aims.
+AIMS_BY_SCALE = {"cpu": AIMS, "gpu-smoke": {**AIMS, "eps_10": 80.0, "eps_1": 70.0}}
 CHANCE_MARGIN = 15.0
 """Accuracy (%) below which a row counts as chance (10 classes: 10 %, plus a margin): a
 "DP-SGD adds" comparison is met only when the DP-SGD row is above it."""
@@ -710,12 +713,12 @@ def run(scale: str, *, cfg: dict[str, Any] | None = None,
         shutil.rmtree(work, ignore_errors=True)
     rows = aggregate(done)
     results = {
-        "settings": {**cfg, "delta": DELTA, "epsilons": list(EPSILONS),
+        "settings": {**cfg, "scale": scale, "delta": DELTA, "epsilons": list(EPSILONS),
                      "split_seed": SPLIT_SEED, "downstream": downstream_protocol(cfg),
                      "reduced": select is not None, "bench_rows": wanted or None},
         "accounting": accounting,
         "rows": rows,
-        "aims": aims(rows),
+        "aims": aims(rows, scale),
         "published": PUBLISHED,
         "torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
         "load_average_start": load0, "load_average_end": _load(),
@@ -725,8 +728,12 @@ def run(scale: str, *, cfg: dict[str, Any] | None = None,
     return results
 
 
-def aims(rows: dict[str, Any]) -> dict[str, Any]:
-    """Issue 18's CPU-scale aims against the measured rows (None: a row not measured)."""
+def aims(rows: dict[str, Any], scale: str = "cpu") -> dict[str, Any]:
+    """Issue 18's aims at ``scale`` against the measured rows (None: a row not measured; no
+    aims at a scale that has none)."""
+    target = AIMS_BY_SCALE.get(scale)
+    if target is None:
+        return {}
     def pct(key: str) -> float | None:
         r = rows.get(key)
         return None if r is None else 100 * r["accuracy"]["mean"]
@@ -734,18 +741,18 @@ def aims(rows: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("eps_10", "eps_1"):
         got = pct(key)
-        out[key] = {"aim": AIMS[key], "measured": got,
-                    "met": None if got is None else got >= AIMS[key]}
+        out[key] = {"aim": target[key], "measured": got,
+                    "met": None if got is None else got >= target[key]}
         alone = pct(f"warmup_only_{key.split('_')[1]}")
         if alone is not None and (got is None or alone > got):
-            verdict = "meets" if alone >= AIMS[key] else "does not meet"
+            verdict = "meets" if alone >= target[key] else "does not meet"
             out[key]["note"] = (f"the warm-up alone on the whole ε (no DP-SGD) reaches "
                                 f"{alone:.1f} % and {verdict} it")
     for eps in ("10", "1"):
         a, b = pct(f"eps_{eps}"), pct(f"warmup_only_{eps}")
         gain = None if a is None or b is None else a - b
-        entry: dict[str, Any] = {"aim": AIMS["dpsgd_adds"], "measured": gain,
-                                 "met": None if gain is None else gain >= AIMS["dpsgd_adds"]}
+        entry: dict[str, Any] = {"aim": target["dpsgd_adds"], "measured": gain,
+                                 "met": None if gain is None else gain >= target["dpsgd_adds"]}
         if gain is not None and a is not None and a < CHANCE_MARGIN:
             # a difference between two rows at chance is noise, not what DP-SGD adds
             entry["met"] = False
@@ -827,8 +834,9 @@ def table_markdown(results: dict[str, Any]) -> str:
         corpus = f"{r['corpus']:,}" if r.get("corpus") else "— (real)"
         lines.append(f"| {eps} | {label} | {_pct(r['accuracy'])} | {r['accuracy']['seeds']} | "
                      f"{corpus} | {_split(acc.get(key))} |")
-    lines += ["", "Aims of issue 18 at CPU scale:", ""]
-    for key, a in aims(rows).items():
+    scale = results.get("scale", s.get("scale", "cpu"))
+    lines += ["", f"Aims of issue 18 at the {scale} scale:", ""]
+    for key, a in aims(rows, scale).items():
         got = "not measured" if a["measured"] is None else f"{a['measured']:.1f}"
         verdict = {True: "met", False: "**not met**", None: "—"}[a["met"]]
         what = ("DP-SGD over warm-up only at ε " + key.rsplit("_", 1)[1]
