@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dpsynth_shared.audit_specs import AuditSpec as AuditSpec
 from dpsynth_shared.central_images import CentralImagesSpec
 from dpsynth_shared.evaluate_specs import ClassifierKind as ClassifierKind
 from dpsynth_shared.evaluate_specs import DpEvaluationSpec as DpEvaluationSpec
@@ -298,8 +299,8 @@ class GenerateSpec(_Spec):
     seed: int = Field(0, ge=0, le=MAX_INT32)
 
 
-JobSpec = Annotated[PretrainSpec | FinetuneSpec | GenerateSpec | FeatureNetSpec | EvaluateSpec,
-                    Field(discriminator="type")]
+JobSpec = Annotated[PretrainSpec | FinetuneSpec | GenerateSpec | FeatureNetSpec | EvaluateSpec
+                    | AuditSpec, Field(discriminator="type")]
 
 
 def steps_for(*, epochs: float, expected_batch_size: int, declared_size: int) -> int:

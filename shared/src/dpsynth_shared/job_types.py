@@ -18,6 +18,7 @@ class JobType(StrEnum):
     GENERATE = "generate"
     FEATURE_NET = "feature_net"
     EVALUATE = "evaluate"
+    AUDIT = "audit"
 
 
 __all__ = ["JobType"]

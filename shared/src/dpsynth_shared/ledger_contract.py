@@ -385,6 +385,28 @@ class JobEpsilonRequest(_Body):
         "the reservations' steps; each must be a charged release of dataset_id")
 
 
+class GdpEnvelopeRequest(_Body):
+    """A DP-SGD run's parameters (add/remove, Poisson sampling) whose Gaussian-DP envelope
+    an audit tests (``POST /v1/gdp-envelopes``; stateless, charges nothing)."""
+
+    noise_multiplier: float = Field(gt=0, le=1e4)
+    sample_rate: float = Field(gt=0, le=1)
+    steps: int = Field(ge=1, le=10_000_000)
+
+
+class GdpEnvelope(BaseModel):
+    """The smallest μ such that μ-GDP's (ε, δ) profile lies above the run's PLD profile on
+    a grid of ε (``dpsynth_ledger.accounting.gdp_envelope``), and the PLD's δ at the grid's
+    end (``tail_delta``, the additive part of the claim): an audit's claimed μ."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    mu: float
+    tail_delta: float
+    accountant: str = Field(description="how the envelope was computed")
+
+
 class JobEpsilon(BaseModel):
     """Tight (PLD) epsilon of the composition of the steps that produced a model."""
 

@@ -86,6 +86,21 @@ class CorpusRef(BaseModel):
     budget_id: str | None = Field(None, description="a DP model's budget (its dataset's)")
 
 
+class AuditTarget(BaseModel):
+    """audit: the audited finetune job, as the worker rebuilds its DP-SGD (never its data)."""
+
+    job_id: str
+    spec: dict[str, Any] = Field(description="the audited job's validated finetune spec")
+    reservation_id: str = Field(description="the audited job's reservation: σ, q, steps and "
+                                "expected batch size exactly as the ledger accounted them")
+    dataset_id: str
+    class_names: list[str]
+    declared_size: int | None = Field(None, description="N̂ of the audited dataset (public)")
+    delta: float | None = None
+    epsilon_limit: float | None = None
+    privacy_unit: Literal["image", "subject"] = "image"
+
+
 class Claim(BaseModel):
     """Everything a worker needs to run one attempt of a job."""
 
@@ -125,6 +140,9 @@ class Claim(BaseModel):
         None, description="evaluate: the api's check that the reference's held-out records "
         "were not trained on by the corpus's model lineage (status, caveat); a caveat leads "
         "the report's headline (issue 15, item 8)")
+    audit_target: AuditTarget | None = Field(
+        None, description="audit: the audited finetune job's settings (no object key: an "
+        "audit never reads the audited dataset); ``dataset`` is the PUBLIC stand-in")
     lease_ttl_s: int
     heartbeat_s: int
 

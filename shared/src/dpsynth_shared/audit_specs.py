@@ -1,0 +1,49 @@
+"""The spec of the ``audit`` job kind: a one-run privacy audit of a finetune job's DP-SGD
+(Steinke, Nasr & Jagielski, NeurIPS 2023, "Privacy auditing with one (1) training run").
+
+Part of the job-spec union (:data:`dpsynth_shared.job_specs.JobSpec`, which re-exports it).
+An audit tests the MECHANISM, not the user's data: it runs the audited job's exact DP
+settings (the ledger's σ, q, steps and expected batch size; the spec's clipping norm,
+trainable set, noise multiplicity and micro-batching; its base model) on a PUBLIC stand-in
+dataset, so it reads no private record and charges no budget (docs/privacy.md, "Empirical
+audits").
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dpsynth_shared.spec_base import SpecBase
+from dpsynth_shared.text import MAX_INT32
+
+
+class AuditSpec(SpecBase):
+    """A white-box one-run audit of a finetune job's DP-SGD on a public stand-in.
+
+    ``canaries`` Dirac gradient canaries, each included with probability 1/2, are observed
+    in every step's noisy clipped sum through the engine's own clipping and noise; the
+    result is the paper's lower bound on ε (with its δ term) at ``confidence``, the f-DP
+    (Gaussian-DP) test of the ledger's claim, and the largest ε those m and that confidence
+    could certify at all. A lower bound above the claimed ε means the implementation leaks
+    more than it is accounted for.
+    """
+
+    type: Literal["audit"] = "audit"
+    job_id: str = Field(description="the finetune job whose DP settings are audited (any "
+                        "state: its reservation and spec are what is copied)")
+    stand_in_dataset_id: str = Field(
+        description="a PUBLIC dataset with as many classes as the audited job's dataset (its "
+        "images are resized to the base model's size); never a private one")
+    mode: Literal["white_box"] = Field(
+        "white_box", description="white_box: Dirac gradient canaries seen at every step (a "
+        "black-box loss audit of the final model is not offered yet)")
+    canaries: int = Field(1000, ge=10, le=1_000_000,
+                          description="m; at most the number of trainable values")
+    confidence: float = Field(0.95, ge=0.5, le=0.999)
+    seed: int = Field(0, ge=0, le=MAX_INT32, description="the stand-in's sampling, the "
+                      "canaries and their inclusion (the DP noise stays OS-keyed)")
+
+
+__all__ = ["AuditSpec"]
