@@ -135,6 +135,8 @@ def _success_cases(ids: dict[str, str]) -> list[tuple[str, str, dict[str, Any], 
         ("/v1/plans", "POST", {"body": plan}, 200),
         ("/v1/job-epsilon", "POST", {"body": {"dataset_id": DATASET,
                                                  "reservation_ids": [ids["reservation_id"]]}}, 200),
+        ("/v1/gdp-envelopes", "POST", {"body": {
+            "noise_multiplier": 1.0, "sample_rate": 0.05, "steps": 100}}, 200),
         ("/v1/reservations/{reservation_id}", "GET", {"path_parameters": reservation}, 200),
         ("/v1/datasets/{dataset_id}/evaluations", "GET", {"path_parameters": dataset}, 200),
         ("/v1/entries", "GET", {"query": {"dataset_id": DATASET}}, 200),

@@ -67,6 +67,10 @@ def test_the_known_domain_statuses_are_declared(document: dict[str, Any]) -> Non
     paths = document["paths"]
     assert "409" in paths["/v1/budgets"]["post"]["responses"]  # the budget exists already
     assert "404" in paths["/v1/job-epsilon"]["post"]["responses"]  # an unknown reservation
+    # stateless: no path id, no conflict; its bounds are 422s, a busy ledger a 503
+    envelope = paths["/v1/gdp-envelopes"]["post"]["responses"]
+    assert {"200", "400", "401", "422", "503"} <= set(envelope)
+    assert "404" not in envelope and "409" not in envelope
 
 
 def test_domain_statuses_name_real_operations(document: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from dpsynth_shared.errors import BudgetExhausted, DpsynthError, ErrorCode
 from dpsynth_shared.grants import GrantClaims, generate_signing_key, public_key_of, sign_grant
 from dpsynth_shared.ledger_contract import (
     BudgetView,
+    GdpEnvelope,
     Lease,
     Plan,
     ReadGrant,
@@ -192,6 +193,20 @@ class FakeLedger:
         steps = sum(used[r] if isinstance(used.get(r), int)
                     else self.reservations[r].steps_granted for r in reservation_ids)
         return JobEpsilon(job_epsilon=EPS_PER_STEP * steps, delta=1e-5)
+
+    def gdp_envelope(self, *, noise_multiplier: float, sample_rate: float,
+                     steps: int) -> GdpEnvelope:
+        """The ledger's own computation (tests may import the ledger; the worker may not),
+        answered like ``POST /v1/gdp-envelopes``."""
+        from dpsynth_ledger.accounting.gdp_envelope import dp_sgd_gdp_envelope
+        from dpsynth_ledger.service.gdp_envelopes import ACCOUNTANT
+
+        self.calls.append(("gdp_envelope", {"noise_multiplier": noise_multiplier,
+                                            "sample_rate": sample_rate, "steps": steps}))
+        envelope = dp_sgd_gdp_envelope(noise_multiplier, sample_rate, steps)
+        return GdpEnvelope(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+                           steps=steps, mu=envelope.mu, tail_delta=envelope.tail_delta,
+                           accountant=ACCOUNTANT)
 
     def budget_view(self, dataset_id: str) -> BudgetView:
         self.calls.append(("budget_view", {"dataset_id": dataset_id}))

@@ -13,6 +13,8 @@ from dpsynth_shared.ledger_contract import (
     CloseRequest,
     CreateBudget,
     ExtendRequest,
+    GdpEnvelope,
+    GdpEnvelopeRequest,
     JobEpsilon,
     JobEpsilonRequest,
     Lease,
@@ -55,6 +57,7 @@ from dpsynth_ledger.service import (
     central_images,
     dp_evaluations,
     evaluations,
+    gdp_envelopes,
     histograms,
     leases,
     plans,
@@ -212,6 +215,18 @@ def list_evaluations(dataset_id: str, session: SessionDep) -> list[Evaluation]:
 @router.post("/job-epsilon", response_model=JobEpsilon)
 def job_epsilon(body: JobEpsilonRequest, session: SessionDep, ctx: CtxDep) -> JobEpsilon:
     return leases.job_epsilon(session, request=body, ctx=ctx)
+
+
+@router.post("/gdp-envelopes", response_model=GdpEnvelope,
+             summary="The Gaussian-DP envelope of a DP-SGD run (stateless)")
+def gdp_envelope(body: GdpEnvelopeRequest, ctx: CtxDep) -> GdpEnvelope:
+    """The smallest μ such that the run (σ, q, steps; add/remove, Poisson sampling) is
+    μ-GDP by its PLD profile on a grid of ε, and that profile's δ at the grid's end
+    (``tail_delta``): the claim a one-run privacy audit tests. Reads and writes nothing,
+    charges nothing; computed in a heavy slot (503 ``ledger_busy`` with ``Retry-After``
+    when none frees in time) and cached in the process. 422 ``plan_too_large`` beyond
+    ``max_steps`` or below the σ floor, 422 ``invalid_spec`` when no envelope exists."""
+    return gdp_envelopes.gdp_envelope(request=body, ctx=ctx)
 
 
 @router.get("/chain/verify", response_model=VerifyReport)

@@ -24,6 +24,8 @@ from dpsynth_shared.ledger_contract import (
     BudgetView,
     CloseRequest,
     ExtendRequest,
+    GdpEnvelope,
+    GdpEnvelopeRequest,
     Lease,
     LeaseRequest,
     ReadGrant,
@@ -278,6 +280,15 @@ class LedgerClient:
         if steps_used:
             body["steps_used"] = steps_used
         return _parse(JobEpsilon, self._http.request("POST", "/v1/job-epsilon", body))
+
+    def gdp_envelope(self, *, noise_multiplier: float, sample_rate: float,
+                     steps: int) -> GdpEnvelope:
+        """The Gaussian-DP envelope of a DP-SGD run (σ, q, steps): the μ an audit tests and
+        the additive tail δ (stateless on the ledger; a heavy computation there, so a busy
+        ledger's 503 is retried like any other)."""
+        body = GdpEnvelopeRequest(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+                                  steps=steps)
+        return _parse(GdpEnvelope, self._http.request("POST", "/v1/gdp-envelopes", body))
 
     def budget_view(self, dataset_id: str) -> BudgetView:
         """The dataset's budget view (filter figure, tight figure, order, accountant)."""

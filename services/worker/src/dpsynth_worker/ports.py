@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from dpsynth_shared.ledger_contract import BudgetView, Lease, ReadGrant, Reservation
+from dpsynth_shared.ledger_contract import (
+    BudgetView,
+    GdpEnvelope,
+    Lease,
+    ReadGrant,
+    Reservation,
+)
 from dpsynth_shared.release_contract import (
     CentralImagesRelease,
     CentralImagesRequest,
@@ -91,5 +97,11 @@ class LedgerPort(Protocol):
 
     def job_epsilon(self, *, dataset_id: str, reservation_ids: list[str],
                     steps_used: StepsUsed | None = None) -> JobEpsilon: ...
+
+    def gdp_envelope(self, *, noise_multiplier: float, sample_rate: float,
+                     steps: int) -> GdpEnvelope:
+        """The Gaussian-DP envelope (μ, tail δ) of a DP-SGD run: the claim an audit tests
+        (stateless; nothing is charged)."""
+        ...
 
     def budget_view(self, dataset_id: str) -> BudgetView: ...
