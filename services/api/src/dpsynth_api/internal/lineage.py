@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.derive import selection_of
 from dpsynth_api.jobs import repository as jobs_repo
+from dpsynth_api.jobs.kinds.audit import audit_target
 from dpsynth_api.models import repository as models_repo
 from dpsynth_api.models.conditioning import check_layout_generator, layout_channels, model_target
 from dpsynth_api.models.info_file import model_space
@@ -106,6 +107,8 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
     checkpoint = jobs_repo.latest_checkpoint(session, job.id)
     info = dataset_info(dataset) if dataset is not None else None
     evaluate = _evaluate_inputs(session, job) if job.type == "evaluate" else {}
+    # audit: the audited finetune's settings, never its dataset's object (jobs/kinds/audit.py)
+    target = audit_target(session, job) if job.type == "audit" else None
     return Claim(
         job_id=job.id, tenant_id=job.tenant_id, attempt=job.attempt,
         type=job.type,
@@ -114,7 +117,7 @@ def build_claim(session: Session, *, job: Job, settings: ApiSettings) -> Claim:
         resume_checkpoint_key=checkpoint.object_key if checkpoint else None,
         resume_step=(checkpoint.checkpoint_step or 0) if checkpoint else 0,
         layout_dataset=_layout_dataset(session, job),
-        layout_model=_layout_model(session, job), **evaluate,
+        layout_model=_layout_model(session, job), audit_target=target, **evaluate,
         lease_ttl_s=settings.lease_ttl_s, heartbeat_s=settings.heartbeat_s)
 
 

@@ -32,7 +32,10 @@ EVALUATE_RESULT_KEYS = frozenset({"report_artifact_id", "report_html_artifact_id
 # Keys the api itself writes into a job's result at submission; a worker never sets them.
 API_RESULT_KEYS = frozenset({"layout_source",
                              # a pretrain's content address (issue 18, item 5)
-                             "reuse_key"})
+                             "reuse_key",
+                             # an audit's audited job and the claim it tests
+                             # (jobs/kinds/audit.py; issue 19)
+                             "audit"})
 
 
 # A feature_net job trains on PUBLIC data only: its accuracy on public validation records
@@ -40,10 +43,17 @@ API_RESULT_KEYS = frozenset({"layout_source",
 FEATURE_NET_RESULT_KEYS = RESULT_KEYS | {"accuracy", "validation_size", "model_hash"}
 
 
+# An audit job's result: its measured bounds, the claim it tested and what ran, all on a
+# PUBLIC stand-in (it reads no private record); no model is kept.
+AUDIT_RESULT_KEYS = frozenset({"audit_result"})
+
+
 def result_keys(job_type: str) -> frozenset[str]:
     """The result keys a worker may set (and a reader sees) for a job of this type."""
     if job_type == "evaluate":
         return EVALUATE_RESULT_KEYS
+    if job_type == "audit":
+        return AUDIT_RESULT_KEYS
     return FEATURE_NET_RESULT_KEYS if job_type == "feature_net" else RESULT_KEYS
 
 
