@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         EvaluationResult,
         FeatureNet,
         FeatureNetInfo,
+        FinetuneTraining,
         ImageDataset,
         LayoutSet,
         ModelInfo,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         TrainingHooks,
         TrainingResult,
         TrainingSpec,
+        WhiteBoxAudit,
     )
     from dpsynth_shared.secure_noise import NormalSource
 
@@ -70,6 +72,18 @@ class MlAdapter:
         import dpsynth_ml
 
         dpsynth_ml.check_training(spec, base_model_dir)
+
+    def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
+                       base_model_dir: Path, canaries: int, delta: float, seed: int,
+                       confidence: float, claimed_mu: float | None,
+                       tail_delta: float) -> WhiteBoxAudit:
+        import dpsynth_ml
+        import torch
+
+        return dpsynth_ml.audit_finetune(
+            spec, dataset_path=dataset_path, base_model_dir=base_model_dir, canaries=canaries,
+            delta=delta, generator=torch.Generator().manual_seed(seed), confidence=confidence,
+            claimed_mu=claimed_mu, tail_delta=tail_delta)
 
     def read_model_info(self, model_dir: Path) -> ModelInfo:
         import dpsynth_ml

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         EvaluationResult,
         FeatureNet,
         FeatureNetInfo,
+        FinetuneTraining,
         ImageDataset,
         LayoutSet,
         ModelInfo,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         TrainingHooks,
         TrainingResult,
         TrainingSpec,
+        WhiteBoxAudit,
     )
     from dpsynth_shared.secure_noise import NormalSource
 
@@ -82,6 +84,16 @@ class MlPort(Protocol):
 
     def check_training(self, spec: TrainingSpec, base_model_dir: Path) -> None:
         """Refuse a finetune spec its base model cannot run, before any data is read."""
+        ...
+
+    def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
+                       base_model_dir: Path, canaries: int, delta: float, seed: int,
+                       confidence: float, claimed_mu: float | None,
+                       tail_delta: float) -> WhiteBoxAudit:
+        """White-box one-run audit of ``spec``'s DP-SGD on the PUBLIC stand-in at
+        ``dataset_path`` (``dpsynth_ml.audit_finetune``; ``seed`` keys the stand-in's
+        sampling and the canaries, the DP noise stays OS-keyed). The model it trains is
+        the audit's and is not kept."""
         ...
 
     # --- models ---------------------------------------------------------------------------

@@ -101,6 +101,7 @@ class WhiteBoxAudit:
         steps, sample_rate: the run's logical steps and its canaries' sampling rate.
         presences: how many (canary, step) pairs had the canary in the step's batch.
         scores: [m] each canary's score (float64).
+        engine: the audited engine's class (``BookKeepingEngine``, ``DpSgdEngine``).
     """
 
     bound: AuditBound
@@ -109,6 +110,7 @@ class WhiteBoxAudit:
     sample_rate: float
     presences: int
     scores: np.ndarray
+    engine: str = "unknown"
 
 
 def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: int,
@@ -173,7 +175,8 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
         bound=audit(values, flips, confidence=confidence, delta=delta),
         gdp=audit_gdp(values, flips, confidence=confidence, delta=delta,
                       claimed_mu=claimed_mu, tail_delta=tail_delta),
-        steps=steps, sample_rate=sample_rate, presences=presences, scores=values)
+        steps=steps, sample_rate=sample_rate, presences=presences, scores=values,
+        engine=type(engine).__name__)
 
 
 def _add_canaries(engine: AuditableEngine, positions: torch.Tensor, value: float,

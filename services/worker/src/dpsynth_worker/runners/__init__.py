@@ -26,6 +26,7 @@ from dpsynth_worker import metrics
 from dpsynth_worker.ml_adapter import MlAdapter
 from dpsynth_worker.ml_port import MlPort
 from dpsynth_worker.ports import ApiPort, LedgerPort
+from dpsynth_worker.runners.audit import run_audit
 from dpsynth_worker.runners.context import JobContext, StopFlags
 from dpsynth_worker.runners.evaluate import EvaluationInputError, run_evaluate
 from dpsynth_worker.runners.feature_net import run_feature_net
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 RUNNERS: dict[JobType, Callable[[JobContext], Outcome]] = {
     JobType.PRETRAIN: run_pretrain, JobType.FINETUNE: run_finetune,
     JobType.GENERATE: run_generate, JobType.FEATURE_NET: run_feature_net,
-    JobType.EVALUATE: run_evaluate}
+    JobType.EVALUATE: run_evaluate, JobType.AUDIT: run_audit}
 
 #: Failures of an evaluation on private data whose detail concerns only public inputs (the
 #: feature network's check on its public validation records, the worker's Inception weights).

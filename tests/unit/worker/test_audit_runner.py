@@ -1,0 +1,145 @@
+"""The audit runner against fake ports, a real local store and the real tiny ML core: it
+rebuilds the audited finetune's DP-SGD from its reservation, runs it on a PUBLIC stand-in,
+reads nothing private and charges nothing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from dpsynth_ml import FinetuneTraining, WhiteBoxAudit
+from dpsynth_ml.audit.gdp import GdpAuditBound
+from dpsynth_ml.audit.one_run import AuditBound
+from dpsynth_shared.errors import ErrorCode
+from dpsynth_shared.job_states import JobState
+from dpsynth_shared.worker_contract import AuditTarget, Claim, DatasetInfo
+from dpsynth_worker.ml_adapter import MlAdapter
+from dpsynth_worker.runners import Outcome
+from prometheus_client import REGISTRY
+
+from tests.unit.worker.conftest import CLASS_NAMES, NUM_RECORDS, World, _hex
+
+
+def _audit_claim(world: World, *, steps: int = 6, canaries: int = 200,
+                 **target_extra: Any) -> Claim:
+    audited = world.finetune_claim(steps=steps, checkpoint_every=steps)
+    assert audited.dataset is not None and audited.reservation_id is not None
+    # the audited (private) data is gone: an audit that read it would fail
+    world.store.delete(audited.dataset.object_key)
+    public_id = _hex("ds")
+    key = f"public/datasets/{public_id}/data.npz"
+    world.store.put_file(key, world.digits_npz)
+    target = AuditTarget(job_id=_hex("job"), spec=audited.spec,
+                         reservation_id=audited.reservation_id,
+                         dataset_id=audited.dataset.dataset_id, class_names=CLASS_NAMES,
+                         declared_size=NUM_RECORDS, delta=1e-5, **target_extra)
+    spec = {"type": "audit", "job_id": target.job_id, "stand_in_dataset_id": public_id,
+            "canaries": canaries, "seed": 3}
+    return Claim(job_id=world.job_id, tenant_id="ten_x", attempt=1, type="audit", spec=spec,
+                 dataset=DatasetInfo(dataset_id=public_id, visibility="public", object_key=key,
+                                     class_names=[f"c{i}" for i in range(10)]),
+                 base_model=audited.base_model, audit_target=target, lease_ttl_s=60,
+                 heartbeat_s=10)
+
+
+def test_an_audit_runs_the_audited_mechanism_on_the_stand_in(world: World) -> None:
+    claim = _audit_claim(world)
+    assert world.run(claim) == Outcome.SUCCEEDED
+    # nothing leased, granted, charged or closed: the reservation is only read
+    assert set(world.ledger.names()) == {"get_reservation", "gdp_envelope"}
+    final = world.api.final
+    assert final.to_state == JobState.SUCCEEDED
+    view = final.result["audit_result"]
+    assert view["verdict"] in ("consistent", "cannot_bite")  # an honest run is not rejected
+    assert view["canaries"] == 200 and view["confidence"] == 0.95 and view["delta"] == 1e-5
+    run = view["run"]
+    # the reservation's numbers verbatim; N̂ = 8 / 0.16
+    assert (run["noise_multiplier"], run["sample_rate"], run["steps"]) == (1.1, 0.16, 6)
+    assert run["expected_batch_size"] == 8 and run["population_size"] == 50
+    assert run["stand_in_records"] == NUM_RECORDS
+    assert 0.0 <= view["epsilon_lower_bound"] <= view["max_certifiable_epsilon"]
+    gdp = view["gdp"]
+    assert gdp["claimed_mu"] > 0 and not gdp["rejected"]
+    assert view["key"]["engine"] in ("BookKeepingEngine", "DpSgdEngine")
+    assert view["key"]["device"] == "cpu" and "trainable=" in view["key"]["recipe_family"]
+    assert not world.api.artifacts  # the audit's model is not kept
+
+
+def test_a_subject_level_target_is_refused_before_anything_runs(world: World) -> None:
+    claim = _audit_claim(world, privacy_unit="subject")
+    assert world.run(claim) == Outcome.FAILED
+    assert world.api.final.error_code == ErrorCode.INVALID_SPEC
+    assert "gdp_envelope" not in world.ledger.names()
+
+
+def test_a_private_stand_in_is_refused(world: World) -> None:
+    claim = _audit_claim(world)
+    assert claim.dataset is not None
+    private = claim.model_copy(update={"dataset": claim.dataset.model_copy(
+        update={"visibility": "private"})})
+    assert world.run(private) == Outcome.FAILED
+    assert world.api.final.error_code == ErrorCode.VISIBILITY_MISMATCH
+
+
+@pytest.mark.parametrize("classes", [3])
+def test_a_stand_in_with_other_classes_is_refused(world: World, classes: int) -> None:
+    claim = _audit_claim(world)
+    assert claim.audit_target is not None
+    fewer = claim.model_copy(update={"audit_target": claim.audit_target.model_copy(
+        update={"class_names": CLASS_NAMES[:classes]})})
+    assert world.run(fewer) == Outcome.FAILED
+    assert world.api.final.error_code == ErrorCode.INVALID_SPEC
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditorCore(MlAdapter):
+    """The real ML core with canned audit results in place of ``audit_finetune``: the
+    alarm's logic, whatever the mechanism (the real audits are tested in tests/unit/ml)."""
+
+    rejects: tuple[bool, ...]
+    seeds: list[int] = field(default_factory=list)
+
+    def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
+                       base_model_dir: Path, canaries: int, delta: float, seed: int,
+                       confidence: float, claimed_mu: float | None,
+                       tail_delta: float) -> WhiteBoxAudit:
+        rejected = self.rejects[len(self.seeds)]
+        self.seeds.append(seed)
+        mu = (claimed_mu or 1.0) * (2.0 if rejected else 0.5)
+        bound = AuditBound(epsilon_lower_bound=0.1, confidence=confidence, delta=delta,
+                           canaries=canaries, guesses=10, correct=9, guess_in=10, guess_out=0,
+                           candidates=12, max_certifiable=5.0)
+        gdp = GdpAuditBound(mu_lower_bound=mu, epsilon_lower_bound=0.2, claimed_mu=claimed_mu,
+                            rejected=rejected, confidence=confidence, delta=delta,
+                            canaries=canaries, guesses=10, correct=9, candidates=7,
+                            tail_delta=tail_delta, max_certifiable_mu=10.0)
+        return WhiteBoxAudit(bound=bound, gdp=gdp, steps=6, sample_rate=0.16, presences=1,
+                             scores=np.zeros(canaries), engine="BookKeepingEngine")
+
+
+def _verdicts(engine: str = "BookKeepingEngine") -> dict[str, float]:
+    return {v: REGISTRY.get_sample_value("privacy_audit_verdicts_total",
+                                         {"verdict": v, "engine": engine}) or 0.0
+            for v in ("rejected", "unconfirmed", "consistent", "cannot_bite")}
+
+
+@pytest.mark.parametrize(("rejects", "verdict"), [((True, True), "rejected"),
+                                                   ((True, False), "unconfirmed"),
+                                                   ((False,), "consistent")])
+def test_a_rejection_is_confirmed_by_a_rerun_before_it_alarms(
+        world: World, caplog: pytest.LogCaptureFixture, rejects: tuple[bool, ...],
+        verdict: str) -> None:
+    core = AuditorCore(rejects=rejects)
+    before = _verdicts()
+    assert world.run(_audit_claim(world), ml=core) == Outcome.SUCCEEDED
+    view = world.api.final.result["audit_result"]
+    assert view["verdict"] == verdict
+    assert core.seeds == [3, 4][:len(rejects)]  # the re-run draws fresh canaries
+    assert ("confirmation" in view) == (len(rejects) == 2)
+    after = _verdicts()
+    assert after[verdict] == before[verdict] + 1
+    alarms = [r for r in caplog.records if "PRIVACY AUDIT ALARM" in r.getMessage()]
+    assert len(alarms) == (1 if verdict == "rejected" else 0)
