@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from dpsynth_api.tables import Dataset
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
@@ -100,6 +101,11 @@ def test_an_audit_of_a_finetune_is_admitted_without_any_reservation(api: Api) ->
     assert f"private/datasets/{private}" not in claim.text
     assert c["dataset"]["dataset_id"] == stand_in and c["dataset"]["visibility"] == "public"
     assert c["base_model"]["model_id"] == model
+    # the model an audit trains is the audit's: it registers no model (nor any artifact)
+    model_out = api.worker(f"{job['job_id']}/artifacts", {
+        "attempt": 1, "kind": "model", "object_key": f"models/{job['job_id']}/model.tar",
+        "sha256": "f" * 64, "size": 10, "metadata": {}})
+    assert _code(model_out) == (400, "invalid_request"), model_out.text
     # the worker's result is kept beside the api's block; it cannot replace the block
     done = api.worker(f"{job['job_id']}/transition", {
         "attempt": 1, "to_state": "succeeded",
@@ -187,3 +193,24 @@ def test_the_claim_rechecks_that_the_stand_in_is_public(api: Api) -> None:
         engine.dispose()
     claim = api.worker(f"{audit.json()['job_id']}/claim", {"attempt": 1, "worker_id": "w"})
     assert _code(claim) == (422, "visibility_mismatch"), claim.text
+
+
+def test_a_subject_level_finetune_is_not_audited_yet(api: Api) -> None:
+    _, token = api.tenant()
+    images = np.random.default_rng(0).integers(0, 256, size=(24, 8, 8), dtype=np.uint8)
+    subjects = np.repeat(np.arange(12), 2)
+    r = api.upload(token, b.npz_bytes(images=images, labels=subjects % 3, subjects=subjects), {
+        "name": "subj", "visibility": "private", "epsilon_limit": 10.0,
+        "label_domain": ["x", "y", "z"], "privacy_unit": "subject", "declared_size": 12},
+        filename="d.npz")
+    assert r.status_code == 201, r.text
+    made = _post(api, token, {"type": "finetune", "dataset_id": r.json()["dataset_id"],
+                              "base_model_id": api.model(token),
+                              "privacy": {"target_epsilon": 2.0},
+                              "training": {"expected_batch_size": 4, "epochs": 1}})
+    assert made.status_code == 201, made.text
+    stand_in = api.public_dataset(token, {"a": 3, "b": 3, "c": 3})
+    for dry in (False, True):
+        refused = _audit(api, token, made.json()["job_id"], stand_in, dry=dry)
+        assert _code(refused) == (422, "invalid_spec"), refused.text
+        assert "privacy unit is the subject" in refused.json()["detail"]

@@ -93,6 +93,9 @@ def heartbeat(session: Session, *, job_id: str, beat: Heartbeat) -> HeartbeatRep
 def _check_artifact(job: Job, body: RegisterArtifact, owner_only: bool) -> None:
     prefix = _PREFIX[body.kind].format(job=job.id)
     allowed = (prefix, *(p.format(job=job.id) for p in _OTHER_PREFIXES.get(body.kind, ())))
+    if job.type == "audit":
+        raise DpsynthError(ErrorCode.INVALID_REQUEST, "audit jobs register no artifacts: the "
+                           "model an audit trains is the audit's and is not kept")
     if body.kind == "report" and job.type != "evaluate":
         raise DpsynthError(ErrorCode.INVALID_REQUEST, "only evaluate jobs register reports")
     if not body.object_key.startswith(allowed):
