@@ -175,3 +175,30 @@ def test_private_contribution_as_the_demo_measures_it(journey, client):
     assert c["standard_error"] == pytest.approx(difference_standard_error(p1, p2, n))
     assert c["difference"] == pytest.approx(p2 - p1)
     assert isinstance(contribution_shown(c), bool)  # tiny models: no claim on the outcome
+
+
+def test_an_audit_of_the_finetune_runs_on_the_public_data_and_charges_nothing(journey, client):
+    """Issue 19: the finetune's DP-SGD, rebuilt from its reservation by a real worker, on
+    the PUBLIC dataset as stand-in; the ledger's GDP envelope through its real endpoint."""
+    ft = client.get_job(journey["finetune"]["job_id"])
+    before = client.get_budget(journey["private"]["dataset_id"])
+    audit = client.submit_job({"type": "audit", "job_id": ft["job_id"],
+                               "stand_in_dataset_id": journey["public"]["dataset_id"],
+                               "canaries": 200, "seed": 1})
+    done = client.wait_for_job(audit["job_id"], timeout=600)
+    assert done["state"] == "succeeded", done
+    view = done["result"]["audit_result"]
+    assert view["verdict"] in ("consistent", "cannot_bite"), view  # honest code: no alarm
+    assert view["audited_job_id"] == ft["job_id"] and view["canaries"] == 200
+    run, privacy = view["run"], ft["privacy"]
+    assert run["noise_multiplier"] == pytest.approx(privacy["noise_multiplier"])
+    assert run["sample_rate"] == pytest.approx(privacy["sample_rate"])
+    assert run["steps"] == privacy["steps"]
+    assert run["population_size"] == 200 and run["stand_in_records"] == 200  # cut to N̂
+    assert view["gdp"]["claimed_mu"] > 0 and not view["gdp"]["rejected"]
+    assert view["key"]["code_version"] and view["key"]["engine"]
+    assert done["result"]["audit"]["audited_job_id"] == ft["job_id"]
+    assert client.job_artifacts(audit["job_id"]) == []  # the audit's model is not kept
+    after = client.get_budget(journey["private"]["dataset_id"])
+    assert after["dataset_epsilon_spent"] == before["dataset_epsilon_spent"]
+    assert after["dataset_epsilon_reserved"] == before["dataset_epsilon_reserved"]
