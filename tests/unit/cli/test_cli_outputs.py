@@ -201,6 +201,22 @@ def test_jobs_show_names_the_base_model_apart_from_the_produced_one(api: FakeApi
     assert "produced model mdl_new" in out and "base model mdl_base" in out
 
 
+def test_jobs_show_gives_an_audits_verdict_bound_claim_and_ceiling(api: FakeApi) -> None:
+    view = {"verdict": "cannot_bite", "epsilon_lower_bound": 0.42, "claimed_epsilon": 10.0,
+            "max_certifiable_epsilon": 5.09, "canaries": 1000, "confidence": 0.95,
+            "gdp": {"epsilon_lower_bound": 0.61}}
+    done = job_body("job_a", "audit", "succeeded", dataset_id="ds_pub", model_id="mdl_base",
+                    result={"audit": {"audited_job_id": "job_f"}, "audit_result": view})
+    api.route("GET", "/v1/jobs/job_a", done)
+    out = " ".join(runner.invoke(app, ["jobs", "show", "job_a"], env=WIDE).stdout.split())
+    assert "audited job job_f" in out
+    assert "could not have rejected its claim" in out and "measured epsilon >= 0.42" in out
+    assert "claimed 10" in out and "at most 5.09 could be certified" in out
+    assert "(f-DP: >= 0.61)" in out and "1000 canaries" in out
+    assert dry_run_line({"type": "audit", "plan": {"epsilon_charged": 0.0}}, None).startswith(
+        "this job spends no privacy budget: an audit runs")
+
+
 PLAN = {"job_epsilon": 4.0, "noise_multiplier": 1.1, "sample_rate": 0.116, "steps": 140,
         "expected_batch_size": 128, "delta": 1e-6, "dataset_epsilon_spent_before": 0.0,
         "dataset_epsilon_spent_after": 5.12, "admissible": True,

@@ -139,7 +139,32 @@ def next_steps(job: dict[str, Any]) -> list[str]:
                 f"next: dpsynth evaluate art_... --dataset ds_... --feature-model {made} --wait"]
     if kind == "evaluate":
         return [f"report: dpsynth report {made} --html report.html"]
+    if kind == "audit":
+        return [f"audit: {audit_line(job)}", f"details: dpsynth jobs show {made}"]
     return []
+
+
+AUDIT_VERDICTS = {
+    "consistent": "consistent with its claim (no bound above it)",
+    "cannot_bite": "could not have rejected its claim at these canaries and confidence",
+    "rejected": "REJECTED: the running code leaks more than claimed (confirmed by a re-run)",
+    "unconfirmed": "one run rejected its claim, the confirming re-run did not",
+}
+
+
+def audit_line(job: dict[str, Any]) -> str:
+    """An audit job's verdict in words, with its measured bound, the claim and the most
+    these canaries could certify."""
+    view = (job.get("result") or {}).get("audit_result") or {}
+    if not view:
+        return "no result yet"
+    verdict = str(view.get("verdict", "?"))
+    return (f"{AUDIT_VERDICTS.get(verdict, verdict)}; measured epsilon >= "
+            f"{_eps(view.get('epsilon_lower_bound'))} (f-DP: >= "
+            f"{_eps((view.get('gdp') or {}).get('epsilon_lower_bound'))}) against a claimed "
+            f"{_eps(view.get('claimed_epsilon'))}; at most "
+            f"{_eps(view.get('max_certifiable_epsilon'))} could be certified "
+            f"({view.get('canaries')} canaries, {view.get('confidence')} confidence)")
 
 
 def job_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
@@ -162,6 +187,10 @@ def job_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("produced model", made or "(none yet: shown once the job succeeds)"))
     elif kind == "generate":
         rows.append(("corpus", produced_id(job) or "(none yet: shown once the job succeeds)"))
+    elif kind == "audit":
+        audited = ((job.get("result") or {}).get("audit") or {}).get("audited_job_id")
+        rows.append(("audited job", str(audited or "-")))
+        rows.append(("audit", audit_line(job)))
     privacy = job.get("privacy") or {}
     if privacy.get("job_epsilon") is not None:
         rows.append(("job epsilon", _eps(privacy["job_epsilon"])))
@@ -205,6 +234,9 @@ def dry_run_line(result: dict[str, Any], budget: dict[str, Any] | None) -> str:
         elif kind == "generate":
             return ("this job spends no privacy budget: sampling a DP model is "
                     "post-processing")
+        elif kind == "audit":
+            return ("this job spends no privacy budget: an audit runs the audited job's "
+                    "DP-SGD on a public stand-in and reads no private record")
         elif kind == "evaluate":
             return ("this job spends no epsilon: "
                     + ("a non-DP read of private data, recorded in the ledger"
