@@ -46,4 +46,17 @@ class AuditSpec(SpecBase):
                       "canaries and their inclusion (the DP noise stays OS-keyed)")
 
 
-__all__ = ["AuditSpec"]
+def recipe_family(*, trainable: str, noise_multiplicity: int,
+                  max_physical_batch_size: int | None) -> str:
+    """The key under which audits of one recipe are filed and matched (with the engine,
+    device kind and code version beside it): the trainable set, the noise multiplicity K and
+    the micro-batching, the settings that change the mechanism's code path. The worker
+    writes it into an audit's result; the api computes it from a finetune's spec to show the
+    latest matching audit, or "not audited"."""
+    parts = [f"trainable={trainable}", f"K={noise_multiplicity}"]
+    if max_physical_batch_size:
+        parts.append(f"physical<={max_physical_batch_size}")
+    return ",".join(parts)
+
+
+__all__ = ["AuditSpec", "recipe_family"]

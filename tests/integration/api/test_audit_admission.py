@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from dpsynth_api.jobs.audits import family_of
 from dpsynth_api.tables import Dataset
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
@@ -106,14 +107,40 @@ def test_an_audit_of_a_finetune_is_admitted_without_any_reservation(api: Api) ->
         "attempt": 1, "kind": "model", "object_key": f"models/{job['job_id']}/model.tar",
         "sha256": "f" * 64, "size": 10, "metadata": {}})
     assert _code(model_out) == (400, "invalid_request"), model_out.text
+    # before it ends, the finetune's view says "not audited"
+    shown = api.client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()["audit"]
+    family = family_of(finetune["spec"])
+    assert shown == {**shown, "status": "not_audited", "recipe_family": family,
+                     "audit_job_id": None}
     # the worker's result is kept beside the api's block; it cannot replace the block
+    result = {"verdict": "consistent", "epsilon_lower_bound": 0.3, "claimed_epsilon": 2.0,
+              "max_certifiable_epsilon": 4.2,
+              "key": {"recipe_family": family, "engine": "BookKeepingEngine",
+                      "device": "cpu", "world_size": 1, "code_version": "0.1.0"}}
     done = api.worker(f"{job['job_id']}/transition", {
         "attempt": 1, "to_state": "succeeded",
-        "result": {"audit_result": {"verdict": "consistent"}, "audit": {"forged": True}}})
+        "result": {"audit_result": result, "audit": {"forged": True}}})
     assert done.status_code == 200, done.text
     final = api.client.get(f"/v1/jobs/{job['job_id']}", headers=auth(token)).json()
     assert final["result"]["audit"] == audit
-    assert final["result"]["audit_result"] == {"verdict": "consistent"}
+    assert final["result"]["audit_result"] == result
+    assert final["audit"] is None  # only a finetune's view shows its audit
+    # the finetune's view now shows the audit: its verdict, date, engine and version
+    shown = api.client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()["audit"]
+    assert shown["status"] == "audited" and shown["audit_job_id"] == job["job_id"]
+    assert shown["same_job"] is True and shown["verdict"] == "consistent"
+    assert shown["engine"] == "BookKeepingEngine" and shown["code_version"] == "0.1.0"
+    assert shown["epsilon_lower_bound"] == 0.3 and shown["finished_at"]
+    # another finetune of the same recipe family shows it too, as another job's audit
+    again = api.finetune(token, private, model)
+    assert again.status_code == 201, again.text
+    other = again.json()["job_id"]
+    shown = api.client.get(f"/v1/jobs/{other}", headers=auth(token)).json()["audit"]
+    assert shown["status"] == "audited" and shown["same_job"] is False
+    assert shown["audited_job_id"] == job_id
+    # ... and a list never computes it
+    listed = api.client.get("/v1/jobs", headers=auth(token)).json()["items"]
+    assert all(item["audit"] is None for item in listed)
 
 
 def test_the_stand_in_must_be_public_with_as_many_classes(api: Api) -> None:

@@ -213,6 +213,19 @@ def test_jobs_show_gives_an_audits_verdict_bound_claim_and_ceiling(api: FakeApi)
     assert "could not have rejected its claim" in out and "measured epsilon >= 0.42" in out
     assert "claimed 10" in out and "at most 5.09 could be certified" in out
     assert "(f-DP: >= 0.61)" in out and "1000 canaries" in out
+    finetune = job_body("job_f", "finetune", "succeeded", model_id="mdl_base",
+                        audit={"status": "not_audited", "recipe_family": "trainable=full,K=1"})
+    api.route("GET", "/v1/jobs/job_f", finetune)
+    out = " ".join(runner.invoke(app, ["jobs", "show", "job_f"], env=WIDE).stdout.split())
+    assert "privacy audit not audited (trainable=full,K=1)" in out
+    api.route("GET", "/v1/jobs/job_f", {**finetune, "audit": {
+        "status": "audited", "recipe_family": "trainable=full,K=1", "audit_job_id": "job_a",
+        "audited_job_id": "job_f", "same_job": True, "verdict": "consistent",
+        "epsilon_lower_bound": 0.3, "claimed_epsilon": 2.0, "engine": "BookKeepingEngine",
+        "device": "cpu", "code_version": "0.1.0", "finished_at": "2026-11-27T19:00:00Z"}})
+    out = " ".join(runner.invoke(app, ["jobs", "show", "job_f"], env=WIDE).stdout.split())
+    assert "privacy audit consistent: measured epsilon >= 0.3 against a claimed 2" in out
+    assert "(audit job_a of this job, BookKeepingEngine, cpu, version 0.1.0" in out
     assert dry_run_line({"type": "audit", "plan": {"epsilon_charged": 0.0}}, None).startswith(
         "this job spends no privacy budget: an audit runs")
 

@@ -101,6 +101,7 @@ class AuditorCore(MlAdapter):
 
     rejects: tuple[bool, ...]
     seeds: list[int] = field(default_factory=list)
+    confidences: list[float] = field(default_factory=list)
 
     def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
@@ -108,6 +109,7 @@ class AuditorCore(MlAdapter):
                        tail_delta: float) -> WhiteBoxAudit:
         rejected = self.rejects[len(self.seeds)]
         self.seeds.append(seed)
+        self.confidences.append(confidence)
         mu = (claimed_mu or 1.0) * (2.0 if rejected else 0.5)
         bound = AuditBound(epsilon_lower_bound=0.1, confidence=confidence, delta=delta,
                            canaries=canaries, guesses=10, correct=9, guess_in=10, guess_out=0,
@@ -137,7 +139,8 @@ def test_a_rejection_is_confirmed_by_a_rerun_before_it_alarms(
     assert world.run(_audit_claim(world), ml=core) == Outcome.SUCCEEDED
     view = world.api.final.result["audit_result"]
     assert view["verdict"] == verdict
-    assert core.seeds == [3, 4][:len(rejects)]  # the re-run draws fresh canaries
+    assert core.seeds == [3, 4][:len(rejects)]  # the re-run draws fresh canaries ...
+    assert core.confidences == [0.95, 0.99][:len(rejects)]  # ... and alarms only at 99 %
     assert ("confirmation" in view) == (len(rejects) == 2)
     after = _verdicts()
     assert after[verdict] == before[verdict] + 1

@@ -194,6 +194,17 @@ def job_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
     privacy = job.get("privacy") or {}
     if privacy.get("job_epsilon") is not None:
         rows.append(("job epsilon", _eps(privacy["job_epsilon"])))
+    audit = job.get("audit") or {}
+    if audit.get("status") == "not_audited":
+        rows.append(("privacy audit", f"not audited ({audit.get('recipe_family')}): "
+                     "dpsynth jobs submit examples/audit.yaml --set job_id=..."))
+    elif audit.get("status") == "audited":
+        whose = "this job" if audit.get("same_job") else f"job {audit.get('audited_job_id')}"
+        rows.append(("privacy audit", f"{audit.get('verdict')}: measured epsilon >= "
+                     f"{_eps(audit.get('epsilon_lower_bound'))} against a claimed "
+                     f"{_eps(audit.get('claimed_epsilon'))} (audit {audit.get('audit_job_id')}"
+                     f" of {whose}, {audit.get('engine')}, {audit.get('device')}, version "
+                     f"{audit.get('code_version')}, {audit.get('finished_at')})"))
     if privacy.get("dataset_epsilon_spent_after") is not None:
         rows.append(("dataset spent after (RDP filter)",
                      _eps(privacy["dataset_epsilon_spent_after"])))

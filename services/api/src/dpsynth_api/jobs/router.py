@@ -21,6 +21,7 @@ from dpsynth_api.deps import (
     SubmitterDep,
 )
 from dpsynth_api.jobs import reports, service, submit
+from dpsynth_api.jobs.audits import latest_audit
 from dpsynth_api.jobs.schemas import DryRun, JobOut, JobPage, job_out
 from dpsynth_api.pagination import split
 from dpsynth_api.tenants.security import Scope
@@ -67,10 +68,13 @@ def list_jobs(session: SessionDep, principal: ReaderDep,
 
 @router.get("/{job_id}", response_model=JobOut)
 def get_job(job_id: str, session: SessionDep, principal: ReaderDep) -> JobOut:
-    """A job: state, progress, privacy block, artifacts, error."""
+    """A job: state, progress, privacy block, artifacts, error; a finetune's latest
+    matching privacy audit, or 'not_audited'."""
     job = service.get_job(session, principal=principal, job_id=job_id)
-    return job_out(job, service.job_artifacts(session, job=job),
+    view = job_out(job, service.job_artifacts(session, job=job),
                    owner=principal.has(Scope.OWNER))
+    view.audit = latest_audit(session, job)
+    return view
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut)

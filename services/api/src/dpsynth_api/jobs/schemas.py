@@ -11,6 +11,7 @@ from dpsynth_shared.job_states import JobState
 from dpsynth_shared.ledger_contract import TIGHT_LABEL, Plan
 from pydantic import BaseModel, ConfigDict, Field
 
+from dpsynth_api.jobs.audits import AuditSummary
 from dpsynth_api.tables import Artifact, Job
 
 # Keys of a worker's result that may enter the job record (data-independent only).
@@ -101,6 +102,9 @@ class JobOut(BaseModel):
     updated_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    audit: AuditSummary | None = Field(
+        None, description="GET /v1/jobs/{id} of a finetune job: the latest privacy audit of "
+        "this job or another of its recipe family, or status 'not_audited' (lists: null)")
 
 
 class JobPage(BaseModel):
