@@ -10,11 +10,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from dpsynth_ledger.accounting.gdp_envelope import dp_sgd_gdp_envelope
 from dpsynth_ml import FinetuneTraining, WhiteBoxAudit
 from dpsynth_ml.audit.gdp import GdpAuditBound
 from dpsynth_ml.audit.one_run import AuditBound
+from dpsynth_shared.dp_events import DpSgdEvent
 from dpsynth_shared.errors import ErrorCode
+from dpsynth_shared.gdp import gdp_epsilon
 from dpsynth_shared.job_states import JobState
+from dpsynth_shared.ledger_contract import Reservation
 from dpsynth_shared.worker_contract import AuditTarget, Claim, DatasetInfo
 from dpsynth_worker.ml_adapter import MlAdapter
 from dpsynth_worker.runners import Outcome
@@ -45,15 +49,31 @@ def _audit_claim(world: World, *, steps: int = 6, canaries: int = 200,
                  heartbeat_s=10)
 
 
-def test_an_audit_runs_the_audited_mechanism_on_the_stand_in(world: World) -> None:
+def test_an_audit_runs_the_audited_mechanism_on_the_stand_in(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     claim = _audit_claim(world)
+    # the fake ledger's job epsilon is 0.05 a step, not the run's: the claim tested here is
+    # the epsilon at delta of the run's GDP envelope (at least the run's own PLD figure)
+    fake = world.ledger.get_reservation
+
+    def reservation(reservation_id: str) -> Reservation:
+        r = fake(reservation_id)
+        assert isinstance(r.event, DpSgdEvent)
+        mu = dp_sgd_gdp_envelope(r.event.noise_multiplier, r.event.sample_rate,
+                                 r.event.steps).mu
+        return r.model_copy(update={"job_epsilon": gdp_epsilon(mu, 1e-5)})
+
+    monkeypatch.setattr(world.ledger, "get_reservation", reservation)
     assert world.run(claim) == Outcome.SUCCEEDED
     # nothing leased, granted, charged or closed: the reservation is only read
     assert set(world.ledger.names()) == {"get_reservation", "gdp_envelope"}
     final = world.api.final
     assert final.to_state == JobState.SUCCEEDED
     view = final.result["audit_result"]
-    assert view["verdict"] in ("consistent", "cannot_bite")  # an honest run is not rejected
+    # an honest run is not rejected: a single run may be (at most 5 % of the time at 95 %;
+    # the DP noise is OS-keyed, so this is not replayable), its confirming re-run at 99 %
+    # too at most 1 % of those: "rejected" at most 5e-4 of the time
+    assert view["verdict"] in ("consistent", "cannot_bite", "unconfirmed"), view
     assert view["canaries"] == 200 and view["confidence"] == 0.95 and view["delta"] == 1e-5
     run = view["run"]
     # the reservation's numbers verbatim; N̂ = 8 / 0.16
@@ -61,8 +81,7 @@ def test_an_audit_runs_the_audited_mechanism_on_the_stand_in(world: World) -> No
     assert run["expected_batch_size"] == 8 and run["population_size"] == 50
     assert run["stand_in_records"] == NUM_RECORDS
     assert 0.0 <= view["epsilon_lower_bound"] <= view["max_certifiable_epsilon"]
-    gdp = view["gdp"]
-    assert gdp["claimed_mu"] > 0 and not gdp["rejected"]
+    assert view["gdp"]["claimed_mu"] > 0
     assert view["key"]["engine"] in ("BookKeepingEngine", "DpSgdEngine")
     assert view["key"]["device"] == "cpu" and "trainable=" in view["key"]["recipe_family"]
     assert not world.api.artifacts  # the audit's model is not kept
