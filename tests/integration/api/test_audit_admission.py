@@ -222,7 +222,7 @@ def test_the_claim_rechecks_that_the_stand_in_is_public(api: Api) -> None:
     assert _code(claim) == (422, "visibility_mismatch"), claim.text
 
 
-def test_a_subject_level_finetune_is_not_audited_yet(api: Api) -> None:
+def test_a_subject_level_finetune_is_audited_with_its_unit(api: Api) -> None:
     _, token = api.tenant()
     images = np.random.default_rng(0).integers(0, 256, size=(24, 8, 8), dtype=np.uint8)
     subjects = np.repeat(np.arange(12), 2)
@@ -237,7 +237,11 @@ def test_a_subject_level_finetune_is_not_audited_yet(api: Api) -> None:
                               "training": {"expected_batch_size": 4, "epochs": 1}})
     assert made.status_code == 201, made.text
     stand_in = api.public_dataset(token, {"a": 3, "b": 3, "c": 3})
-    for dry in (False, True):
-        refused = _audit(api, token, made.json()["job_id"], stand_in, dry=dry)
-        assert _code(refused) == (422, "invalid_spec"), refused.text
-        assert "privacy unit is the subject" in refused.json()["detail"]
+    audit = _audit(api, token, made.json()["job_id"], stand_in)
+    assert audit.status_code == 201, audit.text
+    claim = api.worker(f"{audit.json()['job_id']}/claim", {"attempt": 1, "worker_id": "w"})
+    assert claim.status_code == 200, claim.text
+    target = claim.json()["audit_target"]
+    # the worker gives the stand-in subjects of max_images_per_subject images each
+    assert target["privacy_unit"] == "subject" and target["declared_size"] == 12
+    assert target["spec"]["training"]["max_images_per_subject"] == 8

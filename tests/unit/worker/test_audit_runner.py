@@ -87,11 +87,18 @@ def test_an_audit_runs_the_audited_mechanism_on_the_stand_in(
     assert not world.api.artifacts  # the audit's model is not kept
 
 
-def test_a_subject_level_target_is_refused_before_anything_runs(world: World) -> None:
+def test_a_subject_level_run_gets_stand_in_subjects_of_the_most_images_one_gives(
+        world: World) -> None:
     claim = _audit_claim(world, privacy_unit="subject")
-    assert world.run(claim) == Outcome.FAILED
-    assert world.api.final.error_code == ErrorCode.INVALID_SPEC
-    assert "gdp_envelope" not in world.ledger.names()
+    assert claim.audit_target is not None
+    spec = claim.audit_target.spec
+    spec["training"]["max_images_per_subject"] = 2
+    assert world.run(claim) == Outcome.SUCCEEDED
+    view = world.api.final.result["audit_result"]
+    run = view["run"]
+    assert run["privacy_unit"] == "subject" and run["population_size"] == 50  # subjects
+    assert run["stand_in_records"] == NUM_RECORDS  # 25 subjects of 2 images <= N̂ = 50
+    assert view["verdict"] in ("consistent", "cannot_bite", "unconfirmed"), view
 
 
 def test_a_private_stand_in_is_refused(world: World) -> None:

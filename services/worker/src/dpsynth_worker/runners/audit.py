@@ -61,10 +61,6 @@ def run_audit(ctx: JobContext) -> Outcome:
         raise DpsynthError(ErrorCode.INVALID_SPEC, "an audit claim needs the audited job "
                            "(the spec's job_id) and its base model")
     stand_in = require_public(ctx.claim.dataset, "audit's stand-in dataset")
-    if target.privacy_unit != "image":
-        raise DpsynthError(ErrorCode.INVALID_SPEC, "subject-level finetunes are not audited "
-                           "yet: a public stand-in has no subjects to copy the audited "
-                           "subjects' multiplicities from")
     reservation = ctx.ledger.get_reservation(target.reservation_id)
     ctx.heartbeat.phase("downloading")
     base_dir = download_folder(ctx, base.object_key, "base")
@@ -74,7 +70,11 @@ def run_audit(ctx: JobContext) -> Outcome:
     ctx.ml.check_training(training, base_dir)
     dp = _dp_of(training)
     population = round(dp.expected_batch_size / dp.sample_rate)
-    path, kept = _stand_in(ctx, stand_in, target, population=population, seed=spec.seed)
+    # user-level: every stand-in subject has the most images a subject contributes from
+    per_unit = (int(getattr(training.privacy, "max_images_per_subject", 1))
+                if target.privacy_unit == "subject" else 1)
+    path, kept = _stand_in(ctx, stand_in, target, population=population, seed=spec.seed,
+                           per_unit=per_unit)
     envelope = ctx.ledger.gdp_envelope(noise_multiplier=dp.noise_multiplier,
                                        sample_rate=dp.sample_rate, steps=dp.steps)
     delta = _delta(target, reservation)
@@ -138,7 +138,8 @@ def _as_audited(stand_in: DatasetInfo, target: AuditTarget) -> DatasetInfo:
     """The stand-in under the audited dataset's public terms (classes, N̂, δ, limit)."""
     return stand_in.model_copy(update={
         "class_names": list(target.class_names), "declared_size": target.declared_size,
-        "delta": target.delta, "epsilon_limit": target.epsilon_limit, "privacy_unit": "image",
+        "delta": target.delta, "epsilon_limit": target.epsilon_limit,
+        "privacy_unit": target.privacy_unit,
         "selection": None, "class_sizes": None})
 
 
@@ -160,9 +161,12 @@ def _delta(target: AuditTarget, reservation: Reservation) -> float:
 
 
 def _stand_in(ctx: JobContext, stand_in: DatasetInfo, target: AuditTarget, *,
-              population: int, seed: int) -> tuple[Path, int]:
-    """The stand-in as the audited run's data: at most N̂ records (a seeded choice), the
-    audited class names on its labels (same count, checked), no subjects."""
+              population: int, seed: int, per_unit: int) -> tuple[Path, int]:
+    """The stand-in as the audited run's data: at most N̂ units (a seeded choice of
+    records), the audited class names on its labels (same count, checked). A subject-level
+    run (``per_unit`` > 1) gets subjects of ``per_unit`` consecutive records each: the
+    audited subjects' counts are private, so every stand-in subject has the most images
+    the run draws from one (``max_images_per_subject``); its own subjects are dropped."""
     ctx.heartbeat.phase("downloading stand-in")
     raw = ctx.work_dir / "stand-in-raw.npz"
     fetch_dataset(ctx, stand_in, raw)  # public: no read grant
@@ -174,10 +178,12 @@ def _stand_in(ctx: JobContext, stand_in: DatasetInfo, target: AuditTarget, *,
         raise DpsynthError(ErrorCode.INVALID_SPEC, f"the stand-in has {len(names)} classes "
                            f"and the audited dataset {len(target.class_names)}")
     n = int(arrays["images"].shape[0])
-    keep = np.sort(np.random.default_rng(seed).permutation(n)[:min(n, population)])
+    keep = np.sort(np.random.default_rng(seed).permutation(n)[:min(n, population * per_unit)])
     out = {name: (a[keep] if a.ndim >= 1 and a.shape[0] == n else a)
            for name, a in arrays.items() if name not in ("class_names", "subjects")}
     out["class_names"] = np.asarray(list(target.class_names), dtype=str)
+    if target.privacy_unit == "subject":
+        out["subjects"] = np.arange(keep.size, dtype=np.int64) // per_unit
     path = ctx.work_dir / "stand-in.npz"
     with path.open("wb") as fh:
         np.savez(fh, **out)
@@ -217,6 +223,7 @@ def audit_view(result: WhiteBoxAudit, *, spec: AuditSpec, target: AuditTarget,
         "run": {"noise_multiplier": dp.noise_multiplier, "sample_rate": dp.sample_rate,
                 "steps": result.steps, "expected_batch_size": dp.expected_batch_size,
                 "max_grad_norm": dp.max_grad_norm, "presences": result.presences,
+                "privacy_unit": target.privacy_unit,
                 "stand_in_dataset_id": dataset_id, "stand_in_records": kept,
                 "population_size": population},
         # what a result is keyed by: the same key, the same mechanism (issue 19, item 1)

@@ -115,11 +115,6 @@ def _audited_dataset(session: Session, job: Job) -> Dataset:
     if dataset is None or dataset.tenant_id != job.tenant_id:
         raise DpsynthError(ErrorCode.INVALID_SPEC, f"job {job.id} cannot be audited: its "
                            "dataset is gone", job_id=job.id)
-    if dataset.privacy_unit == "subject":
-        raise DpsynthError(ErrorCode.INVALID_SPEC, f"job {job.id} cannot be audited: its "
-                           "dataset's privacy unit is the subject, which is not audited yet "
-                           "(a public stand-in has no subjects whose multiplicities could "
-                           "copy the audited ones)", job_id=job.id)
     return dataset
 
 
