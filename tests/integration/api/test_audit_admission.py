@@ -173,15 +173,25 @@ def test_only_a_whole_dataset_dp_sgd_finetune_of_the_tenant_is_audited(api: Api)
     assert audit.status_code == 201, audit.text
     r = _audit(api, token, audit.json()["job_id"], stand_in)
     assert _code(r) == (422, "invalid_spec") and "audit job" in r.json()["detail"]
-    # a per-label finetune, a finetune with a central-image release
+    # a finetune with a central-image release
     sized = api.upload(token, b.digits_npz(12, k=3, size=10), {
         "name": "sized", "visibility": "private", "epsilon_limit": 10.0,
         "label_domain": ["x", "y", "z"], "declared_size": 12, "class_sizes": SIZES},
         filename="d.npz")
     assert sized.status_code == 201, sized.text
     sized = sized.json()["dataset_id"]
+    # a per-label finetune is admitted: its claim carries every class's run
+    per_label = _post(api, token, {"type": "finetune", "dataset_id": sized,
+                                   "base_model_id": model, "privacy": {"target_epsilon": 2.0},
+                                   "training": {"per_label": True, "expected_batch_size": 4,
+                                                "epochs": 1}})
+    assert per_label.status_code == 201, per_label.text
+    admitted = _audit(api, token, per_label.json()["job_id"], stand_in)
+    assert admitted.status_code == 201, admitted.text
+    claimed = admitted.json()["result"]["audit"]["claimed"]
+    assert set(claimed["per_label"]) == {"x", "y", "z"}
+    assert all(run["noise_multiplier"] > 0 for run in claimed["per_label"].values())
     cases = {
-        "one engine per class": {"per_label": True, "expected_batch_size": 4, "epochs": 1},
         "its own Gaussian mechanism": {
             "expected_batch_size": 4, "epochs": 1,
             "central_images": {"target_epsilon": 0.5, "downsample": 2, "warmup_steps": 10}}}

@@ -8,6 +8,7 @@ never written anywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import tempfile
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 from dpsynth_ledger.accounting.pld import calibrate_noise_multiplier, dp_sgd_epsilon
 from dpsynth_ml import InvalidSpecError, TrainingResult, audit_finetune
-from dpsynth_ml.spec import CentralImages
+from dpsynth_ml.spec import CentralImages, PerLabel, RecordLevel
 from dpsynth_shared.central_images import central_image_bound
 
 from .support import finetune_spec, seeded, write_digits
@@ -100,3 +101,27 @@ def test_what_the_audit_does_not_cover_is_refused(digits_path: Path,
         audit_finetune(finetune_spec(), dataset_path=digits_path,
                        base_model_dir=pretrained.model_dir, canaries=10**9, delta=DELTA,
                        generator=seeded(9))
+
+
+def test_a_per_label_finetune_is_audited_one_class_run_at_a_time(
+        digits_path: Path, pretrained: TrainingResult) -> None:
+    whole = finetune_spec(dp_noise_multiplier=2.0, dp_sample_rate=0.5,
+                          dp_expected_batch_size=4, dp_steps=4)
+    assert isinstance(whole.privacy, RecordLevel)
+    runs = {f"digit {i}": RecordLevel(dataclasses.replace(whole.privacy.dp, steps=3 + i % 2))
+            for i in range(10)}
+    per_label = dataclasses.replace(whole, privacy=PerLabel(runs))
+    # digit 3's run: its own DpSpec (4 steps), on the stand-in's records labelled 3 only
+    result = audit_finetune(per_label, dataset_path=digits_path,
+                            base_model_dir=pretrained.model_dir, canaries=100, delta=DELTA,
+                            generator=seeded(10), audited_class="digit 3")
+    assert result.steps == 4 and result.sample_rate == 0.5 and result.bound.canaries == 100
+    with pytest.raises(InvalidSpecError, match="audited_class"):
+        audit_finetune(per_label, dataset_path=digits_path, base_model_dir=pretrained.model_dir,
+                       canaries=10, delta=DELTA, generator=seeded(11))
+    with pytest.raises(InvalidSpecError, match="not a class"):
+        audit_finetune(per_label, dataset_path=digits_path, base_model_dir=pretrained.model_dir,
+                       canaries=10, delta=DELTA, generator=seeded(11), audited_class="cat")
+    with pytest.raises(InvalidSpecError, match="per-label"):
+        audit_finetune(whole, dataset_path=digits_path, base_model_dir=pretrained.model_dir,
+                       canaries=10, delta=DELTA, generator=seeded(11), audited_class="digit 3")

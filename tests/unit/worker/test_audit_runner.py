@@ -19,17 +19,21 @@ from dpsynth_shared.errors import ErrorCode
 from dpsynth_shared.gdp import gdp_epsilon
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.ledger_contract import Reservation
+from dpsynth_shared.stores.local import LocalDirStore
 from dpsynth_shared.worker_contract import AuditTarget, Claim, DatasetInfo
 from dpsynth_worker.ml_adapter import MlAdapter
 from dpsynth_worker.runners import Outcome
 from prometheus_client import REGISTRY
 
 from tests.unit.worker.conftest import CLASS_NAMES, NUM_RECORDS, World, _hex
+from tests.unit.worker.test_per_label_runner import PerLabelLedger, _runs
+from tests.unit.worker.test_per_label_runner import _claim as _per_label_claim
 
 
 def _audit_claim(world: World, *, steps: int = 6, canaries: int = 200,
-                 **target_extra: Any) -> Claim:
-    audited = world.finetune_claim(steps=steps, checkpoint_every=steps)
+                 audited: Claim | None = None, **target_extra: Any) -> Claim:
+    if audited is None:
+        audited = world.finetune_claim(steps=steps, checkpoint_every=steps)
     assert audited.dataset is not None and audited.reservation_id is not None
     # the audited (private) data is gone: an audit that read it would fail
     world.store.delete(audited.dataset.object_key)
@@ -132,7 +136,7 @@ class AuditorCore(MlAdapter):
     def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
                        confidence: float, claimed_mu: float | None,
-                       tail_delta: float) -> WhiteBoxAudit:
+                       tail_delta: float, audited_class: str | None) -> WhiteBoxAudit:
         rejected = self.rejects[len(self.seeds)]
         self.seeds.append(seed)
         self.confidences.append(confidence)
@@ -172,3 +176,22 @@ def test_a_rejection_is_confirmed_by_a_rerun_before_it_alarms(
     assert after[verdict] == before[verdict] + 1
     alarms = [r for r in caplog.records if "PRIVACY AUDIT ALARM" in r.getMessage()]
     assert len(alarms) == (1 if verdict == "rejected" else 0)
+
+
+def test_a_per_label_finetune_is_audited_on_its_largest_epsilon_class(
+        tmp_path: Path, digits_npz: Path, pretrained_dir: Path) -> None:
+    ledger = PerLabelLedger()
+    world = World(tmp_path, LocalDirStore(tmp_path / "objects",
+                                          grant_public_key=ledger.public_key),
+                  ledger, digits_npz, pretrained_dir)
+    runs = _runs({c: 3 + i % 4 for i, c in enumerate(CLASS_NAMES)})  # digits 3, 7: 6 steps
+    claim = _audit_claim(world, audited=_per_label_claim(world, ledger, runs))
+    assert world.run(claim) == Outcome.SUCCEEDED
+    assert set(ledger.names()) == {"get_reservation", "gdp_envelope"}
+    run = world.api.final.result["audit_result"]["run"]
+    chosen = runs["digit 3"]  # the first of the classes with the largest epsilon
+    assert run["audited_class"] == "digit 3" and run["steps"] == chosen.planned == 6
+    assert (run["noise_multiplier"], run["sample_rate"]) == (chosen.sigma, chosen.q)
+    assert run["population_size"] == round(chosen.batch / chosen.q)  # N̂_c
+    assert world.api.final.result["audit_result"]["claimed_epsilon"] == pytest.approx(
+        max(0.05 * r.reserved for r in runs.values()))

@@ -89,11 +89,12 @@ class MlPort(Protocol):
     def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
                        confidence: float, claimed_mu: float | None,
-                       tail_delta: float) -> WhiteBoxAudit:
+                       tail_delta: float, audited_class: str | None) -> WhiteBoxAudit:
         """White-box one-run audit of ``spec``'s DP-SGD on the PUBLIC stand-in at
         ``dataset_path`` (``dpsynth_ml.audit_finetune``; ``seed`` keys the stand-in's
-        sampling and the canaries, the DP noise stays OS-keyed). The model it trains is
-        the audit's and is not kept."""
+        sampling and the canaries, the DP noise stays OS-keyed; ``audited_class``: a
+        per-label finetune's class whose run is audited). The model it trains is the
+        audit's and is not kept."""
         ...
 
     # --- models ---------------------------------------------------------------------------

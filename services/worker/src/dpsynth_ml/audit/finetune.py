@@ -14,8 +14,12 @@ each sampled at the run's q, like records padding the stand-in up to N̂.
 The model trained here is never saved or returned (issue 19, item 4): the work folder is a
 temporary one, deleted on return, and the only output is the bound and its counts.
 
+A per-label finetune is audited one class's run at a time (``audited_class``): exactly the
+run the per-label trainer makes for that class (``training.per_label.class_run``: that
+class's DpSpec, unconditional, on the stand-in's records of that class).
+
 Not audited here: the central-image release (a separate Gaussian mechanism, refused:
-``central_images`` must be off), per-label finetunes (one engine per class), several ranks.
+``central_images`` must be off), several ranks.
 """
 
 from __future__ import annotations
@@ -31,16 +35,19 @@ from dpsynth_ml.audit.whitebox import (
     WhiteBoxAudit,
     white_box_audit,
 )
+from dpsynth_ml.data import ImageDataset, load_dataset
 from dpsynth_ml.spec import FinetuneTraining, InvalidSpecError, PerLabel
 from dpsynth_ml.training.finetune import checkpoints, loop, setup
 from dpsynth_ml.training.hooks import NullHooks
+from dpsynth_ml.training.per_label import class_run
 
 
 def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir: Path,
                    canaries: int, delta: float, generator: torch.Generator,
                    confidence: float = 0.95, canary_norm: float = DEFAULT_CANARY_NORM,
                    claimed_mu: float | None = None, tail_delta: float = 0.0,
-                   seeded_noise: bool = False) -> WhiteBoxAudit:
+                   seeded_noise: bool = False,
+                   audited_class: str | None = None) -> WhiteBoxAudit:
     """White-box one-run audit of ``spec``'s DP-SGD on the stand-in at ``dataset_path``.
 
     Args:
@@ -57,20 +64,29 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
             (``dp_sgd_gdp_envelope``): the result then says whether the run rejects it.
         seeded_noise: TESTS ONLY: key the DP noise from ``generator`` (replayable) instead
             of 256 fresh bits of OS entropy.
+        audited_class: a per-label finetune: the class whose run is audited (required
+            then, refused otherwise).
 
     Raises:
-        InvalidSpecError: for what this audit does not cover (central images, per-label).
+        InvalidSpecError: for what this audit does not cover (central images), a per-label
+            spec without ``audited_class`` or a whole-dataset one with it.
     """
     if spec.central_images is not None:
         raise InvalidSpecError("the audit covers DP-SGD only: audit the spec without "
                                "central_images (the release is its own Gaussian mechanism)")
+    dataset: ImageDataset | None = None
     if isinstance(spec.privacy, PerLabel):
-        raise InvalidSpecError("per-label finetunes are not audited yet (one engine per class)")
+        if audited_class is None:
+            raise InvalidSpecError("a per-label finetune is audited one class's run at a "
+                                   "time: name audited_class")
+        spec, dataset = class_run(spec, load_dataset(dataset_path), audited_class)
+    elif audited_class is not None:
+        raise InvalidSpecError("audited_class is for per-label finetunes")
     with tempfile.TemporaryDirectory(prefix="dpsynth-audit-") as work:
         run = setup.prepare(spec, dataset_path=dataset_path, out_dir=Path(work),
                             base_model_dir=base_model_dir, resume_from=None,
                             generator=generator, rng="test" if seeded_noise else "os",
-                            hooks=NullHooks())
+                            dataset=dataset, hooks=NullHooks())
         try:
             checkpoints.attach_schedule_and_ema(run, None)
             values = sum(p.numel() for p in run.engine.params)

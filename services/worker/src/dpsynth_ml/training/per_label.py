@@ -146,13 +146,14 @@ class _PerLabelJob:
         """Run the classes not finished yet, in domain order; stop when a run stops."""
         stopped = False
         partial: dict[str, Path] = {}
-        for index, name in enumerate(self.classes):
+        for name in self.classes:
             if name in self.finished:
                 continue
             resume = current[1] if current is not None and current[0] == name else None
+            class_spec, class_data = class_run(self.spec, self.dataset, name)
             result = run_finetune(
-                self._class_spec(name), dataset_path=self.dataset_path,
-                dataset=_class_subset(self.dataset, index), out_dir=self.class_dir(name),
+                class_spec, dataset_path=self.dataset_path,
+                dataset=class_data, out_dir=self.class_dir(name),
                 hooks=_ClassHooks(self, name), base_model_dir=self.base_model_dir,
                 resume_from=resume, generator=self.generator, rng=self.rng,
                 placement=self.placement)
@@ -194,11 +195,6 @@ class _PerLabelJob:
             shutil.copytree(current[2], ckpt / "current")
         write_trainer_state(ckpt, self._state(current))
         self.hooks.on_checkpoint(step, ckpt)
-
-    def _class_spec(self, name: str) -> FinetuneTraining:
-        # Unconditional: every label is the null class, so label dropout does nothing.
-        return dataclasses.replace(self.spec, privacy=self.privacy.per_class[name],
-                                   class_conditional=False, label_dropout=0.0)
 
     def _dp_records(self) -> dict[str, dict[str, float | int]]:
         # the mechanism's parameters only: (epsilon, delta) size the padding, and a
@@ -250,6 +246,27 @@ class _ClassHooks:
 
     def on_private_stats(self, stats: Mapping[str, float]) -> None:
         self._job.hooks.on_private_stats({**stats, "partition_index": float(self._index)})
+
+
+def class_run(spec: FinetuneTraining, dataset: ImageDataset,
+              name: str) -> tuple[FinetuneTraining, ImageDataset]:
+    """Class ``name``'s run of a per-label finetune: its spec (that class's DpSpec,
+    unconditional: every label is the null class, so label dropout does nothing) and its
+    records. The per-label trainer and its audit (``dpsynth_ml.audit_finetune``) both run
+    exactly this.
+
+    Raises:
+        InvalidSpecError: ``spec`` is not per-label, or ``name`` is not one of its classes
+            and the dataset's.
+    """
+    if not isinstance(spec.privacy, PerLabel):
+        raise InvalidSpecError("a per-label finetune's privacy is PerLabel")
+    names = list(dataset.class_names)
+    if name not in spec.privacy.per_class or name not in names:
+        raise InvalidSpecError(f"{name!r} is not a class of this per-label finetune")
+    return (dataclasses.replace(spec, privacy=spec.privacy.per_class[name],
+                                class_conditional=False, label_dropout=0.0),
+            _class_subset(dataset, names.index(name)))
 
 
 def _class_subset(dataset: ImageDataset, index: int) -> ImageDataset:

@@ -68,13 +68,16 @@ def run_audit(ctx: JobContext) -> Outcome:
         FinetuneSpec.model_validate(target.spec), reservation=reservation,
         dataset=_as_audited(stand_in, target), base=ctx.ml.read_model_info(base_dir))
     ctx.ml.check_training(training, base_dir)
-    dp = _dp_of(training)
+    run, audited_class, claimed_epsilon = _audited_run(training, reservation)
+    dp = run.dp
     population = round(dp.expected_batch_size / dp.sample_rate)
     # user-level: every stand-in subject has the most images a subject contributes from
-    per_unit = (int(getattr(training.privacy, "max_images_per_subject", 1))
+    per_unit = (int(getattr(run, "max_images_per_subject", 1))
                 if target.privacy_unit == "subject" else 1)
-    path, kept = _stand_in(ctx, stand_in, target, population=population, seed=spec.seed,
-                           per_unit=per_unit)
+    # per label: the audited class keeps about its N̂_c among the others' records
+    classes = len(target.class_names) if audited_class is not None else 1
+    path, kept = _stand_in(ctx, stand_in, target, population=population * classes,
+                           seed=spec.seed, per_unit=per_unit)
     envelope = ctx.ledger.gdp_envelope(noise_multiplier=dp.noise_multiplier,
                                        sample_rate=dp.sample_rate, steps=dp.steps)
     delta = _delta(target, reservation)
@@ -83,10 +86,12 @@ def run_audit(ctx: JobContext) -> Outcome:
         result = ctx.ml.audit_finetune(
             training, dataset_path=path, base_model_dir=base_dir, canaries=spec.canaries,
             delta=delta, seed=seed, confidence=confidence, claimed_mu=envelope.mu,
-            tail_delta=envelope.tail_delta)
-        return audit_view(result, spec=spec, target=target, training=training,
-                          envelope=envelope, claimed_epsilon=reservation.job_epsilon,
+            tail_delta=envelope.tail_delta, audited_class=audited_class)
+        view = audit_view(result, spec=spec, target=target, training=training, dp=dp,
+                          envelope=envelope, claimed_epsilon=claimed_epsilon,
                           stand_in=(stand_in.dataset_id, kept, population), seed=seed)
+        view["run"]["audited_class"] = audited_class
+        return view
 
     ctx.heartbeat.phase("auditing")
     view = audit(spec.seed, spec.confidence)
@@ -143,13 +148,20 @@ def _as_audited(stand_in: DatasetInfo, target: AuditTarget) -> DatasetInfo:
         "selection": None, "class_sizes": None})
 
 
-def _dp_of(training: FinetuneTraining) -> Any:
-    """The whole-dataset DpSpec (the api refuses per-label audits; checked again here)."""
-    dp = getattr(training.privacy, "dp", None)
-    if dp is None:
-        raise DpsynthError(ErrorCode.INVALID_SPEC, "per-label finetunes are not audited yet "
-                           "(one engine per class)")
-    return dp
+def _audited_run(training: FinetuneTraining, reservation: Reservation
+                 ) -> tuple[Any, str | None, float]:
+    """The DP-SGD run the audit rebuilds, the per-label class it is (None: the whole
+    dataset's) and the claim it tests. A per-label finetune is audited on the run of its
+    class with the largest epsilon (the job's claim is the max over its classes)."""
+    per_class = getattr(training.privacy, "per_class", None)
+    if per_class is None:
+        return training.privacy, None, float(reservation.job_epsilon)
+    parts = reservation.per_label or {}
+    if not parts:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label audit needs the per-class "
+                           "runs of the audited job's reservation")
+    name = max(sorted(parts), key=lambda c: parts[c].job_epsilon)
+    return per_class[name], name, float(parts[name].job_epsilon)
 
 
 def _delta(target: AuditTarget, reservation: Reservation) -> float:
@@ -191,7 +203,8 @@ def _stand_in(ctx: JobContext, stand_in: DatasetInfo, target: AuditTarget, *,
 
 
 def audit_view(result: WhiteBoxAudit, *, spec: AuditSpec, target: AuditTarget,
-               training: FinetuneTraining, envelope: GdpEnvelope, claimed_epsilon: float,
+               training: FinetuneTraining, dp: Any, envelope: GdpEnvelope,
+               claimed_epsilon: float,
                stand_in: tuple[str, int, int], seed: int) -> dict[str, Any]:
     """The job's ``audit_result``: the bounds, the claim, the verdict, what ran.
 
@@ -207,7 +220,6 @@ def audit_view(result: WhiteBoxAudit, *, spec: AuditSpec, target: AuditTarget,
              or envelope.mu < gdp.max_certifiable_mu)
     verdict = "rejected" if rejected else ("consistent" if bites else "cannot_bite")
     dataset_id, kept, population = stand_in
-    dp = _dp_of(training)
     return {
         "verdict": verdict, "mode": spec.mode, "method": METHOD,
         "audited_job_id": target.job_id, "canaries": bound.canaries, "seed": seed,

@@ -7,9 +7,10 @@ canaries. So it reads no private record and charges no budget: no reservation, n
 call, and the stand-in must be public (422 ``visibility_mismatch``).
 
 What can be audited (422 ``invalid_spec`` otherwise, saying why): one of the tenant's own
-finetune jobs (404 for another tenant's), not per-label (one engine per class), without a
-central-image release (its own Gaussian mechanism), with a reservation and its privacy
-block. The stand-in has as many classes as the audited job's dataset.
+finetune jobs (404 for another tenant's), without a central-image release (its own
+Gaussian mechanism), with a reservation and its privacy block. A per-label finetune is
+audited on the run of its class with the largest epsilon (the worker picks it from the
+reservation). The stand-in has as many classes as the audited job's dataset.
 
 :func:`audit_target` is what a claim carries about the audited job (``internal/lineage.py``):
 its settings and its dataset's PUBLIC terms, never that dataset's object key.
@@ -87,17 +88,15 @@ def audited_job(session: Session, tenant_id: str, job_id: str) -> Job:
     if job.type != JobType.FINETUNE:
         why = (f"it is a {job.type} job: an audit tests the DP-SGD of a finetune job (the "
                "only kind that trains on private data with DP)")
-    elif training.get("per_label"):
-        why = ("it is a per-label finetune, which is not audited yet: one engine per class; "
-               "audit a finetune without per_label")
     elif training.get("central_images"):
         why = ("it has training.central_images: the audit covers DP-SGD; the central-image "
                "release is its own Gaussian mechanism")
     elif not job.reservation_id or not isinstance(job.privacy, dict):
         why = ("it has no reservation and privacy block: the audit runs the settings the "
                "ledger accounted, and there are none")
-    elif job.privacy.get("noise_multiplier") is None or job.privacy.get("sample_rate") is None:
-        why = "its privacy block has no single noise multiplier and sample rate to audit"
+    elif (job.privacy.get("noise_multiplier") is None
+          or job.privacy.get("sample_rate") is None) and not job.privacy.get("per_label"):
+        why = "its privacy block has no noise multiplier and sample rate to audit"
     if why is not None:
         raise DpsynthError(ErrorCode.INVALID_SPEC, f"job {job.id} cannot be audited: {why}",
                            job_id=job.id, job_type=job.type)
@@ -106,7 +105,10 @@ def audited_job(session: Session, tenant_id: str, job_id: str) -> Job:
 
 def _claimed(job: Job) -> dict[str, Any]:
     privacy = job.privacy or {}
-    return {key: privacy.get(key) for key in CLAIMED_KEYS}
+    claimed = {key: privacy.get(key) for key in CLAIMED_KEYS}
+    if privacy.get("per_label"):  # each class's run (σ_c, q_c, steps_c, ε_c)
+        claimed["per_label"] = privacy["per_label"]
+    return claimed
 
 
 def _audited_dataset(session: Session, job: Job) -> Dataset:
