@@ -78,12 +78,18 @@ def tenant(platform, client: Client, tmp_path_factory) -> dict[str, Any]:
     for job in jobs:
         done = me.wait_for_job(job["job_id"], timeout=600, poll=1.0)
         assert done["state"] == "succeeded", (done, platform.all_logs()[-4000:])
+    # a privacy audit of the first finetune on the public digits (issue 19): it charges
+    # nothing, and the finetunes of its recipe family show it
+    audit = me.submit_job({"type": "audit", "job_id": jobs[0]["job_id"],
+                           "stand_in_dataset_id": public, "canaries": 100})
+    audit = me.wait_for_job(audit["job_id"], timeout=600, poll=1.0)
+    assert audit["state"] == "succeeded", (audit, platform.all_logs()[-4000:])
     # no worker from here on: the next job stays queued, its admission reserved
     platform.kill("worker-0")
     queued = me.submit_job(finetune_spec(whole, base, target_epsilon=0.1, epochs=0.5))
     assert queued["state"] == "queued", queued
     return {"token": token, "client": me, "whole": whole, "labels": labels, "public": public,
-            "gone": gone, "queued": queued["job_id"]}
+            "gone": gone, "queued": queued["job_id"], "audit": audit}
 
 
 # ---- helpers -----------------------------------------------------------------------------
@@ -294,6 +300,10 @@ def test_the_dashboard_shows_the_apis_numbers(platform, tenant, browser) -> None
     driver.find_element("css selector",
                         f"tr[data-dataset-id='{tenant['whole']}'] a.dataset-link").click()
     _wait(driver, "detail")
+    # the whole dataset's finetunes share one recipe family: the audit shows on every one
+    shown = [me.get_job(j["job_id"])["audit"] for j in _jobs_of(me, tenant["whole"])]
+    assert shown and all(a["status"] == "audited" for a in shown)
+    assert {a["audit_job_id"] for a in shown} == {tenant["audit"]["job_id"]}
     _check_detail(driver, me, tenant["whole"], expect_partitions=False)
     _screenshot(driver, "dashboard-detail.png")
 
@@ -401,6 +411,19 @@ def _check_detail(driver: Any, me: Client, dataset_id: str, *, expect_partitions
             checked += _check_number(cell, want[field], f"job {job['job_id']} {field}")
         if job["state"] == "succeeded":
             assert job["job_id"] in after  # every finished job charged: it is on the chart
+        # a finetune shows the latest audit of its recipe family, or "not audited" (as GET
+        # /v1/jobs/{id} does); other kinds show nothing
+        cell = row.find_element("css selector", "td.job-audit")
+        shown = me.get_job(job["job_id"]).get("audit")
+        if shown is None:
+            assert cell.text == ""
+        elif shown["status"] == "not_audited":
+            assert cell.get_attribute("data-audit") == "not_audited"
+            assert cell.text == "not audited"
+        else:
+            assert cell.get_attribute("data-audit") == shown["verdict"]
+            assert cell.get_attribute("data-audit-job-id") == shown["audit_job_id"]
+            assert cell.text.startswith(shown["verdict"] + ": ε ≥ ")
     # every number on the detail view was checked
     assert checked == len(_numbers(driver.find_element("id", "detail-view"))) - \
         len(driver.find_elements("css selector", "#epsilon-chart [data-value]"))

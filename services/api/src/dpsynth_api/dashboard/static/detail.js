@@ -4,8 +4,8 @@
 import { api, allPages, budgetPath } from "./api.js";
 import { chartPoints, drawChart, pointLabel } from "./chart.js";
 import {
-  byId, clear, datasetLink, el, fmtTime, jobLabel, labelled, numCell, ready, setStatus, show,
-  stateCell,
+  byId, clear, datasetLink, el, fmt, fmtTime, jobLabel, labelled, numCell, ready, setStatus,
+  show, stateCell,
 } from "./dom.js";
 
 function summaryRow(label, value, field, note) {
@@ -153,7 +153,48 @@ function jobCell(job) {
   return cell;
 }
 
-function renderJobs(jobs, points) {
+// A finetune's recipe family, the key its privacy audits are filed under (the same string
+// as dpsynth_shared.audit_specs.recipe_family and GET /v1/jobs/{id}'s "audit").
+function recipeFamily(spec) {
+  const t = (spec && spec.training) || {};
+  const parts = ["trainable=" + (t.trainable || "full"), "K=" + (t.noise_multiplicity || 1)];
+  if (t.max_physical_batch_size) {
+    parts.push("physical<=" + t.max_physical_batch_size);
+  }
+  return parts.join(",");
+}
+
+// The latest succeeded audit of this finetune or of its recipe family ("audits": newest
+// first), as the job view shows it; a cell saying "not audited" without one.
+function auditCell(job, audits) {
+  const cell = el("td", { class: "job-audit" });
+  if (job.type !== "finetune") {
+    return cell;
+  }
+  const family = recipeFamily(job.spec);
+  const match = audits.find((a) => {
+    const result = a.result || {};
+    const view = result.audit_result || {};
+    return (result.audit || {}).audited_job_id === job.job_id
+      || (view.key || {}).recipe_family === family;
+  });
+  if (!match) {
+    cell.setAttribute("data-audit", "not_audited");
+    cell.append("not audited");
+    return cell;
+  }
+  const view = match.result.audit_result;
+  const key = view.key || {};
+  cell.setAttribute("data-audit", view.verdict);
+  cell.setAttribute("data-audit-job-id", match.job_id);
+  cell.setAttribute("title", "audit " + match.job_id + " (" + (key.engine || "?") + ", "
+                    + (key.device || "?") + ", version " + (key.code_version || "?") + ")");
+  cell.append(view.verdict + ": ε ≥ " + fmt(view.epsilon_lower_bound) + " vs "
+              + fmt(view.claimed_epsilon) + ", " + fmtTime(match.finished_at));
+  return cell;
+}
+
+function renderJobs(jobs, points, audits) {
   const jobsBody = byId("jobs-table").querySelector("tbody");
   clear(jobsBody);
   const after = new Map(points.filter((p) => p.job_id).map((p) => [p.job_id, p.value]));
@@ -180,10 +221,11 @@ function renderJobs(jobs, points) {
                                 result.job_epsilon_label),
                        numCell(after.has(job.job_id) ? after.get(job.job_id) : null,
                                "dataset_epsilon_spent_after"),
+                       auditCell(job, audits),
                        el("td", {}, fmtTime(job.created_at))));
   }
   if (!jobs.length) {
-    jobsBody.append(el("tr", {}, el("td", { colspan: 11, class: "empty" }, "no jobs on this dataset")));
+    jobsBody.append(el("tr", {}, el("td", { colspan: 12, class: "empty" }, "no jobs on this dataset")));
   }
 }
 
@@ -204,6 +246,8 @@ export async function renderDetail(datasetId, isCurrent) {
   renderSummary(budget, allDeleted(dataset, budget, datasets));
   const points = renderPoints(budget, jobs, datasets);
   renderPartitions(budget);
-  renderJobs(allJobs.filter((j) => j.dataset_id === datasetId), points);
+  const audits = allJobs.filter((j) => j.type === "audit" && j.state === "succeeded")
+    .sort((a, b) => String(b.finished_at).localeCompare(String(a.finished_at)));
+  renderJobs(allJobs.filter((j) => j.dataset_id === datasetId), points, audits);
   ready();
 }
