@@ -204,3 +204,23 @@ def test_an_audit_of_the_finetune_runs_on_the_public_data_and_charges_nothing(jo
     after = client.get_budget(journey["private"]["dataset_id"])
     assert after["dataset_epsilon_spent"] == before["dataset_epsilon_spent"]
     assert after["dataset_epsilon_reserved"] == before["dataset_epsilon_reserved"]
+
+
+def test_a_black_box_audit_of_the_finetune_scores_loss_canaries(journey, client):
+    """The user-facing audit: noise-image canaries among the public records of the same
+    DP-SGD run, scored on the finished model by the real worker; nothing charged or kept."""
+    ft = client.get_job(journey["finetune"]["job_id"])
+    before = client.get_budget(journey["private"]["dataset_id"])
+    audit = client.submit_job({"type": "audit", "job_id": ft["job_id"], "mode": "black_box",
+                               "stand_in_dataset_id": journey["public"]["dataset_id"],
+                               "canaries": 50, "seed": 2})
+    done = client.wait_for_job(audit["job_id"], timeout=600)
+    assert done["state"] == "succeeded", done
+    view = done["result"]["audit_result"]
+    assert view["mode"] == "black_box" and view["canaries"] == 50
+    assert view["verdict"] in ("consistent", "cannot_bite", "unconfirmed"), view
+    # N̂ = 200: 150 public records beside the canaries drawn in
+    assert view["run"]["stand_in_records"] == 150 and view["run"]["steps"] == ft["privacy"]["steps"]
+    assert client.job_artifacts(audit["job_id"]) == []
+    after = client.get_budget(journey["private"]["dataset_id"])
+    assert after["dataset_epsilon_spent"] == before["dataset_epsilon_spent"]

@@ -20,7 +20,8 @@ from dpsynth_shared.text import MAX_INT32
 
 
 class AuditSpec(SpecBase):
-    """A white-box one-run audit of a finetune job's DP-SGD on a public stand-in.
+    """A one-run audit of a finetune job's DP-SGD on a public stand-in (white-box by
+    default; ``mode: black_box`` for loss canaries scored on the finished model).
 
     ``canaries`` Dirac gradient canaries, each included with probability 1/2, are observed
     in every step's noisy clipped sum through the engine's own clipping and noise; the
@@ -36,11 +37,14 @@ class AuditSpec(SpecBase):
     stand_in_dataset_id: str = Field(
         description="a PUBLIC dataset with as many classes as the audited job's dataset (its "
         "images are resized to the base model's size); never a private one")
-    mode: Literal["white_box"] = Field(
-        "white_box", description="white_box: Dirac gradient canaries seen at every step (a "
-        "black-box loss audit of the final model is not offered yet)")
+    mode: Literal["white_box", "black_box"] = Field(
+        "white_box", description="white_box: Dirac gradient canaries seen at every step "
+        "(tight; catches a sigma or q off by 2x); black_box: noise-image canaries among the "
+        "training records, scored by their denoising loss on the finished model (what a "
+        "holder of the model could tell; loose, and it says how loose)")
     canaries: int = Field(1000, ge=10, le=1_000_000,
-                          description="m; at most the number of trainable values")
+                          description="m; white_box: at most the number of trainable values; "
+                          "black_box: at most half the audited N̂ (they are among its records)")
     confidence: float = Field(0.95, ge=0.5, le=0.999)
     seed: int = Field(0, ge=0, le=MAX_INT32, description="the stand-in's sampling, the "
                       "canaries and their inclusion (the DP noise stays OS-keyed)")

@@ -159,6 +159,20 @@ def test_the_stand_in_must_be_public_with_as_many_classes(api: Api) -> None:
     assert api.ledger.reservations == reservations
 
 
+def test_a_black_box_audits_canaries_fit_in_half_the_audited_population(api: Api) -> None:
+    _, token = api.tenant()
+    job_id, _, _ = _finetune(api, token)
+    privacy = api.client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()["privacy"]
+    half = round(privacy["expected_batch_size"] / privacy["sample_rate"]) // 2
+    stand_in = api.public_dataset(token, {"a": 3, "b": 3, "c": 3})
+    assert half < 10  # N̂ = 12 here: no black-box audit fits, a white-box one does
+    for dry in (False, True):
+        r = _audit(api, token, job_id, stand_in, dry=dry, mode="black_box", canaries=10)
+        assert _code(r) == (422, "invalid_spec"), r.text
+        assert f"at most {half} canaries" in r.json()["detail"]
+    assert _audit(api, token, job_id, stand_in, canaries=10).status_code == 201
+
+
 def test_only_a_whole_dataset_dp_sgd_finetune_of_the_tenant_is_audited(api: Api) -> None:
     _, token = api.tenant()
     job_id, _, model = _finetune(api, token)

@@ -16,7 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dpsynth_ledger.accounting.pld import calibrate_noise_multiplier, dp_sgd_epsilon
-from dpsynth_ml import InvalidSpecError, TrainingResult, audit_finetune
+from dpsynth_ml import (
+    InvalidSpecError,
+    TrainingResult,
+    audit_finetune,
+    black_box_audit_finetune,
+)
 from dpsynth_ml.spec import CentralImages, PerLabel, RecordLevel
 from dpsynth_shared.central_images import central_image_bound
 
@@ -125,3 +130,33 @@ def test_a_per_label_finetune_is_audited_one_class_run_at_a_time(
     with pytest.raises(InvalidSpecError, match="per-label"):
         audit_finetune(whole, dataset_path=digits_path, base_model_dir=pretrained.model_dir,
                        canaries=10, delta=DELTA, generator=seeded(11), audited_class="digit 3")
+
+
+def test_a_black_box_audit_scores_loss_canaries_on_the_released_model(
+        digits_path: Path, pretrained: TrainingResult, private_tmp: Path) -> None:
+    sigma = calibrate_noise_multiplier(1.0, Q, 10, DELTA)
+    claimed = dp_sgd_epsilon(sigma, Q, 10, DELTA)
+    spec = finetune_spec(dp_noise_multiplier=sigma, dp_sample_rate=Q,
+                         dp_expected_batch_size=EXPECTED, dp_steps=10)
+    before = _tree_hash(pretrained.model_dir)
+    result = black_box_audit_finetune(
+        spec, dataset_path=digits_path, base_model_dir=pretrained.model_dir, canaries=40,
+        delta=DELTA, generator=seeded(12), draws=4)
+    # N̂ = 16 / 0.16 = 100: 60 stand-in records beside the canaries drawn in
+    assert result.stand_in_records == 60 and 0 < result.included < 40
+    assert result.bound.canaries == 40 and result.steps == 10
+    assert np.isfinite(result.scores).all() and result.scores.shape == (40,)
+    assert result.bound.epsilon_lower_bound <= claimed  # valid for any score
+    assert result.bound.max_certifiable < 2  # 40 canaries can say little (1.95), and say so
+    assert _tree_hash(pretrained.model_dir) == before
+    assert list(private_tmp.iterdir()) == []  # the audit's model is gone
+    with pytest.raises(InvalidSpecError, match="at most 50"):
+        black_box_audit_finetune(spec, dataset_path=digits_path,
+                                 base_model_dir=pretrained.model_dir, canaries=51,
+                                 delta=DELTA, generator=seeded(13))
+    subject = finetune_spec(privacy_unit="subject", dp_sample_rate=Q,
+                            dp_expected_batch_size=EXPECTED, dp_steps=2)
+    with pytest.raises(InvalidSpecError, match="record-level"):
+        black_box_audit_finetune(subject, dataset_path=digits_path,
+                                 base_model_dir=pretrained.model_dir, canaries=10,
+                                 delta=DELTA, generator=seeded(14))

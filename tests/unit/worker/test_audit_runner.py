@@ -195,3 +195,19 @@ def test_a_per_label_finetune_is_audited_on_its_largest_epsilon_class(
     assert run["population_size"] == round(chosen.batch / chosen.q)  # N̂_c
     assert world.api.final.result["audit_result"]["claimed_epsilon"] == pytest.approx(
         max(0.05 * r.reserved for r in runs.values()))
+
+
+def test_a_black_box_audit_puts_loss_canaries_among_the_stand_in_records(world: World) -> None:
+    claim = _audit_claim(world, canaries=20)
+    claim.spec["mode"] = "black_box"
+    assert world.run(claim) == Outcome.SUCCEEDED
+    assert set(world.ledger.names()) == {"get_reservation", "gdp_envelope"}
+    view = world.api.final.result["audit_result"]
+    assert view["mode"] == view["key"]["mode"] == "black_box"
+    assert "finished model" in view["method"] and view["canaries"] == 20
+    run = view["run"]
+    # N̂ = 8 / 0.16 = 50: 30 stand-in records, and the canaries drawn in beside them
+    assert run["population_size"] == 50 and run["stand_in_records"] == 30
+    assert 0 < run["canaries_included"] < 20 and run["presences"] is None
+    assert view["verdict"] in ("consistent", "cannot_bite", "unconfirmed"), view
+    assert not world.api.artifacts  # the audit's model is not kept

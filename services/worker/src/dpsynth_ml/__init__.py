@@ -6,6 +6,7 @@ of Celery, HTTP, SQL or object stores, and opacus is imported only in ``dpsynth_
 contract holds the worker to it); docs/ml-core.md describes each name.
 """
 
+from dpsynth_ml.audit.blackbox import BlackBoxAudit, black_box_audit_finetune
 from dpsynth_ml.audit.finetune import audit_finetune
 from dpsynth_ml.audit.whitebox import WhiteBoxAudit
 from dpsynth_ml.data import ImageDataset, load_dataset
@@ -50,12 +51,14 @@ from dpsynth_ml.training.entry import check_training, train
 from dpsynth_ml.training.hooks import NullHooks, TrainingHooks
 
 __all__ = [
-    "Architecture", "CentralImages", "Classifier", "DpSpec", "EvaluationResult", "FeatureNet",
+    "Architecture", "BlackBoxAudit", "CentralImages", "Classifier", "DpSpec",
+    "EvaluationResult", "FeatureNet",
     "FeatureNetInfo", "FinetuneTraining", "ImageDataset", "InvalidSpecError", "LayoutSet",
     "MlError", "ModelInfo",
     "NullHooks", "PerLabel", "PretrainTraining", "RecordLevel", "SampleResult", "SubjectLevel",
     "TrainingHooks", "TrainingResult", "TrainingSpec", "WhiteBoxAudit",
-    "audit_finetune", "check_feature_net", "check_training", "evaluate_corpus",
+    "audit_finetune", "black_box_audit_finetune", "check_feature_net", "check_training",
+    "evaluate_corpus",
     "holdout_correct_counts",
     "initial_model", "is_layout_generator", "load_dataset", "load_feature_net", "load_layouts",
     "model_hash",

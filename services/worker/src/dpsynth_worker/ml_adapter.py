@@ -17,6 +17,7 @@ from dpsynth_worker.ml_port import Images, Labels, MlPort, Progress, Sampler
 
 if TYPE_CHECKING:
     from dpsynth_ml import (
+        BlackBoxAudit,
         Classifier,
         EvaluationResult,
         FeatureNet,
@@ -81,6 +82,19 @@ class MlAdapter:
         import torch
 
         return dpsynth_ml.audit_finetune(
+            spec, dataset_path=dataset_path, base_model_dir=base_model_dir, canaries=canaries,
+            delta=delta, generator=torch.Generator().manual_seed(seed), confidence=confidence,
+            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)
+
+    def black_box_audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
+                                 base_model_dir: Path, canaries: int, delta: float,
+                                 seed: int, confidence: float, claimed_mu: float | None,
+                                 tail_delta: float,
+                                 audited_class: str | None) -> BlackBoxAudit:
+        import dpsynth_ml
+        import torch
+
+        return dpsynth_ml.black_box_audit_finetune(
             spec, dataset_path=dataset_path, base_model_dir=base_model_dir, canaries=canaries,
             delta=delta, generator=torch.Generator().manual_seed(seed), confidence=confidence,
             claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 if TYPE_CHECKING:
     from dpsynth_ml import (
+        BlackBoxAudit,
         Classifier,
         EvaluationResult,
         FeatureNet,
@@ -95,6 +96,16 @@ class MlPort(Protocol):
         sampling and the canaries, the DP noise stays OS-keyed; ``audited_class``: a
         per-label finetune's class whose run is audited). The model it trains is the
         audit's and is not kept."""
+        ...
+
+    def black_box_audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
+                                 base_model_dir: Path, canaries: int, delta: float,
+                                 seed: int, confidence: float, claimed_mu: float | None,
+                                 tail_delta: float,
+                                 audited_class: str | None) -> BlackBoxAudit:
+        """Black-box one-run audit (``dpsynth_ml.black_box_audit_finetune``): noise-image
+        canaries among the stand-in's records, scored on the finished model, which is not
+        kept."""
         ...
 
     # --- models ---------------------------------------------------------------------------

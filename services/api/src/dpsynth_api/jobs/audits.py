@@ -31,6 +31,7 @@ class AuditSummary(BaseModel):
     status: Literal["audited", "not_audited"]
     recipe_family: str = Field(description="the finetune's recipe family, the match key")
     audit_job_id: str | None = None
+    mode: str | None = Field(None, description="white_box / black_box")
     audited_job_id: str | None = Field(None, description="the job whose settings that audit "
                                        "ran: this one, or another of the same family")
     same_job: bool | None = None
@@ -70,6 +71,7 @@ def latest_audit(session: Session, job: Job) -> AuditSummary | None:
             continue
         return AuditSummary(
             status="audited", recipe_family=family, audit_job_id=audit.id,
+            mode=view.get("mode"),
             audited_job_id=audited, same_job=audited == job.id, verdict=view.get("verdict"),
             epsilon_lower_bound=view.get("epsilon_lower_bound"),
             claimed_epsilon=view.get("claimed_epsilon"),

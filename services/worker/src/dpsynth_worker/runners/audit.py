@@ -38,15 +38,22 @@ from dpsynth_worker.runners.selection import fetch_dataset
 from dpsynth_worker.runners.training_specs import finetune_training_spec
 
 if TYPE_CHECKING:
-    from dpsynth_ml import FinetuneTraining, WhiteBoxAudit
+    from dpsynth_ml import BlackBoxAudit, FinetuneTraining, WhiteBoxAudit
     from dpsynth_shared.ledger_contract import GdpEnvelope, Reservation
 
 log = logging.getLogger(__name__)
 
-METHOD = ("one-run audit (Steinke, Nasr & Jagielski, NeurIPS 2023) with white-box Dirac "
-          "gradient canaries through the engine's own clipping and noise; the f-DP test of "
-          "the ledger's Gaussian-DP envelope of the run (Mahloujifar et al.)")
-"""What a result's numbers come from (``audit_result.method``)."""
+METHODS = {
+    "white_box": ("one-run audit (Steinke, Nasr & Jagielski, NeurIPS 2023) with white-box "
+                  "Dirac gradient canaries through the engine's own clipping and noise; the "
+                  "f-DP test of the ledger's Gaussian-DP envelope of the run (Mahloujifar et "
+                  "al.)"),
+    "black_box": ("one-run audit (Steinke, Nasr & Jagielski, NeurIPS 2023) with black-box "
+                  "loss canaries: noise images among the training records, scored by their "
+                  "denoising loss on the finished model; the f-DP test of the ledger's "
+                  "Gaussian-DP envelope of the run (Mahloujifar et al.)"),
+}
+"""What a result's numbers come from (``audit_result.method``), per mode."""
 
 ALARM_CONFIDENCE = 0.99
 """The least confidence of the confirming re-run whose rejection raises the alarm."""
@@ -83,7 +90,9 @@ def run_audit(ctx: JobContext) -> Outcome:
     delta = _delta(target, reservation)
 
     def audit(seed: int, confidence: float) -> dict[str, Any]:
-        result = ctx.ml.audit_finetune(
+        run_audit = (ctx.ml.black_box_audit_finetune if spec.mode == "black_box"
+                     else ctx.ml.audit_finetune)
+        result = run_audit(
             training, dataset_path=path, base_model_dir=base_dir, canaries=spec.canaries,
             delta=delta, seed=seed, confidence=confidence, claimed_mu=envelope.mu,
             tail_delta=envelope.tail_delta, audited_class=audited_class)
@@ -202,7 +211,7 @@ def _stand_in(ctx: JobContext, stand_in: DatasetInfo, target: AuditTarget, *,
     return path, int(keep.size)
 
 
-def audit_view(result: WhiteBoxAudit, *, spec: AuditSpec, target: AuditTarget,
+def audit_view(result: WhiteBoxAudit | BlackBoxAudit, *, spec: AuditSpec, target: AuditTarget,
                training: FinetuneTraining, dp: Any, envelope: GdpEnvelope,
                claimed_epsilon: float,
                stand_in: tuple[str, int, int], seed: int) -> dict[str, Any]:
@@ -221,7 +230,7 @@ def audit_view(result: WhiteBoxAudit, *, spec: AuditSpec, target: AuditTarget,
     verdict = "rejected" if rejected else ("consistent" if bites else "cannot_bite")
     dataset_id, kept, population = stand_in
     return {
-        "verdict": verdict, "mode": spec.mode, "method": METHOD,
+        "verdict": verdict, "mode": spec.mode, "method": METHODS[spec.mode],
         "audited_job_id": target.job_id, "canaries": bound.canaries, "seed": seed,
         "confidence": bound.confidence, "delta": bound.delta,
         "claimed_epsilon": claimed_epsilon,
@@ -234,12 +243,17 @@ def audit_view(result: WhiteBoxAudit, *, spec: AuditSpec, target: AuditTarget,
                 "accountant": envelope.accountant},
         "run": {"noise_multiplier": dp.noise_multiplier, "sample_rate": dp.sample_rate,
                 "steps": result.steps, "expected_batch_size": dp.expected_batch_size,
-                "max_grad_norm": dp.max_grad_norm, "presences": result.presences,
+                "max_grad_norm": dp.max_grad_norm,
+                # white-box: (canary, step) pairs seen; black-box: canaries trained on
+                "presences": getattr(result, "presences", None),
+                "canaries_included": getattr(result, "included", None),
                 "privacy_unit": target.privacy_unit,
-                "stand_in_dataset_id": dataset_id, "stand_in_records": kept,
+                "stand_in_dataset_id": dataset_id,
+                "stand_in_records": getattr(result, "stand_in_records", kept),
                 "population_size": population},
         # what a result is keyed by: the same key, the same mechanism (issue 19, item 1)
-        "key": {"recipe_family": _family(training), "engine": result.engine,
+        "key": {"mode": spec.mode, "recipe_family": _family(training),
+                "engine": getattr(result, "engine", "finetune (black-box)"),
                 "device": "cpu", "world_size": 1, "code_version": __version__},
     }
 
@@ -250,4 +264,4 @@ def _family(training: FinetuneTraining) -> str:
                          max_physical_batch_size=training.max_physical_batch_size)
 
 
-__all__ = ["ALARM_CONFIDENCE", "METHOD", "audit_view", "run_audit"]
+__all__ = ["ALARM_CONFIDENCE", "METHODS", "audit_view", "run_audit"]

@@ -64,6 +64,8 @@ def admit(ctx: AdmitContext, spec: AuditSpec) -> Admission:
     check_not_deleted(stand_in)
     require_visibility(stand_in, "public", "audit", _PUBLIC_ONLY)
     check_stand_in(stand_in, trained_on, audited)
+    if spec.mode == "black_box":
+        check_black_box(spec, audited, trained_on)
     base = _base_model(ctx.session, ctx.principal, audited)
     block = audit_privacy(audited)
     return Admission(dataset=stand_in, model_id=base, plan=block,
@@ -144,6 +146,32 @@ def check_stand_in(stand_in: Dataset, trained_on: Dataset, audited: Job) -> None
                            audited_classes=want)
     target = str(((audited.spec or {}).get("training") or {}).get("target") or "images")
     require_masks_for_target(stand_in, target)
+
+
+def check_black_box(spec: AuditSpec, audited: Job, trained_on: Dataset) -> None:
+    """A black-box audit's canaries are records of the audited run: at most half of its N̂
+    (per label: of the smallest class's N̂_c), record-level, not a layout generator.
+
+    Raises:
+        DpsynthError: 422 ``invalid_spec`` saying why.
+    """
+    privacy = audited.privacy or {}
+    runs = list((privacy.get("per_label") or {}).values()) or [privacy]
+    populations = [round(float(r["expected_batch_size"]) / float(r["sample_rate"]))
+                   for r in runs if r.get("expected_batch_size") and r.get("sample_rate")]
+    training = (audited.spec or {}).get("training") or {}
+    why = None
+    if trained_on.privacy_unit == "subject":
+        why = "black-box audits are record-level for now (a canary would be a subject)"
+    elif training.get("target") == "masks":
+        why = "black-box audits of layout generators are not offered yet"
+    elif not populations or spec.canaries > min(populations) // 2:
+        limit = min(populations) // 2 if populations else 0
+        why = (f"a black-box audit's canaries are records of the audited run, at most half "
+               f"its N̂: at most {limit} canaries here")
+    if why is not None:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, f"job {audited.id} cannot be audited "
+                           f"black-box: {why}", job_id=audited.id, field="canaries")
 
 
 def audit_privacy(audited: Job) -> dict[str, Any]:

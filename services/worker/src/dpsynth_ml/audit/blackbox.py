@@ -1,0 +1,186 @@
+"""A black-box one-run audit of a finetune: loss canaries scored on the RELEASED model.
+
+The user-facing audit (issue 19, item 1): what an attacker who holds only the finished model
+could tell. ``m`` canary records (images of uniform noise, far from any data, each with a
+uniformly drawn label) are each put in the training set with probability 1/2 beside a
+PUBLIC stand-in cut to N̂ - m records, so the training set never exceeds the audited N̂.
+The finetune then runs exactly as :func:`dpsynth_ml.train` runs it
+(``training.finetune.run_finetune``; per label: ``training.per_label.class_run``), and each
+canary is scored on the model it writes: minus its mean denoising loss over ``draws``
+(timestep, noise) draws, labelled and encoded as the training labelled and encoded it
+(``setup._model_labels``, ``setup._encode``). The one-run bounds of
+:mod:`dpsynth_ml.audit.one_run` and :mod:`dpsynth_ml.audit.gdp` then compare the scores
+with the coin flips: they are valid for any score, so a weak score only makes the bound
+loose, never wrong.
+
+A black-box bound is far weaker than the white-box one (the canaries' signal passes through
+the whole training and one final model), and with m canaries at 95 % it can never exceed
+``max_certifiable``: it says "at least this much" and can rarely bite a claim of ε 4 or
+more. The model trained here is never saved or returned (issue 19, item 4): it lives in a
+temporary folder deleted on return.
+
+Not covered: subject-level runs (each canary would be a subject), layout-conditioned models
+and layout generators (a canary would need a mask), the central-image release.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpsynth_ml.audit.gdp import GdpAuditBound, audit_gdp
+from dpsynth_ml.audit.one_run import AuditBound, audit
+from dpsynth_ml.data import ImageDataset, load_dataset
+from dpsynth_ml.dp.padding import public_size
+from dpsynth_ml.models.architectures import ConditionalDenoiser
+from dpsynth_ml.models.model_io import load_model
+from dpsynth_ml.spec import FinetuneTraining, InvalidSpecError, PerLabel, RecordLevel
+from dpsynth_ml.training.diffusion import per_sample_diffusion_loss
+from dpsynth_ml.training.finetune import run_finetune, setup
+from dpsynth_ml.training.hooks import NullHooks
+from dpsynth_ml.training.per_label import class_run
+
+SCORE_DRAWS = 16
+"""(timestep, noise) draws per canary in its score (the same for every canary)."""
+
+
+@dataclass(frozen=True)
+class BlackBoxAudit:
+    """A black-box audit's result.
+
+    Attributes:
+        bound: the one-run (eps, delta) lower bound and its counts.
+        gdp: the f-DP one-run bound against the claim's GDP envelope (when given).
+        steps, sample_rate: the audited run's logical steps and q.
+        stand_in_records: the stand-in records trained on beside the included canaries.
+        included: how many canaries were in the training set.
+        scores: [m] each canary's score (minus its mean denoising loss; float64).
+    """
+
+    bound: AuditBound
+    gdp: GdpAuditBound
+    steps: int
+    sample_rate: float
+    stand_in_records: int
+    included: int
+    scores: np.ndarray
+
+
+def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
+                             base_model_dir: Path, canaries: int, delta: float,
+                             generator: torch.Generator, confidence: float = 0.95,
+                             claimed_mu: float | None = None, tail_delta: float = 0.0,
+                             audited_class: str | None = None, seeded_noise: bool = False,
+                             draws: int = SCORE_DRAWS) -> BlackBoxAudit:
+    """Black-box one-run audit of ``spec``'s finetune on the stand-in at ``dataset_path``.
+
+    Args:
+        spec: the finetune's training spec (the ledger's sigma, q and steps).
+        dataset_path: the PUBLIC stand-in (nothing here is charged).
+        base_model_dir: the finetune's base model.
+        canaries: m, at most half the audited N̂ (q's population).
+        delta, confidence, claimed_mu, tail_delta: as for :func:`audit_finetune`.
+        generator: the canaries, their inclusion, the stand-in's cut, the run's sampling
+            and diffusion draws, and the scoring draws.
+        audited_class: a per-label finetune's class whose run is audited.
+        seeded_noise: TESTS ONLY: key the DP noise from ``generator``.
+        draws: (timestep, noise) draws per canary score.
+
+    Raises:
+        InvalidSpecError: what this audit does not cover (see the module docstring), or
+            more canaries than half of N̂.
+    """
+    data = load_dataset(dataset_path)
+    if isinstance(spec.privacy, PerLabel):
+        if audited_class is None:
+            raise InvalidSpecError("a per-label finetune is audited one class's run at a "
+                                   "time: name audited_class")
+        spec, data = class_run(spec, data, audited_class)
+    elif audited_class is not None:
+        raise InvalidSpecError("audited_class is for per-label finetunes")
+    _check_covered(spec)
+    assert isinstance(spec.privacy, RecordLevel)
+    dp = spec.privacy.dp
+    population = public_size(sample_rate=dp.sample_rate,
+                             expected_batch_size=dp.expected_batch_size)
+    if not 1 <= canaries <= population // 2:
+        raise InvalidSpecError(f"a black-box audit puts its canaries among the audited "
+                               f"N̂ = {population} records: at most {population // 2}")
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    canary_set = _canaries(data, canaries, rng, audited_class)
+    included = rng.random(canaries) < 0.5
+    keep = rng.permutation(len(data))[:population - canaries]
+    training = _union(data, np.sort(keep), canary_set, included)
+    with tempfile.TemporaryDirectory(prefix="dpsynth-bbaudit-") as work:
+        result = run_finetune(spec, dataset_path=dataset_path, dataset=training,
+                              out_dir=Path(work) / "run", hooks=NullHooks(),
+                              base_model_dir=base_model_dir, resume_from=None,
+                              generator=generator, rng="test" if seeded_noise else "os")
+        scores = _scores(result.model_dir, spec, canary_set, generator, draws)
+    return BlackBoxAudit(
+        bound=audit(scores, included, confidence=confidence, delta=delta),
+        gdp=audit_gdp(scores, included, confidence=confidence, delta=delta,
+                      claimed_mu=claimed_mu, tail_delta=tail_delta),
+        steps=result.steps_completed, sample_rate=dp.sample_rate,
+        stand_in_records=int(keep.size), included=int(included.sum()), scores=scores)
+
+
+def _check_covered(spec: FinetuneTraining) -> None:
+    if spec.central_images is not None:
+        raise InvalidSpecError("the audit covers DP-SGD only: audit the spec without "
+                               "central_images (the release is its own Gaussian mechanism)")
+    if not isinstance(spec.privacy, RecordLevel):
+        raise InvalidSpecError("black-box audits are record-level for now (a canary of a "
+                               "subject-level run would be a subject of its own)")
+    if spec.target == "masks":
+        raise InvalidSpecError("black-box audits of layout generators are not offered yet "
+                               "(a canary would need a layout mask)")
+
+
+def _canaries(data: ImageDataset, m: int, rng: np.random.Generator,
+              audited_class: str | None) -> ImageDataset:
+    """m images of uniform noise in the stand-in's shape, each with a uniform label (per
+    label: the audited class, the only one its run trains on)."""
+    shape = data.images.shape[1:]
+    images = rng.integers(0, 256, size=(m, *shape), dtype=np.uint8)
+    names = list(data.class_names)
+    if audited_class is not None:
+        labels = np.full(m, names.index(audited_class), dtype=np.int64)
+    else:
+        labels = rng.integers(0, len(names), size=m, dtype=np.int64)
+    return ImageDataset(images=images, labels=labels, class_names=data.class_names)
+
+
+def _union(data: ImageDataset, keep: np.ndarray, canary_set: ImageDataset,
+           included: np.ndarray) -> ImageDataset:
+    if data.masks is not None:
+        raise InvalidSpecError("black-box audits of layout-conditioned models are not "
+                               "offered yet (a canary would need a layout mask)")
+    return ImageDataset(
+        images=np.concatenate([data.images[keep], canary_set.images[included]]),
+        labels=np.concatenate([data.labels[keep], canary_set.labels[included]]),
+        class_names=data.class_names)
+
+
+@torch.no_grad()
+def _scores(model_dir: Path, spec: FinetuneTraining, canary_set: ImageDataset,
+            generator: torch.Generator, draws: int) -> np.ndarray:
+    """Minus each canary's mean denoising loss under the released model."""
+    bundle, info = load_model(model_dir)
+    if bundle.layout_channels:
+        raise InvalidSpecError("black-box audits of layout-conditioned models are not "
+                               "offered yet (a canary would need a layout mask)")
+    latents = setup._encode(bundle, canary_set, info)
+    labels = setup._model_labels(canary_set, spec)
+    denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
+    total = torch.zeros(len(canary_set), dtype=torch.float64)
+    for _ in range(draws):
+        total += per_sample_diffusion_loss(
+            denoiser, bundle.scheduler, latents, labels, generator,
+            timesteps=spec.timestep_distribution).double()
+    scores: np.ndarray = (-total / draws).numpy()
+    return scores
