@@ -38,7 +38,7 @@ from dpsynth_ml.models.model_io import read_model_info
 from dpsynth_ml.training.finetune import checkpoints as ft_checkpoints
 from dpsynth_ml.training.finetune import loop as ft_loop
 from dpsynth_ml.training.finetune import setup as ft_setup
-from dpsynth_ml.training.per_label import _class_subset
+from dpsynth_ml.training.per_label import _class_subset, class_run
 
 from .dp_support import (
     NUM_CLASSES,
@@ -329,7 +329,7 @@ def test_every_class_encodes_as_many_rows_as_its_declared_size(
     totals = {}
     for i, name in enumerate(CLASS_NAMES):
         encoded.clear()
-        _prepared(job._class_spec(name), pretrained, tmp_path / name,
+        _prepared(class_run(job.spec, dataset, name)[0], pretrained, tmp_path / name,
                   dataset_path=per_label_data, dataset=_class_subset(dataset, i), seed=i)
         totals[name] = sum(encoded)
     # the records and then blanks up to N̂_c (a class without records encodes one blank
@@ -350,7 +350,7 @@ def test_per_step_time_is_the_same_for_classes_of_different_true_sizes(
     job = _PerLabelJob(spec, dataset=dataset, dataset_path=per_label_data, out_dir=tmp_path,
                        hooks=RecordingHooks(), base_model_dir=pretrained.model_dir,
                        generator=seeded(3), rng="test")
-    runs = {name: _prepared(job._class_spec(name), pretrained, tmp_path / name,
+    runs = {name: _prepared(class_run(job.spec, dataset, name)[0], pretrained, tmp_path / name,
                             dataset_path=per_label_data, dataset=_class_subset(dataset, i),
                             seed=i)
             for i, name in enumerate(CLASS_NAMES)}
