@@ -2,6 +2,8 @@
 (Steinke, Nasr & Jagielski, NeurIPS 2023, "Privacy auditing with one (1) training run").
 
 Part of the job-spec union (:data:`dpsynth_shared.job_specs.JobSpec`, which re-exports it).
+Also the ledger's ``POST /v1/gdp-envelopes`` bodies, the claim an audit tests
+(re-exported by :mod:`dpsynth_shared.ledger_contract`).
 An audit tests the MECHANISM, not the user's data: it runs the audited job's exact DP
 settings (the ledger's σ, q, steps and expected batch size; the spec's clipping norm,
 trainable set, noise multiplicity and micro-batching; its base model) on a PUBLIC stand-in
@@ -13,10 +15,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from dpsynth_shared.spec_base import SpecBase
-from dpsynth_shared.text import MAX_INT32
+from dpsynth_shared.text import MAX_INT32, ContractBody
 
 
 class AuditSpec(SpecBase):
@@ -50,6 +52,28 @@ class AuditSpec(SpecBase):
                       "canaries and their inclusion (the DP noise stays OS-keyed)")
 
 
+class GdpEnvelopeRequest(ContractBody):
+    """A DP-SGD run's parameters (add/remove, Poisson sampling) whose Gaussian-DP envelope
+    an audit tests (``POST /v1/gdp-envelopes``; stateless, charges nothing)."""
+
+    noise_multiplier: float = Field(gt=0, le=1e4)
+    sample_rate: float = Field(gt=0, le=1)
+    steps: int = Field(ge=1, le=10_000_000)
+
+
+class GdpEnvelope(BaseModel):
+    """The smallest μ such that μ-GDP's (ε, δ) profile lies above the run's PLD profile on
+    a grid of ε (``dpsynth_ledger.accounting.gdp_envelope``), and the PLD's δ at the grid's
+    end (``tail_delta``, the additive part of the claim): an audit's claimed μ."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    mu: float
+    tail_delta: float
+    accountant: str = Field(description="how the envelope was computed")
+
+
 def recipe_family(*, trainable: str, noise_multiplicity: int,
                   max_physical_batch_size: int | None) -> str:
     """The key under which audits of one recipe are filed and matched (with the engine,
@@ -63,4 +87,4 @@ def recipe_family(*, trainable: str, noise_multiplicity: int,
     return ",".join(parts)
 
 
-__all__ = ["AuditSpec", "recipe_family"]
+__all__ = ["AuditSpec", "GdpEnvelope", "GdpEnvelopeRequest", "recipe_family"]
