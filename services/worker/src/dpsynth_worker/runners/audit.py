@@ -90,9 +90,9 @@ def run_audit(ctx: JobContext) -> Outcome:
     delta = _delta(target, reservation)
 
     def audit(seed: int, confidence: float) -> dict[str, Any]:
-        run_audit = (ctx.ml.black_box_audit_finetune if spec.mode == "black_box"
-                     else ctx.ml.audit_finetune)
-        result = run_audit(
+        method = (ctx.ml.black_box_audit_finetune if spec.mode == "black_box"
+                  else ctx.ml.audit_finetune)
+        result = method(
             training, dataset_path=path, base_model_dir=base_dir, canaries=spec.canaries,
             delta=delta, seed=seed, confidence=confidence, claimed_mu=envelope.mu,
             tail_delta=envelope.tail_delta, audited_class=audited_class)
@@ -123,9 +123,9 @@ def _confirm(ctx: JobContext, first: dict[str, Any],
     """A rejection is re-run once with fresh canaries (the next seed) at confidence at
     least :data:`ALARM_CONFIDENCE` before it alarms (issue 19: at 95 % one correct audit in
     twenty would reject): a correct run rejects at most 1 - confidence of the time, so the
-    two independent runs both reject at most 0.05 × 0.01 of the time. ``rejected`` stands
-    only when the re-run rejects too; else the verdict is ``unconfirmed``. None: stopped
-    during the re-run."""
+    two independent runs both reject at most (1 - confidence) × 0.01 of the time.
+    ``rejected`` stands only when the re-run rejects too; else the verdict is
+    ``unconfirmed``. None: stopped during the re-run."""
     log.error("privacy audit: the claim was rejected; re-running with fresh canaries to "
               "confirm", extra={"audited_job_id": first["audited_job_id"],
                                 "epsilon_lower_bound": first["epsilon_lower_bound"],
