@@ -3,7 +3,8 @@
 
 Part of the job-spec union (:data:`dpsynth_shared.job_specs.JobSpec`, which re-exports it).
 Also the ledger's ``POST /v1/gdp-envelopes`` bodies, the claim an audit tests
-(re-exported by :mod:`dpsynth_shared.ledger_contract`).
+(re-exported by :mod:`dpsynth_shared.ledger_contract`), and the summary of the latest
+matching audit that a finetune's view, a DP model's view and an evaluation report show.
 An audit tests the MECHANISM, not the user's data: it runs the audited job's exact DP
 settings (the ledger's σ, q, steps and expected batch size; the spec's clipping norm,
 trainable set, noise multiplicity and micro-batching; its base model) on a PUBLIC stand-in
@@ -13,6 +14,7 @@ audits").
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -87,4 +89,38 @@ def recipe_family(*, trainable: str, noise_multiplicity: int,
     return ",".join(parts)
 
 
-__all__ = ["AuditSpec", "GdpEnvelope", "GdpEnvelopeRequest", "recipe_family"]
+AUDIT_VERDICT_WORDS = {
+    "consistent": "consistent with its claim (no bound above it)",
+    "cannot_bite": "could not have rejected its claim at these canaries and confidence",
+    "rejected": "REJECTED: the running code leaks more than claimed (confirmed by a re-run)",
+    "unconfirmed": "one run rejected its claim, the confirming re-run did not",
+}
+"""An audit's verdict in words, one wording for the CLI and the evaluation report."""
+
+
+class AuditSummary(BaseModel):
+    """The latest succeeded audit matching a finetune job (of that job or another of its
+    recipe family), or ``not_audited``: what a finetune's view, a DP model's view and an
+    evaluation report show (issue 19, item 2). The api fills it from stored audit results;
+    the evaluate claim carries it to the worker, which copies it into ``report.json``."""
+
+    status: Literal["audited", "not_audited"]
+    recipe_family: str = Field(description="the finetune's recipe family, the match key")
+    audit_job_id: str | None = None
+    mode: str | None = Field(None, description="white_box / black_box")
+    audited_job_id: str | None = Field(None, description="the job whose settings that audit "
+                                       "ran: this one, or another of the same family")
+    same_job: bool | None = None
+    verdict: str | None = Field(None, description="consistent / cannot_bite / rejected / "
+                                "unconfirmed (docs/privacy.md)")
+    epsilon_lower_bound: float | None = None
+    claimed_epsilon: float | None = None
+    max_certifiable_epsilon: float | None = None
+    engine: str | None = None
+    device: str | None = None
+    code_version: str | None = None
+    finished_at: datetime | None = None
+
+
+__all__ = ["AUDIT_VERDICT_WORDS", "AuditSpec", "AuditSummary", "GdpEnvelope",
+           "GdpEnvelopeRequest", "recipe_family"]

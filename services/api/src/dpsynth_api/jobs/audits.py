@@ -1,7 +1,9 @@
 """The audit a finetune job's view shows (issue 19, item 2): the latest succeeded ``audit``
 job of the tenant that audited this job or another of the same recipe family (trainable
 set, noise multiplicity, micro-batching: :func:`dpsynth_shared.audit_specs.recipe_family`),
-with its verdict, date, engine, device and code version; or "not audited".
+with its verdict, date, engine, device and code version; or "not audited". A DP model's
+view shows that of the finetune which produced it, and an evaluate claim carries that of
+the finetune behind the evaluated corpus's model (its report shows it as of the claim).
 
 Audits cost compute only and run on demand (``POST /v1/jobs`` with ``type: audit``); this
 only reads their stored results (docs/privacy.md, "The `audit` job").
@@ -9,41 +11,20 @@ only reads their stored results (docs/privacy.md, "The `audit` job").
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+from dpsynth_shared.audit_specs import AuditSummary as AuditSummary  # the views' shape
 from dpsynth_shared.audit_specs import recipe_family
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.job_types import JobType
-from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dpsynth_api.tables import Job
+from dpsynth_api.tables import Job, Model
 
 SCANNED = 200
 """The tenant's most recent succeeded audits searched for a match (newest first)."""
-
-
-class AuditSummary(BaseModel):
-    """The latest audit matching a finetune job, or ``not_audited``."""
-
-    status: Literal["audited", "not_audited"]
-    recipe_family: str = Field(description="the finetune's recipe family, the match key")
-    audit_job_id: str | None = None
-    mode: str | None = Field(None, description="white_box / black_box")
-    audited_job_id: str | None = Field(None, description="the job whose settings that audit "
-                                       "ran: this one, or another of the same family")
-    same_job: bool | None = None
-    verdict: str | None = Field(None, description="consistent / cannot_bite / rejected / "
-                                "unconfirmed (docs/privacy.md)")
-    epsilon_lower_bound: float | None = None
-    claimed_epsilon: float | None = None
-    max_certifiable_epsilon: float | None = None
-    engine: str | None = None
-    device: str | None = None
-    code_version: str | None = None
-    finished_at: datetime | None = None
 
 
 def family_of(spec: dict[str, Any]) -> str:
@@ -54,15 +35,17 @@ def family_of(spec: dict[str, Any]) -> str:
                          max_physical_batch_size=training.get("max_physical_batch_size"))
 
 
-def latest_audit(session: Session, job: Job) -> AuditSummary | None:
-    """The audit shown on ``job``'s view (None: not a finetune job)."""
-    if job.type != JobType.FINETUNE:
-        return None
-    family = family_of(job.spec or {})
-    audits = session.scalars(
-        select(Job).where(Job.tenant_id == job.tenant_id, Job.type == JobType.AUDIT,
+def _recent_audits(session: Session, tenant_id: str) -> list[Job]:
+    """The tenant's ``SCANNED`` most recent succeeded audits, newest first (one query)."""
+    return list(session.scalars(
+        select(Job).where(Job.tenant_id == tenant_id, Job.type == JobType.AUDIT,
                           Job.state == JobState.SUCCEEDED)
-        .order_by(Job.finished_at.desc(), Job.id).limit(SCANNED))
+        .order_by(Job.finished_at.desc(), Job.id).limit(SCANNED)))
+
+
+def _match(audits: Iterable[Job], job: Job) -> AuditSummary:
+    """The first of ``audits`` (newest first) that audited ``job`` or its recipe family."""
+    family = family_of(job.spec or {})
     for audit in audits:
         view = (audit.result or {}).get("audit_result") or {}
         key = view.get("key") or {}
@@ -79,3 +62,37 @@ def latest_audit(session: Session, job: Job) -> AuditSummary | None:
             engine=key.get("engine"), device=key.get("device"),
             code_version=key.get("code_version"), finished_at=audit.finished_at)
     return AuditSummary(status="not_audited", recipe_family=family)
+
+
+def latest_audit(session: Session, job: Job) -> AuditSummary | None:
+    """The audit shown on ``job``'s view (None: not a finetune job)."""
+    if job.type != JobType.FINETUNE:
+        return None
+    return _match(_recent_audits(session, job.tenant_id), job)
+
+
+def model_audits(session: Session, models: Sequence[Model]) -> dict[str, AuditSummary]:
+    """The audit of the finetune that produced each DP model, by model id; a model that no
+    finetune produced (an upload, a public pretrain, a feature network) has none.
+
+    A page of models costs two queries whatever its length (the producing jobs, then each
+    tenant's recent audits), not one per model."""
+    producers = {m.produced_by_job_id for m in models if m.dp and m.produced_by_job_id}
+    if not producers:
+        return {}
+    jobs = {job.id: job for job in session.scalars(
+        select(Job).where(Job.id.in_(producers), Job.type == JobType.FINETUNE))}
+    audits = {tenant: _recent_audits(session, tenant)
+              for tenant in {job.tenant_id for job in jobs.values()}}
+    out: dict[str, AuditSummary] = {}
+    for model in models:
+        job = jobs.get(model.produced_by_job_id or "")
+        if model.dp and job is not None and job.tenant_id == model.tenant_id:
+            out[model.id] = _match(audits[job.tenant_id], job)
+    return out
+
+
+def model_audit(session: Session, model: Model) -> AuditSummary | None:
+    """The audit a DP model's view shows: that of the finetune which produced it (None:
+    not a DP model of a finetune)."""
+    return model_audits(session, [model]).get(model.id)
