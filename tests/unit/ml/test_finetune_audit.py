@@ -154,9 +154,11 @@ def test_a_black_box_audit_scores_loss_canaries_on_the_released_model(
         black_box_audit_finetune(spec, dataset_path=digits_path,
                                  base_model_dir=pretrained.model_dir, canaries=51,
                                  delta=DELTA, generator=seeded(13))
+    # subject-level runs: the canaries are subjects, at most half of N̂ subjects
+    # (tests/unit/ml/test_black_box_subject_audit.py)
     subject = finetune_spec(privacy_unit="subject", dp_sample_rate=Q,
                             dp_expected_batch_size=EXPECTED, dp_steps=2)
-    with pytest.raises(InvalidSpecError, match="record-level"):
+    with pytest.raises(InvalidSpecError, match="N̂ = 100 subjects: at most 50"):
         black_box_audit_finetune(subject, dataset_path=digits_path,
-                                 base_model_dir=pretrained.model_dir, canaries=10,
+                                 base_model_dir=pretrained.model_dir, canaries=51,
                                  delta=DELTA, generator=seeded(14))

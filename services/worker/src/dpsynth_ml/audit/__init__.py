@@ -8,6 +8,8 @@ and Jagielski, NeurIPS 2023): the p-value of a count of correct membership guess
 (tighter on Gaussian mechanisms; the envelope comes from the ledger).
 :mod:`~dpsynth_ml.audit.whitebox` runs white-box gradient (Dirac) canaries through a DP-SGD
 engine; :mod:`~dpsynth_ml.audit.finetune` does it inside a finetune's own steps on a public
-stand-in. Black-box loss canaries and the ``audit`` job are not built yet (docs/privacy.md,
+stand-in. :mod:`~dpsynth_ml.audit.blackbox` is the black-box audit: noise-image loss
+canaries (records, or whole subjects of a subject-level run: :mod:`~dpsynth_ml.audit.canary_sets`)
+trained on beside the stand-in and scored on the finished model (docs/privacy.md,
 "Empirical audits").
 """

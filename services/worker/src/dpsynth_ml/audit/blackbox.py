@@ -4,6 +4,10 @@ The user-facing audit (issue 19, item 1): what an attacker who holds only the fi
 could tell. ``m`` canary records (images of uniform noise, far from any data, each with a
 uniformly drawn label) are each put in the training set with probability 1/2 beside a
 PUBLIC stand-in cut to N̂ - m records, so the training set never exceeds the audited N̂.
+A subject-level run's privacy unit is the subject, so there each canary is a SUBJECT of
+``max_images_per_subject`` noise images of one label, in or out as a whole, beside N̂ - m
+stand-in subjects (N̂ counts subjects); its score is the mean of its images' scores
+(:mod:`dpsynth_ml.audit.canary_sets`).
 The finetune then runs exactly as :func:`dpsynth_ml.train` runs it
 (``training.finetune.run_finetune``; per label: ``training.per_label.class_run``), and each
 canary is scored on the model it writes: minus its mean denoising loss over ``draws``
@@ -19,8 +23,8 @@ the whole training and one final model), and with m canaries at 95 % it can neve
 more. The model trained here is never saved or returned (issue 19, item 4): it lives in a
 temporary folder deleted on return.
 
-Not covered: subject-level runs (each canary would be a subject), layout-conditioned models
-and layout generators (a canary would need a mask), the central-image release.
+Not covered: layout-conditioned models and layout generators (a canary would need a mask),
+the central-image release.
 """
 
 from __future__ import annotations
@@ -32,13 +36,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpsynth_ml.audit.canary_sets import (
+    TrainingSet,
+    draw_canaries,
+    record_training_set,
+    subject_training_set,
+)
 from dpsynth_ml.audit.gdp import GdpAuditBound, audit_gdp
 from dpsynth_ml.audit.one_run import AuditBound, audit
 from dpsynth_ml.data import ImageDataset, load_dataset
 from dpsynth_ml.dp.padding import public_size
 from dpsynth_ml.models.architectures import ConditionalDenoiser
 from dpsynth_ml.models.model_io import load_model
-from dpsynth_ml.spec import FinetuneTraining, InvalidSpecError, PerLabel, RecordLevel
+from dpsynth_ml.spec import (
+    FinetuneTraining,
+    InvalidSpecError,
+    PerLabel,
+    RecordLevel,
+    SubjectLevel,
+)
 from dpsynth_ml.training.diffusion import per_sample_diffusion_loss
 from dpsynth_ml.training.finetune import run_finetune, setup
 from dpsynth_ml.training.hooks import NullHooks
@@ -46,6 +62,10 @@ from dpsynth_ml.training.per_label import class_run
 
 SCORE_DRAWS = 16
 """(timestep, noise) draws per canary in its score (the same for every canary)."""
+
+SCORE_BATCH = 256
+"""Canary images per forward pass when scoring (a subject-level audit scores m × k images:
+the memory stays that of one training micro-batch or so, whatever m and k are)."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +76,14 @@ class BlackBoxAudit:
         bound: the one-run (eps, delta) lower bound and its counts.
         gdp: the f-DP one-run bound against the claim's GDP envelope (when given).
         steps, sample_rate: the audited run's logical steps and q.
-        stand_in_records: the stand-in records trained on beside the included canaries.
-        included: how many canaries were in the training set.
-        scores: [m] each canary's score (minus its mean denoising loss; float64).
+        stand_in_records: the stand-in records (images) trained on beside the included
+            canaries.
+        included: how many canaries (records, or subjects) were in the training set.
+        scores: [m] each canary's score (minus its mean denoising loss; a subject canary:
+            the mean over its images; float64).
+        stand_in_subjects: a subject-level run: the stand-in subjects trained on (None for
+            a record-level one).
+        images_per_canary: 1, or a subject canary's images (``max_images_per_subject``).
     """
 
     bound: AuditBound
@@ -68,6 +93,8 @@ class BlackBoxAudit:
     stand_in_records: int
     included: int
     scores: np.ndarray
+    stand_in_subjects: int | None = None
+    images_per_canary: int = 1
 
 
 def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
@@ -82,7 +109,8 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
         spec: the finetune's training spec (the ledger's sigma, q and steps).
         dataset_path: the PUBLIC stand-in (nothing here is charged).
         base_model_dir: the finetune's base model.
-        canaries: m, at most half the audited N̂ (q's population).
+        canaries: m, at most half the audited N̂ (q's population: records, or subjects
+            for a subject-level run, whose canaries are subjects).
         delta, confidence, claimed_mu, tail_delta: as for :func:`audit_finetune`.
         generator: the canaries, their inclusion, the stand-in's cut, the run's sampling
             and diffusion draws, and the scoring draws.
@@ -103,73 +131,61 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
     elif audited_class is not None:
         raise InvalidSpecError("audited_class is for per-label finetunes")
     _check_covered(spec)
-    assert isinstance(spec.privacy, RecordLevel)
+    assert isinstance(spec.privacy, (RecordLevel, SubjectLevel))
     dp = spec.privacy.dp
+    per_unit = (spec.privacy.max_images_per_subject
+                if isinstance(spec.privacy, SubjectLevel) else 1)
+    unit = "subjects" if isinstance(spec.privacy, SubjectLevel) else "records"
     population = public_size(sample_rate=dp.sample_rate,
                              expected_batch_size=dp.expected_batch_size)
     if not 1 <= canaries <= population // 2:
         raise InvalidSpecError(f"a black-box audit puts its canaries among the audited "
-                               f"N̂ = {population} records: at most {population // 2}")
+                               f"N̂ = {population} {unit}: at most {population // 2}")
     rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
-    canary_set = _canaries(data, canaries, rng, audited_class)
+    canary_set = draw_canaries(data, canaries, rng, audited_class, per_unit)
+    # one fair coin per canary UNIT (record or subject): the claim is per unit
     included = rng.random(canaries) < 0.5
-    keep = rng.permutation(len(data))[:population - canaries]
-    training = _union(data, np.sort(keep), canary_set, included)
+    training = _training_set(spec, data, canary_set, included, population, rng)
     with tempfile.TemporaryDirectory(prefix="dpsynth-bbaudit-") as work:
-        result = run_finetune(spec, dataset_path=dataset_path, dataset=training,
+        result = run_finetune(spec, dataset_path=dataset_path, dataset=training.dataset,
                               out_dir=Path(work) / "run", hooks=NullHooks(),
                               base_model_dir=base_model_dir, resume_from=None,
                               generator=generator, rng="test" if seeded_noise else "os")
-        scores = _scores(result.model_dir, spec, canary_set, generator, draws)
+        per_image = _scores(result.model_dir, spec, canary_set, generator, draws)
+    # a subject canary's images are consecutive rows: its score is their mean
+    scores: np.ndarray = per_image.reshape(canaries, per_unit).mean(axis=1)
     return BlackBoxAudit(
         bound=audit(scores, included, confidence=confidence, delta=delta),
         gdp=audit_gdp(scores, included, confidence=confidence, delta=delta,
                       claimed_mu=claimed_mu, tail_delta=tail_delta),
         steps=result.steps_completed, sample_rate=dp.sample_rate,
-        stand_in_records=int(keep.size), included=int(included.sum()), scores=scores)
+        stand_in_records=training.stand_in_records, included=int(included.sum()),
+        scores=scores, stand_in_subjects=training.stand_in_subjects,
+        images_per_canary=per_unit)
+
+
+def _training_set(spec: FinetuneTraining, data: ImageDataset, canary_set: ImageDataset,
+                  included: np.ndarray, population: int,
+                  rng: np.random.Generator) -> TrainingSet:
+    if isinstance(spec.privacy, SubjectLevel):
+        return subject_training_set(data, canary_set, included, population=population,
+                                    per_unit=spec.privacy.max_images_per_subject, rng=rng)
+    return record_training_set(data, canary_set, included, population=population, rng=rng)
 
 
 def _check_covered(spec: FinetuneTraining) -> None:
     if spec.central_images is not None:
         raise InvalidSpecError("the audit covers DP-SGD only: audit the spec without "
                                "central_images (the release is its own Gaussian mechanism)")
-    if not isinstance(spec.privacy, RecordLevel):
-        raise InvalidSpecError("black-box audits are record-level for now (a canary of a "
-                               "subject-level run would be a subject of its own)")
     if spec.target == "masks":
         raise InvalidSpecError("black-box audits of layout generators are not offered yet "
                                "(a canary would need a layout mask)")
 
 
-def _canaries(data: ImageDataset, m: int, rng: np.random.Generator,
-              audited_class: str | None) -> ImageDataset:
-    """m images of uniform noise in the stand-in's shape, each with a uniform label (per
-    label: the audited class, the only one its run trains on)."""
-    shape = data.images.shape[1:]
-    images = rng.integers(0, 256, size=(m, *shape), dtype=np.uint8)
-    names = list(data.class_names)
-    if audited_class is not None:
-        labels = np.full(m, names.index(audited_class), dtype=np.int64)
-    else:
-        labels = rng.integers(0, len(names), size=m, dtype=np.int64)
-    return ImageDataset(images=images, labels=labels, class_names=data.class_names)
-
-
-def _union(data: ImageDataset, keep: np.ndarray, canary_set: ImageDataset,
-           included: np.ndarray) -> ImageDataset:
-    if data.masks is not None:
-        raise InvalidSpecError("black-box audits of layout-conditioned models are not "
-                               "offered yet (a canary would need a layout mask)")
-    return ImageDataset(
-        images=np.concatenate([data.images[keep], canary_set.images[included]]),
-        labels=np.concatenate([data.labels[keep], canary_set.labels[included]]),
-        class_names=data.class_names)
-
-
 @torch.no_grad()
 def _scores(model_dir: Path, spec: FinetuneTraining, canary_set: ImageDataset,
             generator: torch.Generator, draws: int) -> np.ndarray:
-    """Minus each canary's mean denoising loss under the released model."""
+    """Minus each canary image's mean denoising loss under the released model."""
     bundle, info = load_model(model_dir)
     if bundle.layout_channels:
         raise InvalidSpecError("black-box audits of layout-conditioned models are not "
@@ -179,8 +195,10 @@ def _scores(model_dir: Path, spec: FinetuneTraining, canary_set: ImageDataset,
     denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
     total = torch.zeros(len(canary_set), dtype=torch.float64)
     for _ in range(draws):
-        total += per_sample_diffusion_loss(
-            denoiser, bundle.scheduler, latents, labels, generator,
-            timesteps=spec.timestep_distribution).double()
+        for start in range(0, len(canary_set), SCORE_BATCH):
+            rows = slice(start, start + SCORE_BATCH)
+            total[rows] += per_sample_diffusion_loss(
+                denoiser, bundle.scheduler, latents[rows], labels[rows], generator,
+                timesteps=spec.timestep_distribution).double().cpu()
     scores: np.ndarray = (-total / draws).numpy()
     return scores
