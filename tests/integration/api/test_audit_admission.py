@@ -246,22 +246,30 @@ def test_the_claim_rechecks_that_the_stand_in_is_public(api: Api) -> None:
     assert _code(claim) == (422, "visibility_mismatch"), claim.text
 
 
-def test_a_subject_level_finetune_is_audited_with_its_unit(api: Api) -> None:
-    _, token = api.tenant()
-    images = np.random.default_rng(0).integers(0, 256, size=(24, 8, 8), dtype=np.uint8)
-    subjects = np.repeat(np.arange(12), 2)
-    r = api.upload(token, b.npz_bytes(images=images, labels=subjects % 3, subjects=subjects), {
+def _subject_finetune(api: Api, token: str, subjects: int) -> str:
+    """A finetune of a private subject-level dataset of ``subjects`` subjects (two images
+    each; declared size = the subject count): its job id."""
+    images = np.random.default_rng(0).integers(0, 256, size=(2 * subjects, 8, 8),
+                                               dtype=np.uint8)
+    owner = np.repeat(np.arange(subjects), 2)
+    r = api.upload(token, b.npz_bytes(images=images, labels=owner % 3, subjects=owner), {
         "name": "subj", "visibility": "private", "epsilon_limit": 10.0,
-        "label_domain": ["x", "y", "z"], "privacy_unit": "subject", "declared_size": 12},
-        filename="d.npz")
+        "label_domain": ["x", "y", "z"], "privacy_unit": "subject",
+        "declared_size": subjects}, filename="d.npz")
     assert r.status_code == 201, r.text
     made = _post(api, token, {"type": "finetune", "dataset_id": r.json()["dataset_id"],
                               "base_model_id": api.model(token),
                               "privacy": {"target_epsilon": 2.0},
                               "training": {"expected_batch_size": 4, "epochs": 1}})
     assert made.status_code == 201, made.text
+    return str(made.json()["job_id"])
+
+
+def test_a_subject_level_finetune_is_audited_with_its_unit(api: Api) -> None:
+    _, token = api.tenant()
+    job_id = _subject_finetune(api, token, 12)
     stand_in = api.public_dataset(token, {"a": 3, "b": 3, "c": 3})
-    audit = _audit(api, token, made.json()["job_id"], stand_in)
+    audit = _audit(api, token, job_id, stand_in)
     assert audit.status_code == 201, audit.text
     claim = api.worker(f"{audit.json()['job_id']}/claim", {"attempt": 1, "worker_id": "w"})
     assert claim.status_code == 200, claim.text
@@ -269,3 +277,24 @@ def test_a_subject_level_finetune_is_audited_with_its_unit(api: Api) -> None:
     # the worker gives the stand-in subjects of max_images_per_subject images each
     assert target["privacy_unit"] == "subject" and target["declared_size"] == 12
     assert target["spec"]["training"]["max_images_per_subject"] == 8
+
+
+def test_a_black_box_audit_of_a_subject_level_finetune_has_canary_subjects(api: Api) -> None:
+    """Each canary is a subject (the run's privacy unit): at most half of N̂ SUBJECTS."""
+    _, token = api.tenant()
+    job_id = _subject_finetune(api, token, 40)
+    privacy = api.client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()["privacy"]
+    half = round(privacy["expected_batch_size"] / privacy["sample_rate"]) // 2
+    assert half == 20  # N̂ = 40 subjects
+    stand_in = api.public_dataset(token, {"a": 3, "b": 3, "c": 3})
+    plan = _audit(api, token, job_id, stand_in, dry=True, mode="black_box", canaries=half)
+    assert plan.status_code == 200, plan.text
+    assert plan.json()["spec"]["mode"] == "black_box"
+    r = _audit(api, token, job_id, stand_in, mode="black_box", canaries=half)
+    assert r.status_code == 201, r.text
+    assert r.json()["result"]["audit"]["mode"] == "black_box"
+    for dry in (False, True):
+        r = _audit(api, token, job_id, stand_in, dry=dry, mode="black_box",
+                   canaries=half + 1)
+        assert _code(r) == (422, "invalid_spec"), r.text
+        assert f"N̂ subjects: at most {half} canaries" in r.json()["detail"]

@@ -149,8 +149,10 @@ def check_stand_in(stand_in: Dataset, trained_on: Dataset, audited: Job) -> None
 
 
 def check_black_box(spec: AuditSpec, audited: Job, trained_on: Dataset) -> None:
-    """A black-box audit's canaries are records of the audited run: at most half of its N̂
-    (per label: of the smallest class's N̂_c), record-level, not a layout generator.
+    """A black-box audit's canaries are privacy units of the audited run: records, or
+    whole subjects of a subject-level run (its unit; each then holds
+    ``max_images_per_subject`` images). They are at most half of its N̂ (in that unit; per
+    label: of the smallest class's N̂_c), and the run is not a layout generator's.
 
     Raises:
         DpsynthError: 422 ``invalid_spec`` saying why.
@@ -160,15 +162,14 @@ def check_black_box(spec: AuditSpec, audited: Job, trained_on: Dataset) -> None:
     populations = [round(float(r["expected_batch_size"]) / float(r["sample_rate"]))
                    for r in runs if r.get("expected_batch_size") and r.get("sample_rate")]
     training = (audited.spec or {}).get("training") or {}
+    unit = "subjects" if trained_on.privacy_unit == "subject" else "records"
     why = None
-    if trained_on.privacy_unit == "subject":
-        why = "black-box audits are record-level for now (a canary would be a subject)"
-    elif training.get("target") == "masks":
+    if training.get("target") == "masks":
         why = "black-box audits of layout generators are not offered yet"
     elif not populations or spec.canaries > min(populations) // 2:
         limit = min(populations) // 2 if populations else 0
-        why = (f"a black-box audit's canaries are records of the audited run, at most half "
-               f"its N̂: at most {limit} canaries here")
+        why = (f"a black-box audit's canaries are {unit} of the audited run, at most half "
+               f"its N̂ {unit}: at most {limit} canaries here")
     if why is not None:
         raise DpsynthError(ErrorCode.INVALID_SPEC, f"job {audited.id} cannot be audited "
                            f"black-box: {why}", job_id=audited.id, field="canaries")
