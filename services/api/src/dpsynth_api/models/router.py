@@ -42,13 +42,16 @@ def list_models(session: SessionDep, principal: ReaderDep,
     """The tenant's models, newest first."""
     rows, next_cursor = split(service.list_models(session, principal=principal, limit=limit,
                                                   cursor=cursor), limit)
-    return ModelPage(items=[model_out(m) for m in rows], next_cursor=next_cursor)
+    return ModelPage(items=service.model_views(session, rows), next_cursor=next_cursor)
 
 
 @router.get("/{model_id}", response_model=ModelOut)
 def get_model(model_id: str, session: SessionDep, principal: ReaderDep) -> ModelOut:
-    """One model with its lineage (dataset, jobs, dp flag, job_epsilon, rng stamp)."""
-    return model_out(service.get_model(session, principal=principal, model_id=model_id))
+    """One model with its lineage (dataset, jobs, dp flag, job_epsilon, rng stamp) and, for
+    a DP model, its producing finetune's latest privacy audit or 'not_audited'."""
+    [view] = service.model_views(
+        session, [service.get_model(session, principal=principal, model_id=model_id)])
+    return view
 
 
 @router.get("/{model_id}/download", response_model=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from dpsynth_shared.audit_specs import AuditSummary
 from dpsynth_shared.ledger_contract import LINEAGE_LABEL
 from dpsynth_shared.text import Name
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,6 +51,10 @@ class ModelOut(BaseModel):
     sha256: str
     size_bytes: int
     created_at: datetime
+    audit: AuditSummary | None = Field(
+        None, description="a DP model: the latest privacy audit of the finetune job that "
+        "produced it or of another finetune of its recipe family, or status 'not_audited' "
+        "(docs/privacy.md, empirical audits); null for a model no finetune produced")
 
 
 class ModelPage(BaseModel):
@@ -69,12 +74,14 @@ def _spent(model: Model) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def model_out(model: Model) -> ModelOut:
-    """The view of a model row; a model stamped ``rng: test`` is never publishable."""
+def model_out(model: Model, audit: AuditSummary | None = None) -> ModelOut:
+    """The view of a model row (with ``audit``, its producing finetune's audit); a model
+    stamped ``rng: test`` is never publishable."""
     return ModelOut(
         model_id=model.id, tenant_id=model.tenant_id, name=model.name, source=model.source,
         dataset_id=model.dataset_id, job_ids=list(model.job_ids or []),
         produced_by_job_id=model.produced_by_job_id, dp=model.dp, job_epsilon=model.job_epsilon,
         job_epsilon_label=lineage_label(model), dataset_epsilon_spent=_spent(model),
         delta=model.delta, rng=model.rng, publishable=model.rng != "test", info=model.info or {},
-        sha256=model.sha256, size_bytes=model.size_bytes, created_at=model.created_at)
+        sha256=model.sha256, size_bytes=model.size_bytes, created_at=model.created_at,
+        audit=audit)

@@ -13,11 +13,12 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from dpsynth_api.archives import SafeArchive
+from dpsynth_api.jobs.audits import model_audits
 from dpsynth_api.models import repository as repo
 from dpsynth_api.models.conditioning import layout_channels, model_target
 from dpsynth_api.models.download import tar_to_zip
 from dpsynth_api.models.info_file import model_space
-from dpsynth_api.models.schemas import ModelMetadata
+from dpsynth_api.models.schemas import ModelMetadata, ModelOut, model_out
 from dpsynth_api.models.validation import check_model_archive, repack
 from dpsynth_api.ports import ObjectStore
 from dpsynth_api.settings import ApiSettings
@@ -102,6 +103,13 @@ def list_models(session: Session, *, principal: Principal, limit: int,
     """One page of the tenant's models (``limit + 1`` rows)."""
     return repo.list_for_tenant(session, tenant_id=principal.tenant_id, limit=limit,
                                 cursor=cursor)
+
+
+def model_views(session: Session, models: list[Model]) -> list[ModelOut]:
+    """The views of ``models``, each DP model with its producing finetune's latest audit
+    (issue 19, item 2): two queries for the whole list, not one per model."""
+    audits = model_audits(session, models)
+    return [model_out(model, audits.get(model.id)) for model in models]
 
 
 def open_download(session: Session, *, principal: Principal, store: ObjectStore,
