@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dpsynth_shared.audit_specs import AuditSummary
+
 REPORT_VERSION = 1
 
 SELECTION_CAVEAT = (
@@ -119,6 +121,10 @@ class EvaluationReport(_Doc):
     dp_evaluation: dict[str, Any] | None = Field(
         None, description="the DP release of the job (evaluate with dp): noisy TSTR "
         "accuracies on the held-out records, ε, δ, σ, N̂_h, charged to the held-out partition")
+    audit: AuditSummary | None = Field(
+        None, description="the corpus's model is DP: the latest privacy audit of the finetune "
+        "that produced it (or of another of its recipe family) when the job was claimed, or "
+        "status 'not_audited'; None for a model no finetune produced (and in older reports)")
     notes: list[str] = Field(default_factory=list)
     settings: dict[str, Any] = Field(default_factory=dict, description="the spec and the "
                                      "fixed classifier hyperparameters")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dpsynth_shared.audit_specs import AuditSummary
 from dpsynth_shared.job_states import JobState
 from dpsynth_shared.job_types import JobType
 
@@ -84,6 +85,10 @@ class CorpusRef(BaseModel):
     model_id: str | None = Field(None, description="the model the corpus was sampled from")
     dp: bool = False
     budget_id: str | None = Field(None, description="a DP model's budget (its dataset's)")
+    audit: AuditSummary | None = Field(
+        None, description="a DP model: the latest privacy audit of the finetune that produced "
+        "it (or of another of its recipe family) as of the claim, or status 'not_audited'; "
+        "None for a model no finetune produced (and in claims made before issue 19)")
 
 
 class AuditTarget(BaseModel):

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from dpsynth_api.datasets.derive import selection_of
 from dpsynth_api.jobs import repository as jobs_repo
+from dpsynth_api.jobs.audits import model_audit
 from dpsynth_api.jobs.kinds.audit import audit_target
 from dpsynth_api.models import repository as models_repo
 from dpsynth_api.models.conditioning import check_layout_generator, layout_channels, model_target
@@ -151,7 +152,9 @@ def _evaluate_inputs(session: Session, job: Job) -> dict[str, object]:
                        job_id=artifact.job_id, model_id=sampled.id if sampled else None,
                        dp=bool(sampled.dp) if sampled else False,
                        budget_id=_budget_of(session, sampled.dataset_id)
-                       if sampled is not None and sampled.dp else None)
+                       if sampled is not None and sampled.dp else None,
+                       # the report shows it beside the corpus's ε, as of this claim
+                       audit=model_audit(session, sampled) if sampled is not None else None)
     out: dict[str, object] = {"corpus": corpus,
                               "evaluation_id": (job.privacy or {}).get("evaluation_id"),
                               "dp_evaluation": (job.privacy or {}).get("dp"),

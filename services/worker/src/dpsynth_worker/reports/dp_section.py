@@ -1,5 +1,6 @@
 """The report's privacy sections: the DP evaluation and selection sections (issue 13, item
-6), the held-out caveat and the note on which ε is the guarantee (issue 15, items 4 and 8).
+6), the held-out caveat and the note on which ε is the guarantee (issue 15, items 4 and 8),
+and the empirical audit of the finetune behind the corpus's model (issue 19, item 2).
 
 A held-out caveat (the held-out records could not all be checked against the model
 lineage's training data) comes first; then a DP evaluation's released numbers (labelled DP,
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from html import escape
 from typing import Any
+
+from dpsynth_shared.audit_specs import AUDIT_VERDICT_WORDS
 
 
 def _fmt(value: object) -> str:
@@ -64,3 +67,39 @@ def selection_section(doc: Mapping[str, Any]) -> str:
     return ('<section><h2>Choosing a corpus by this report</h2>'
             f'<div class="banner nondp">NON-DP SELECTION<small>{escape(str(caveat))}</small>'
             "</div></section>")
+
+
+def audit_block(doc: Mapping[str, Any]) -> str:
+    """The empirical privacy audit beside the corpus's ε: the latest audit of the finetune
+    that produced the corpus's model (or of another of its recipe family) when the job was
+    claimed, or "not audited"; "" when the model is not a finetune's (no DP claim to test).
+
+    An audit measures a lower bound on the ε the code really spends; it is evidence about
+    the implementation, never a guarantee in place of the accounted ε above it."""
+    audit: Mapping[str, Any] | None = doc.get("audit")
+    if not audit:
+        return ""
+    head = "<h3>Empirical privacy audit (of the finetune that produced the model)</h3>"
+    family = escape(str(audit.get("recipe_family") or "-"))
+    if audit.get("status") != "audited":
+        return (f'{head}<p class="note">Not audited: no audit of this model\'s finetune or of '
+                f"its recipe family (<span class=\"mono\">{family}</span>) had succeeded when "
+                "this report was made.</p>")
+    verdict = str(audit.get("verdict") or "?")
+    whose = ("this finetune" if audit.get("same_job")
+             else f"finetune {audit.get('audited_job_id')} of the same recipe family")
+    cards = [("verdict", verdict), ("mode", audit.get("mode")),
+             ("measured ε ≥ (lower bound)", audit.get("epsilon_lower_bound")),
+             ("claimed ε", audit.get("claimed_epsilon")),
+             ("largest certifiable ε", audit.get("max_certifiable_epsilon")),
+             ("engine", audit.get("engine")), ("device", audit.get("device")),
+             ("code version", audit.get("code_version")), ("date", audit.get("finished_at")),
+             ("audit job", audit.get("audit_job_id"))]
+    tone = "nondp" if verdict in ("rejected", "unconfirmed") else "public"
+    return (f'{head}<div class="banner {tone}">{escape(AUDIT_VERDICT_WORDS.get(verdict, verdict))}'
+            f"<small>audit of {escape(whose)} (recipe family {family}); a lower bound on the "
+            "ε the code spends, not a guarantee in place of the accounted ε</small></div>"
+            '<div class="cards">' + "".join(
+                f'<div class="card"><div class="k">{escape(k)}</div>'
+                f'<div class="v">{"-" if v is None else _fmt(v)}</div></div>'
+                for k, v in cards) + "</div>")

@@ -20,6 +20,7 @@ import numpy as np
 from dpsynth_worker.reports.arrays import ClosestPair, ReportArrays
 from dpsynth_worker.reports.dp_section import (
     EPSILON_NOTE,
+    audit_block,
     dp_section,
     holdout_section,
     selection_section,
@@ -128,7 +129,8 @@ def _header(doc: Mapping[str, Any]) -> str:
     size_cards = [(f"{k.replace('_', ' ')} images", v) for k, v in sizes.items()]
     return (f'<header class="top"><h1>Synthetic corpus evaluation</h1><div class="sub">{ids}'
             f"</div>{banner}<h3>Privacy of the corpus (from its manifest)</h3>"
-            f"{_cards(privacy)}{EPSILON_NOTE}<h3>Images compared</h3>{_cards(size_cards)}</header>")
+            f"{_cards(privacy)}{EPSILON_NOTE}{audit_block(doc)}"
+            f"<h3>Images compared</h3>{_cards(size_cards)}</header>")
 
 
 def _headline(doc: Mapping[str, Any]) -> str:

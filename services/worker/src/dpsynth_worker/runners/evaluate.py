@@ -275,7 +275,9 @@ def build_document(ctx: JobContext, spec: EvaluateSpec, reference: DatasetInfo,
         generate_job_id=corpus.job_id, model_id=corpus.model_id,
         dataset_id=reference.dataset_id, reference_visibility=reference.visibility,
         non_dp=private, contains_private_images=private and spec.include_private_images,
-        corpus_manifest=_manifest_figures(manifest), notes=notes, settings=settings)
+        corpus_manifest=_manifest_figures(manifest), notes=notes, settings=settings,
+        # the api's view of the producing finetune's audit, as of the claim (issue 19)
+        audit=corpus.audit.model_dump(mode="json") if corpus.audit is not None else None)
     return document
 
 
