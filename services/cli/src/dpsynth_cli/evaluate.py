@@ -19,7 +19,7 @@ from rich.table import Table
 from dpsynth_cli.common import cli_errors, console, print_json, state_of
 from dpsynth_cli.follow import watch_job
 from dpsynth_cli.options import CliTyper, Output, PollOption, output_mode, print_id
-from dpsynth_cli.summaries import submitted_line
+from dpsynth_cli.summaries import audit_summary_line, submitted_line
 from dpsynth_cli.views import report_footer, report_header, report_rows
 
 CLASSIFIERS = ("cnn", "logreg", "mlp")
@@ -87,6 +87,10 @@ def print_report(report: dict[str, Any]) -> None:
     for line in report_header(report):
         style = "bold red" if line.startswith(("NON-DP", "HELD-OUT NOT VERIFIED")) else ""
         console.print(line, style=style, highlight=False, soft_wrap=True)
+    audit = audit_summary_line(report.get("audit"), this="the model's finetune")
+    if audit:  # as of the evaluation (the model's view has the latest)
+        console.print(f"privacy audit of the model's finetune, when evaluated: {audit}",
+                      highlight=False, soft_wrap=True)
     table = Table(title="evaluation headline")
     for column in ("metric", "value", "compare with"):
         table.add_column(column, overflow="fold")

@@ -20,7 +20,7 @@ from dpsynth_cli.common import (
 )
 from dpsynth_cli.options import CliTyper, JsonFlag, output_mode
 from dpsynth_cli.resources import print_created
-from dpsynth_cli.summaries import model_line
+from dpsynth_cli.summaries import audit_summary_line, model_line
 from dpsynth_cli.views import model_privacy_lines
 
 app = CliTyper(help="Upload, inspect and download models.")
@@ -61,7 +61,8 @@ def upload_model(
 @cli_errors
 def show_model(ctx: typer.Context, model_id: ModelIdArg, json_: JsonFlag = False) -> None:
     """One model: where it comes from and, for a DP model, its privacy figures, each
-    labelled (with --json: the api's body on stdout, the labelled figures on stderr)."""
+    labelled, and the latest audit of the finetune that produced it, or "not audited"
+    (with --json: the api's body on stdout, the labelled figures on stderr)."""
     body = state_of(ctx).client().get_model(model_id)
     if json_:
         print_json(body)
@@ -70,9 +71,13 @@ def show_model(ctx: typer.Context, model_id: ModelIdArg, json_: JsonFlag = False
                               soft_wrap=True)
         return
     console.print(model_line(body), highlight=False, soft_wrap=True)
+    made_by = body.get("produced_by_job_id")
+    audit = audit_summary_line(body.get("audit"), this=f"its finetune {made_by}",
+                               job_id=made_by)
     rows = [("dataset", str(body.get("dataset_id") or "-")),
             ("jobs", ", ".join(body.get("job_ids") or []) or "-"),
             *model_privacy_lines(body),
+            *([("privacy audit", audit)] if audit else []),
             ("publishable", "yes" if body.get("publishable") else "no"),
             ("sha256", str(body.get("sha256") or "-")),
             ("created", str(body.get("created_at") or "-"))]

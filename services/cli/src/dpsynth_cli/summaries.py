@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsynth_shared.audit_specs import AUDIT_VERDICT_WORDS
 from dpsynth_shared.errors import round_down
 
 from dpsynth_cli.views import number as _num
@@ -144,12 +145,8 @@ def next_steps(job: dict[str, Any]) -> list[str]:
     return []
 
 
-AUDIT_VERDICTS = {
-    "consistent": "consistent with its claim (no bound above it)",
-    "cannot_bite": "could not have rejected its claim at these canaries and confidence",
-    "rejected": "REJECTED: the running code leaks more than claimed (confirmed by a re-run)",
-    "unconfirmed": "one run rejected its claim, the confirming re-run did not",
-}
+AUDIT_VERDICTS = AUDIT_VERDICT_WORDS
+"""An audit's verdict in words (the evaluation report's HTML says the same)."""
 
 
 def audit_line(job: dict[str, Any]) -> str:
@@ -165,6 +162,27 @@ def audit_line(job: dict[str, Any]) -> str:
             f"{_eps(view.get('claimed_epsilon'))}; at most "
             f"{_eps(view.get('max_certifiable_epsilon'))} could be certified "
             f"({view.get('canaries')} canaries, {view.get('confidence')} confidence)")
+
+
+def audit_summary_line(audit: dict[str, Any] | None, *, this: str,
+                       job_id: str | None = None) -> str | None:
+    """The "privacy audit" line of a finetune's view, a DP model's view (its producing
+    finetune's) or an evaluation report: the latest matching audit's verdict, bound, claim,
+    engine, device, version and date, or "not audited"; None when there is none to show.
+    ``this`` names the finetune the view is about (``job_id``, when known, goes into the
+    command that would audit it)."""
+    audit = audit or {}
+    if audit.get("status") == "not_audited":
+        return (f"not audited ({audit.get('recipe_family')}): dpsynth jobs submit "
+                f"examples/audit.yaml --set job_id={job_id or '...'}")
+    if audit.get("status") != "audited":
+        return None
+    whose = this if audit.get("same_job") else f"job {audit.get('audited_job_id')}"
+    return (f"{audit.get('verdict')}: measured epsilon >= "
+            f"{_eps(audit.get('epsilon_lower_bound'))} against a claimed "
+            f"{_eps(audit.get('claimed_epsilon'))} (audit {audit.get('audit_job_id')}"
+            f" of {whose}, {audit.get('engine')}, {audit.get('device')}, version "
+            f"{audit.get('code_version')}, {audit.get('finished_at')})")
 
 
 def job_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
@@ -194,17 +212,9 @@ def job_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
     privacy = job.get("privacy") or {}
     if privacy.get("job_epsilon") is not None:
         rows.append(("job epsilon", _eps(privacy["job_epsilon"])))
-    audit = job.get("audit") or {}
-    if audit.get("status") == "not_audited":
-        rows.append(("privacy audit", f"not audited ({audit.get('recipe_family')}): "
-                     "dpsynth jobs submit examples/audit.yaml --set job_id=..."))
-    elif audit.get("status") == "audited":
-        whose = "this job" if audit.get("same_job") else f"job {audit.get('audited_job_id')}"
-        rows.append(("privacy audit", f"{audit.get('verdict')}: measured epsilon >= "
-                     f"{_eps(audit.get('epsilon_lower_bound'))} against a claimed "
-                     f"{_eps(audit.get('claimed_epsilon'))} (audit {audit.get('audit_job_id')}"
-                     f" of {whose}, {audit.get('engine')}, {audit.get('device')}, version "
-                     f"{audit.get('code_version')}, {audit.get('finished_at')})"))
+    audit = audit_summary_line(job.get("audit"), this="this job", job_id=job.get("job_id"))
+    if audit:
+        rows.append(("privacy audit", audit))
     if privacy.get("dataset_epsilon_spent_after") is not None:
         rows.append(("dataset spent after (RDP filter)",
                      _eps(privacy["dataset_epsilon_spent_after"])))
