@@ -211,3 +211,22 @@ def test_a_black_box_audit_puts_loss_canaries_among_the_stand_in_records(world: 
     assert 0 < run["canaries_included"] < 20 and run["presences"] is None
     assert view["verdict"] in ("consistent", "cannot_bite", "unconfirmed"), view
     assert not world.api.artifacts  # the audit's model is not kept
+
+
+def test_a_black_box_audit_of_a_subject_level_run_has_canary_subjects(world: World) -> None:
+    claim = _audit_claim(world, canaries=20, privacy_unit="subject")
+    assert claim.audit_target is not None
+    claim.audit_target.spec["training"]["max_images_per_subject"] = 2
+    claim.spec["mode"] = "black_box"
+    assert world.run(claim) == Outcome.SUCCEEDED
+    view = world.api.final.result["audit_result"]
+    assert view["mode"] == "black_box" and view["canaries"] == 20
+    run = view["run"]
+    # N̂ = 50 subjects: the stand-in's 25 subjects of 2 images fit beside the 20 canary
+    # subjects (at most N̂ - m = 30), each canary 2 noise images in or out together
+    assert run["privacy_unit"] == "subject" and run["population_size"] == 50
+    assert run["stand_in_subjects"] == NUM_RECORDS // 2 and run["images_per_canary"] == 2
+    assert run["stand_in_records"] == NUM_RECORDS
+    assert 0 < run["canaries_included"] < 20
+    assert view["verdict"] in ("consistent", "cannot_bite", "unconfirmed"), view
+    assert not world.api.artifacts

@@ -11,6 +11,11 @@ audited one. ``dpsynth_ml.audit_finetune`` then runs the one-run audit (Steinke,
 Jagielski 2023) with Dirac gradient canaries and tests the ledger's Gaussian-DP envelope of
 the run (``POST /v1/gdp-envelopes``). Nothing private is read, nothing is charged, and the
 model the audit trains is not kept.
+
+``mode: black_box`` runs ``dpsynth_ml.black_box_audit_finetune`` on the same stand-in and
+spec instead: loss canaries among its records, or, for a subject-level run, whole canary
+subjects among its subjects (the stand-in's subjects built here, the cut to N̂ - m
+subjects and the canaries' coins in the ML core).
 """
 
 from __future__ import annotations
@@ -49,9 +54,10 @@ METHODS = {
                   "f-DP test of the ledger's Gaussian-DP envelope of the run (Mahloujifar et "
                   "al.)"),
     "black_box": ("one-run audit (Steinke, Nasr & Jagielski, NeurIPS 2023) with black-box "
-                  "loss canaries: noise images among the training records, scored by their "
-                  "denoising loss on the finished model; the f-DP test of the ledger's "
-                  "Gaussian-DP envelope of the run (Mahloujifar et al.)"),
+                  "loss canaries: noise images among the training records (a subject-level "
+                  "run: whole canary subjects of max_images_per_subject noise images), "
+                  "scored by their denoising loss on the finished model; the f-DP test of "
+                  "the ledger's Gaussian-DP envelope of the run (Mahloujifar et al.)"),
 }
 """What a result's numbers come from (``audit_result.method``), per mode."""
 
@@ -250,6 +256,9 @@ def audit_view(result: WhiteBoxAudit | BlackBoxAudit, *, spec: AuditSpec, target
                 "privacy_unit": target.privacy_unit,
                 "stand_in_dataset_id": dataset_id,
                 "stand_in_records": getattr(result, "stand_in_records", kept),
+                # black-box, subject-level: each canary a subject of this many images
+                "stand_in_subjects": getattr(result, "stand_in_subjects", None),
+                "images_per_canary": getattr(result, "images_per_canary", None),
                 "population_size": population},
         # what a result is keyed by: the same key, the same mechanism (issue 19, item 1)
         "key": {"mode": spec.mode, "recipe_family": _family(training),
