@@ -104,8 +104,8 @@ class MlPort(Protocol):
                                  tail_delta: float,
                                  audited_class: str | None) -> BlackBoxAudit:
         """Black-box one-run audit (``dpsynth_ml.black_box_audit_finetune``): noise-image
-        canaries among the stand-in's records, scored on the finished model, which is not
-        kept."""
+        canaries among the stand-in's records (a subject-level ``spec``: whole canary
+        subjects among its subjects), scored on the finished model, which is not kept."""
         ...
 
     # --- models ---------------------------------------------------------------------------
