@@ -91,3 +91,18 @@ def test_a_subject_level_black_box_audit_scores_canary_subjects(
         black_box_audit_finetune(spec, dataset_path=digits_path,
                                  base_model_dir=pretrained.model_dir, canaries=5,
                                  delta=DELTA, generator=seeded(22))
+
+
+def test_a_class_runs_stand_in_keeps_only_subjects_with_an_image_there() -> None:
+    """A per-label class's records keep their dataset's subject indices (some absent):
+    the cut counts the present subjects only and the training set re-indexes densely."""
+    rng = np.random.default_rng(2)
+    data = _stand_in(6, np.array([9, 3, 9, 17, 3, 40]))  # 4 subjects present, S was 41
+    canaries = draw_canaries(data, 2, rng, "b", per_unit=3)
+    assert set(canaries.labels.tolist()) == {1}  # the audited class
+    made = subject_training_set(data, canaries, np.array([True, True]), population=20,
+                                per_unit=3, rng=rng)
+    train = made.dataset
+    assert made.stand_in_subjects == 4 and made.stand_in_records == 6  # all fit in 18
+    assert train.num_subjects == 6 and train.subjects is not None
+    assert np.array_equal(train.subjects, [1, 0, 1, 2, 0, 3, 4, 4, 4, 5, 5, 5])
