@@ -200,6 +200,10 @@ def test_an_audit_of_the_finetune_runs_on_the_public_data_and_charges_nothing(jo
     assert view["gdp"]["claimed_mu"] > 0
     assert view["key"]["code_version"] and view["key"]["engine"]
     assert done["result"]["audit"]["audited_job_id"] == ft["job_id"]
+    # the finetune's DP model shows this audit as its latest (issue 19, item 2)
+    shown = client.get_model(ft["result"]["model_id"])["audit"]
+    assert shown["audit_job_id"] == audit["job_id"] and shown["same_job"] is True
+    assert shown["verdict"] == view["verdict"] and shown["finished_at"]
     assert client.job_artifacts(audit["job_id"]) == []  # the audit's model is not kept
     after = client.get_budget(journey["private"]["dataset_id"])
     assert after["dataset_epsilon_spent"] == before["dataset_epsilon_spent"]
