@@ -122,7 +122,7 @@ trc=0
 run_limited "$limit" "$py" -m pytest -q -p no:cacheprovider --confcutdir=tests/unit/ml \
   -o addopts=-ra tests/unit/ml/test_gpu_phases.py tests/unit/ml/test_device_draws.py \
   tests/unit/ml/test_noise_source.py tests/unit/ml/test_distributed_dp.py \
-  tests/unit/ml/test_whitebox_audit.py -k "on_the_gpu or on_cuda or gpu_model" > "$outdir/pytest_gpu.log" 2>&1 || trc=$?
+  tests/unit/ml/test_whitebox_audit.py tests/unit/ml/test_finetune_audit.py -k "on_the_gpu or on_cuda or gpu_model" > "$outdir/pytest_gpu.log" 2>&1 || trc=$?
 say "GPU tests: status $trc ($(tail -1 "$outdir/pytest_gpu.log"))"
 
 # 3. the engine rows

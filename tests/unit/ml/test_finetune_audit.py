@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from dpsynth_ledger.accounting.pld import calibrate_noise_multiplier, dp_sgd_epsilon
 from dpsynth_ml import (
     InvalidSpecError,
@@ -70,6 +71,34 @@ def test_a_finetune_audit_stays_below_its_claim_and_keeps_nothing(
     # work folder is gone
     assert _tree_hash(pretrained.model_dir) == before
     assert list(private_tmp.iterdir()) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_finetune_audit_runs_on_the_gpu(digits_path: Path, pretrained: TrainingResult,
+                                          private_tmp: Path) -> None:
+    """A finetune that ran on a GPU is audited on one: the run placed on CUDA (model,
+    stand-in, per-example gradients, canaries and noise there), the bound on the CPU."""
+    sigma = calibrate_noise_multiplier(1.0, Q, STEPS, DELTA)
+    claimed = dp_sgd_epsilon(sigma, Q, STEPS, DELTA)
+    spec = finetune_spec(dp_noise_multiplier=sigma, dp_sample_rate=Q,
+                         dp_expected_batch_size=EXPECTED, dp_steps=STEPS)
+    result = audit_finetune(spec, dataset_path=digits_path, base_model_dir=pretrained.model_dir,
+                            canaries=500, delta=DELTA, generator=seeded(5), device="cuda")
+    assert result.bound.epsilon_lower_bound <= claimed and result.steps == STEPS
+    assert np.isfinite(result.scores).all()
+    assert list(private_tmp.iterdir()) == []
+
+
+def test_an_audit_placed_on_the_cpu_replays_the_default_one(
+        digits_path: Path, pretrained: TrainingResult) -> None:
+    """``device="cpu"`` is the default placement: the same seeded run, the same scores."""
+    spec = finetune_spec(dp_noise_multiplier=2.0, dp_sample_rate=Q,
+                         dp_expected_batch_size=EXPECTED, dp_steps=3)
+    runs = [audit_finetune(spec, dataset_path=digits_path, base_model_dir=pretrained.model_dir,
+                           canaries=100, delta=DELTA, generator=seeded(7), seeded_noise=True,
+                           **placement)
+            for placement in ({}, {"device": "cpu"})]
+    assert np.array_equal(runs[0].scores, runs[1].scores)
 
 
 def test_a_seeded_audit_replays_and_a_user_level_one_runs(

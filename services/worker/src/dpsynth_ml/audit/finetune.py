@@ -18,6 +18,10 @@ A per-label finetune is audited one class's run at a time (``audited_class``): e
 run the per-label trainer makes for that class (``training.per_label.class_run``: that
 class's DpSpec, unconditional, on the stand-in's records of that class).
 
+The run is placed on ``device`` (one rank: the model, the encoded stand-in, the per-example
+gradients, the canaries' sums and the noise live there, as in a finetune placed on that
+device by ``train_on_device``), so a finetune that ran on a GPU is audited on a GPU.
+
 Not audited here: the central-image release (a separate Gaussian mechanism, refused:
 ``central_images`` must be off), several ranks.
 """
@@ -36,6 +40,7 @@ from dpsynth_ml.audit.whitebox import (
     white_box_audit,
 )
 from dpsynth_ml.data import ImageDataset, load_dataset
+from dpsynth_ml.parallel.distributed import Placement
 from dpsynth_ml.spec import FinetuneTraining, InvalidSpecError, PerLabel
 from dpsynth_ml.training.finetune import checkpoints, loop, setup
 from dpsynth_ml.training.hooks import NullHooks
@@ -47,7 +52,8 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
                    confidence: float = 0.95, canary_norm: float = DEFAULT_CANARY_NORM,
                    claimed_mu: float | None = None, tail_delta: float = 0.0,
                    seeded_noise: bool = False,
-                   audited_class: str | None = None) -> WhiteBoxAudit:
+                   audited_class: str | None = None,
+                   device: torch.device | str = "cpu") -> WhiteBoxAudit:
     """White-box one-run audit of ``spec``'s DP-SGD on the stand-in at ``dataset_path``.
 
     Args:
@@ -66,6 +72,7 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
             of 256 fresh bits of OS entropy.
         audited_class: a per-label finetune: the class whose run is audited (required
             then, refused otherwise).
+        device: where the run is placed (one rank); the bound's computation is on the CPU.
 
     Raises:
         InvalidSpecError: for what this audit does not cover (central images), a per-label
@@ -86,7 +93,8 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
         run = setup.prepare(spec, dataset_path=dataset_path, out_dir=Path(work),
                             base_model_dir=base_model_dir, resume_from=None,
                             generator=generator, rng="test" if seeded_noise else "os",
-                            dataset=dataset, hooks=NullHooks())
+                            dataset=dataset, hooks=NullHooks(),
+                            placement=Placement(device=torch.device(device)))
         try:
             checkpoints.attach_schedule_and_ema(run, None)
             values = sum(p.numel() for p in run.engine.params)
