@@ -132,11 +132,14 @@ class AuditorCore(MlAdapter):
     rejects: tuple[bool, ...]
     seeds: list[int] = field(default_factory=list)
     confidences: list[float] = field(default_factory=list)
+    placed: list[str] = field(default_factory=list)
 
     def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
                        confidence: float, claimed_mu: float | None,
-                       tail_delta: float, audited_class: str | None) -> WhiteBoxAudit:
+                       tail_delta: float, audited_class: str | None,
+                       device: str) -> WhiteBoxAudit:
+        self.placed.append(device)
         rejected = self.rejects[len(self.seeds)]
         self.seeds.append(seed)
         self.confidences.append(confidence)
@@ -176,6 +179,19 @@ def test_a_rejection_is_confirmed_by_a_rerun_before_it_alarms(
     assert after[verdict] == before[verdict] + 1
     alarms = [r for r in caplog.records if "PRIVACY AUDIT ALARM" in r.getMessage()]
     assert len(alarms) == (1 if verdict == "rejected" else 0)
+
+
+@pytest.mark.parametrize(("devices", "placed", "kind"), [("cuda:1,cuda:2", "cuda:1", "cuda"),
+                                                      ("cpu", "cpu", "cpu")])
+def test_an_audit_runs_on_the_workers_first_device_and_says_so(
+        world: World, devices: str, placed: str, kind: str) -> None:
+    """A GPU worker audits on its GPU (one rank), as its finetunes train there: the result's
+    key names the device kind, so a CPU audit is never shown as a GPU one."""
+    core = AuditorCore(rejects=(False,), devices=devices)
+    assert world.run(_audit_claim(world), ml=core) == Outcome.SUCCEEDED
+    assert core.placed == [placed]
+    key = world.api.final.result["audit_result"]["key"]
+    assert (key["device"], key["world_size"]) == (kind, 1)
 
 
 def test_a_per_label_finetune_is_audited_on_its_largest_epsilon_class(

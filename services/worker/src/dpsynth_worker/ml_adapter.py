@@ -77,27 +77,31 @@ class MlAdapter:
     def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
                        confidence: float, claimed_mu: float | None,
-                       tail_delta: float, audited_class: str | None) -> WhiteBoxAudit:
+                       tail_delta: float, audited_class: str | None,
+                       device: str) -> WhiteBoxAudit:
         import dpsynth_ml
         import torch
 
         return dpsynth_ml.audit_finetune(
             spec, dataset_path=dataset_path, base_model_dir=base_model_dir, canaries=canaries,
             delta=delta, generator=torch.Generator().manual_seed(seed), confidence=confidence,
-            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)
+            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class,
+            device=device)
 
     def black_box_audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                                  base_model_dir: Path, canaries: int, delta: float,
                                  seed: int, confidence: float, claimed_mu: float | None,
                                  tail_delta: float,
-                                 audited_class: str | None) -> BlackBoxAudit:
+                                 audited_class: str | None,
+                                 device: str) -> BlackBoxAudit:
         import dpsynth_ml
         import torch
 
         return dpsynth_ml.black_box_audit_finetune(
             spec, dataset_path=dataset_path, base_model_dir=base_model_dir, canaries=canaries,
             delta=delta, generator=torch.Generator().manual_seed(seed), confidence=confidence,
-            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)
+            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class,
+            device=device)
 
     def read_model_info(self, model_dir: Path) -> ModelInfo:
         import dpsynth_ml

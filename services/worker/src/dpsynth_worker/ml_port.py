@@ -90,19 +90,21 @@ class MlPort(Protocol):
     def audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
                        confidence: float, claimed_mu: float | None,
-                       tail_delta: float, audited_class: str | None) -> WhiteBoxAudit:
+                       tail_delta: float, audited_class: str | None,
+                       device: str) -> WhiteBoxAudit:
         """White-box one-run audit of ``spec``'s DP-SGD on the PUBLIC stand-in at
         ``dataset_path`` (``dpsynth_ml.audit_finetune``; ``seed`` keys the stand-in's
         sampling and the canaries, the DP noise stays OS-keyed; ``audited_class``: a
-        per-label finetune's class whose run is audited). The model it trains is the
-        audit's and is not kept."""
+        per-label finetune's class whose run is audited; ``device``: where the run is placed,
+        one rank). The model it trains is the audit's and is not kept."""
         ...
 
     def black_box_audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                                  base_model_dir: Path, canaries: int, delta: float,
                                  seed: int, confidence: float, claimed_mu: float | None,
                                  tail_delta: float,
-                                 audited_class: str | None) -> BlackBoxAudit:
+                                 audited_class: str | None,
+                                 device: str) -> BlackBoxAudit:
         """Black-box one-run audit (``dpsynth_ml.black_box_audit_finetune``): noise-image
         canaries among the stand-in's records (a subject-level ``spec``: whole canary
         subjects among its subjects), scored on the finished model, which is not kept."""

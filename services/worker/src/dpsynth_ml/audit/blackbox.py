@@ -21,7 +21,8 @@ A black-box bound is far weaker than the white-box one (the canaries' signal pas
 the whole training and one final model), and with m canaries at 95 % it can never exceed
 ``max_certifiable``: it says "at least this much" and can rarely bite a claim of ε 4 or
 more. The model trained here is never saved or returned (issue 19, item 4): it lives in a
-temporary folder deleted on return.
+temporary folder deleted on return. The run and the scoring are placed on ``device`` (one
+rank), as a finetune placed there by ``train_on_device`` runs.
 
 Not covered: layout-conditioned models and layout generators (a canary would need a mask),
 the central-image release.
@@ -48,6 +49,7 @@ from dpsynth_ml.data import ImageDataset, load_dataset
 from dpsynth_ml.dp.padding import public_size
 from dpsynth_ml.models.architectures import ConditionalDenoiser
 from dpsynth_ml.models.model_io import load_model
+from dpsynth_ml.parallel.distributed import Placement
 from dpsynth_ml.spec import (
     FinetuneTraining,
     InvalidSpecError,
@@ -102,7 +104,8 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
                              generator: torch.Generator, confidence: float = 0.95,
                              claimed_mu: float | None = None, tail_delta: float = 0.0,
                              audited_class: str | None = None, seeded_noise: bool = False,
-                             draws: int = SCORE_DRAWS) -> BlackBoxAudit:
+                             draws: int = SCORE_DRAWS,
+                             device: torch.device | str = "cpu") -> BlackBoxAudit:
     """Black-box one-run audit of ``spec``'s finetune on the stand-in at ``dataset_path``.
 
     Args:
@@ -117,6 +120,7 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
         audited_class: a per-label finetune's class whose run is audited.
         seeded_noise: TESTS ONLY: key the DP noise from ``generator``.
         draws: (timestep, noise) draws per canary score.
+        device: where the run and the scoring are placed (one rank).
 
     Raises:
         InvalidSpecError: what this audit does not cover (see the module docstring), or
@@ -150,8 +154,10 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
         result = run_finetune(spec, dataset_path=dataset_path, dataset=training.dataset,
                               out_dir=Path(work) / "run", hooks=NullHooks(),
                               base_model_dir=base_model_dir, resume_from=None,
-                              generator=generator, rng="test" if seeded_noise else "os")
-        per_image = _scores(result.model_dir, spec, canary_set, generator, draws)
+                              generator=generator, rng="test" if seeded_noise else "os",
+                              placement=Placement(device=torch.device(device)))
+        per_image = _scores(result.model_dir, spec, canary_set, generator, draws,
+                            torch.device(device))
     # a subject canary's images are consecutive rows: its score is their mean
     scores: np.ndarray = per_image.reshape(canaries, per_unit).mean(axis=1)
     return BlackBoxAudit(
@@ -184,15 +190,15 @@ def _check_covered(spec: FinetuneTraining) -> None:
 
 @torch.no_grad()
 def _scores(model_dir: Path, spec: FinetuneTraining, canary_set: ImageDataset,
-            generator: torch.Generator, draws: int) -> np.ndarray:
+            generator: torch.Generator, draws: int, device: torch.device) -> np.ndarray:
     """Minus each canary image's mean denoising loss under the released model."""
     bundle, info = load_model(model_dir)
     if bundle.layout_channels:
         raise InvalidSpecError("black-box audits of layout-conditioned models are not "
                                "offered yet (a canary would need a layout mask)")
-    latents = setup._encode(bundle, canary_set, info)
-    labels = setup._model_labels(canary_set, spec)
-    denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval()
+    latents = setup._encode(bundle, canary_set, info).to(device)
+    labels = setup._model_labels(canary_set, spec).to(device)
+    denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval().to(device)
     total = torch.zeros(len(canary_set), dtype=torch.float64)
     for _ in range(draws):
         for start in range(0, len(canary_set), SCORE_BATCH):
