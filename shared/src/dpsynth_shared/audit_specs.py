@@ -120,6 +120,12 @@ class AuditSummary(BaseModel):
     device: str | None = None
     code_version: str | None = None
     finished_at: datetime | None = None
+    key_matches: bool | None = Field(
+        None, description="whether that audit ran on the finetune's device kind and on this "
+        "code version (its key, issue 19); false: the closest audit there is, shown with "
+        "what differs (an audit of the same key is preferred whenever one exists)")
+    finetune_device: str | None = Field(None, description="the device kind the finetune "
+                                        "ran on (cpu / cuda), when it recorded one")
 
 
 __all__ = ["AUDIT_VERDICT_WORDS", "AuditSpec", "AuditSummary", "GdpEnvelope",

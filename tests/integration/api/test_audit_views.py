@@ -16,7 +16,8 @@ import zipfile
 from typing import Any
 
 from dpsynth_api.jobs.audits import family_of, model_audits
-from dpsynth_api.tables import Model
+from dpsynth_api.tables import Job, Model
+from dpsynth_shared import __version__
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.orm import Session
 
@@ -45,7 +46,8 @@ def _dp_model(api: Api, token: str, dataset: str | None = None) -> tuple[str, di
     return str(model.json()["model_id"]), job.json()
 
 
-def _audit_succeeds(api: Api, token: str, finetune: dict[str, Any]) -> str:
+def _audit_succeeds(api: Api, token: str, finetune: dict[str, Any], *, device: str = "cpu",
+                    code_version: str = "0.1.0") -> str:
     """An audit job of ``finetune`` that the worker ran to success: its id."""
     stand_in = api.public_dataset(token, {"a": 3, "b": 3, "c": 3})
     r = api.client.post("/v1/jobs", headers=auth(token), json={
@@ -57,8 +59,8 @@ def _audit_succeeds(api: Api, token: str, finetune: dict[str, Any]) -> str:
     result = {"verdict": "consistent", "mode": "white_box", "epsilon_lower_bound": 0.3,
               "claimed_epsilon": 2.0, "max_certifiable_epsilon": 4.2,
               "key": {"recipe_family": family_of(finetune["spec"]),
-                      "engine": "BookKeepingEngine", "device": "cpu", "world_size": 1,
-                      "code_version": "0.1.0"}}
+                      "engine": "BookKeepingEngine", "device": device, "world_size": 1,
+                      "code_version": code_version}}
     done = api.worker(f"{audit_id}/transition", {"attempt": 1, "to_state": "succeeded",
                                                  "result": {"audit_result": result}})
     assert done.status_code == 200, done.text
@@ -142,6 +144,35 @@ def test_a_dp_models_view_shows_its_finetunes_audit(api: Api) -> None:
     _, other = api.tenant("other")
     other_model, _ = _dp_model(api, other)
     assert _model(api, other, other_model)["audit"]["status"] == "not_audited"
+
+
+def test_an_audit_of_the_finetunes_own_key_is_preferred_and_a_mismatch_is_said(
+        api: Api) -> None:
+    """Audits are keyed by device kind and code version too: a finetune that ran on a GPU
+    shows the newest GPU audit of this code version even when a CPU audit is newer; with
+    none of its key, the newest of its family, marked ``key_matches: false``."""
+    _, token = api.tenant()
+    model_id, finetune = _dp_model(api, token)
+    engine = create_engine(api.settings.database.url)
+    try:
+        with Session(engine) as session:
+            job = session.get(Job, finetune["job_id"])
+            assert job is not None
+            job.result = {**(job.result or {}), "device": "cuda"}
+            session.commit()
+    finally:
+        engine.dispose()
+    on_cpu = _audit_succeeds(api, token, finetune, code_version=__version__)
+    audit = _model(api, token, model_id)["audit"]
+    assert audit["audit_job_id"] == on_cpu and audit["key_matches"] is False
+    assert audit["finetune_device"] == "cuda" and audit["device"] == "cpu"
+    on_gpu = _audit_succeeds(api, token, finetune, device="cuda", code_version=__version__)
+    _audit_succeeds(api, token, finetune, code_version=__version__)  # newer, but on a CPU
+    _audit_succeeds(api, token, finetune, device="cuda", code_version="0.0.1")  # old code
+    for shown in (_model(api, token, model_id)["audit"],
+                  api.client.get(f"/v1/jobs/{finetune['job_id']}",
+                                 headers=auth(token)).json()["audit"]):
+        assert shown["audit_job_id"] == on_gpu and shown["key_matches"] is True
 
 
 def test_a_page_of_models_costs_two_queries_for_its_audits(api: Api) -> None:

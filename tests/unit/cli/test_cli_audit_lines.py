@@ -66,3 +66,8 @@ def test_one_formatter_for_every_view() -> None:
     assert audit_summary_line({"status": "pending"}, this="this job") is None
     line = audit_summary_line(NOT_AUDITED, this="this job")
     assert line is not None and line.endswith("--set job_id=...")
+    audited = audit_summary_line({**AUDITED, "key_matches": True}, this="this job")
+    assert audited is not None and "not this finetune's key" not in audited
+    other = audit_summary_line({**AUDITED, "key_matches": False, "finetune_device": "cuda"},
+                               this="this job")
+    assert other is not None and "[not this finetune's key: it ran on cuda," in other

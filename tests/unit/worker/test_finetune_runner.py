@@ -204,6 +204,8 @@ def test_sigterm_interrupts_then_next_attempt_resumes_with_an_extension(world: W
     assert model.metadata["job_epsilon"] == pytest.approx(0.05 * 10)
     assert model.metadata["steps_used"] == {rid: 10}
     assert world.api.final.to_state == JobState.SUCCEEDED
+    # the device kind it ran on: its audits are keyed by it (issue 19)
+    assert world.api.final.result["device"] == "cpu"
 
 
 def test_bad_class_map_fails_without_naming_details(world: World) -> None:

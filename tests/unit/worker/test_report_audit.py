@@ -32,7 +32,8 @@ AUDITED = {"status": "audited", "recipe_family": "trainable=full,K=1",
            "same_job": True, "verdict": "consistent", "epsilon_lower_bound": 0.31,
            "claimed_epsilon": 2.0, "max_certifiable_epsilon": 4.2,
            "engine": "BookKeepingEngine <b>", "device": "cpu", "code_version": "0.1.0",
-           "finished_at": "2026-11-20T10:00:00Z"}
+           "finished_at": "2026-11-20T10:00:00Z", "key_matches": True,
+           "finetune_device": "cpu"}
 HEADING = "Empirical privacy audit"
 
 
@@ -59,6 +60,14 @@ def test_an_audit_of_another_finetune_of_the_family_names_that_job() -> None:
     block = html[html.index(HEADING):html.index("Images compared")]
     assert "finetune job_other of the same recipe family" in block
     assert 'class="banner nondp">REJECTED' in block
+
+
+def test_an_audit_of_another_key_says_what_differs() -> None:
+    """The finetune ran on a GPU and only a CPU audit exists: shown, and said so."""
+    html = _html({**AUDITED, "key_matches": False, "finetune_device": "cuda"})
+    block = html[html.index(HEADING):]
+    assert "the finetune ran on cuda" in block and "no audit of that key yet" in block
+    assert "no audit of that key" not in _html(AUDITED)
 
 
 def test_not_audited_and_no_finetune() -> None:

@@ -182,7 +182,10 @@ def audit_summary_line(audit: dict[str, Any] | None, *, this: str,
             f"{_eps(audit.get('epsilon_lower_bound'))} against a claimed "
             f"{_eps(audit.get('claimed_epsilon'))} (audit {audit.get('audit_job_id')}"
             f" of {whose}, {audit.get('engine')}, {audit.get('device')}, version "
-            f"{audit.get('code_version')}, {audit.get('finished_at')})")
+            f"{audit.get('code_version')}, {audit.get('finished_at')})"
+            + ("" if audit.get("key_matches") is not False else
+               f" [not this finetune's key: it ran on {audit.get('finetune_device') or '?'},"
+               " this code version; no audit of that key yet]"))
 
 
 def job_rows(job: dict[str, Any]) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dpsynth_shared import __version__
 from dpsynth_shared.audit_specs import AuditSummary as AuditSummary  # the views' shape
 from dpsynth_shared.audit_specs import recipe_family
 from dpsynth_shared.job_states import JobState
@@ -44,24 +45,35 @@ def _recent_audits(session: Session, tenant_id: str) -> list[Job]:
 
 
 def _match(audits: Iterable[Job], job: Job) -> AuditSummary:
-    """The first of ``audits`` (newest first) that audited ``job`` or its recipe family."""
+    """The audit shown for ``job``: of the tenant's ``audits`` (newest first) that audited
+    ``job`` or its recipe family, the newest whose key also matches (the device kind the
+    finetune ran on, this code version), else the newest of them, marked ``key_matches:
+    false`` so the view says what differs."""
     family = family_of(job.spec or {})
+    device = (job.result or {}).get("device")
+    candidates = []
     for audit in audits:
-        view = (audit.result or {}).get("audit_result") or {}
-        key = view.get("key") or {}
-        audited = ((audit.result or {}).get("audit") or {}).get("audited_job_id")
-        if audited != job.id and key.get("recipe_family") != family:
-            continue
-        return AuditSummary(
-            status="audited", recipe_family=family, audit_job_id=audit.id,
-            mode=view.get("mode"),
-            audited_job_id=audited, same_job=audited == job.id, verdict=view.get("verdict"),
-            epsilon_lower_bound=view.get("epsilon_lower_bound"),
-            claimed_epsilon=view.get("claimed_epsilon"),
-            max_certifiable_epsilon=view.get("max_certifiable_epsilon"),
-            engine=key.get("engine"), device=key.get("device"),
-            code_version=key.get("code_version"), finished_at=audit.finished_at)
-    return AuditSummary(status="not_audited", recipe_family=family)
+        result = audit.result or {}
+        key = (result.get("audit_result") or {}).get("key") or {}
+        audited = (result.get("audit") or {}).get("audited_job_id")
+        if audited == job.id or key.get("recipe_family") == family:
+            matches = (key.get("code_version") == __version__
+                       and (device is None or key.get("device") == device))
+            candidates.append((audit, audited, key, matches))
+    if not candidates:
+        return AuditSummary(status="not_audited", recipe_family=family,
+                            finetune_device=device)
+    audit, audited, key, matches = next((c for c in candidates if c[3]), candidates[0])
+    view = (audit.result or {}).get("audit_result") or {}
+    return AuditSummary(
+        status="audited", recipe_family=family, audit_job_id=audit.id, mode=view.get("mode"),
+        audited_job_id=audited, same_job=audited == job.id, verdict=view.get("verdict"),
+        epsilon_lower_bound=view.get("epsilon_lower_bound"),
+        claimed_epsilon=view.get("claimed_epsilon"),
+        max_certifiable_epsilon=view.get("max_certifiable_epsilon"),
+        engine=key.get("engine"), device=key.get("device"),
+        code_version=key.get("code_version"), finished_at=audit.finished_at,
+        key_matches=matches, finetune_device=device)
 
 
 def latest_audit(session: Session, job: Job) -> AuditSummary | None:

@@ -98,7 +98,12 @@ def audit_block(doc: Mapping[str, Any]) -> str:
     tone = "nondp" if verdict in ("rejected", "unconfirmed") else "public"
     return (f'{head}<div class="banner {tone}">{escape(AUDIT_VERDICT_WORDS.get(verdict, verdict))}'
             f"<small>audit of {escape(whose)} (recipe family {family}); a lower bound on the "
-            "ε the code spends, not a guarantee in place of the accounted ε</small></div>"
+            "ε the code spends, not a guarantee in place of the accounted ε"
+            + ("" if audit.get("key_matches") is not False else
+               f"; it is not of this finetune's key (the finetune ran on "
+               f"{escape(str(audit.get('finetune_device') or '?'))}, this code version): "
+               "no audit of that key yet")
+            + "</small></div>"
             '<div class="cards">' + "".join(
                 f'<div class="card"><div class="k">{escape(k)}</div>'
                 f'<div class="v">{"-" if v is None else _fmt(v)}</div></div>'

@@ -275,6 +275,8 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: TrainingResult, *,
         "model_id": published.model_id, "artifact_id": published.artifact_id,
         "model_hash": published.model_hash, "job_epsilon": eps.job_epsilon, "delta": eps.delta,
         **epsilon_labels(inputs.ancestors, spent),
-        "steps_used": steps_used, "trainable_parameters": result.trainable_parameters})
+        "steps_used": steps_used, "trainable_parameters": result.trainable_parameters,
+        # the device kind it ran on: its audits are keyed by it (jobs/audits.py in the api)
+        "device": str(result.device).split(":", 1)[0]})
     log.info("finetune succeeded", extra={"steps": result.steps_completed})
     return Outcome.SUCCEEDED

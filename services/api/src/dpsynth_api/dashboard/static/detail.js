@@ -172,12 +172,16 @@ function auditCell(job, audits) {
     return cell;
   }
   const family = recipeFamily(job.spec);
-  const match = audits.find((a) => {
+  const candidates = audits.filter((a) => {
     const result = a.result || {};
     const view = result.audit_result || {};
     return (result.audit || {}).audited_job_id === job.job_id
       || (view.key || {}).recipe_family === family;
   });
+  // the newest of the finetune's own key (its device kind) first, as GET /v1/jobs/{id}
+  const device = (job.result || {}).device;
+  const sameKey = (a) => !device || ((a.result.audit_result || {}).key || {}).device === device;
+  const match = candidates.find(sameKey) || candidates[0];
   if (!match) {
     cell.setAttribute("data-audit", "not_audited");
     cell.append("not audited");
@@ -188,7 +192,9 @@ function auditCell(job, audits) {
   cell.setAttribute("data-audit", view.verdict);
   cell.setAttribute("data-audit-job-id", match.job_id);
   cell.setAttribute("title", "audit " + match.job_id + " (" + (key.engine || "?") + ", "
-                    + (key.device || "?") + ", version " + (key.code_version || "?") + ")");
+                    + (key.device || "?") + ", version " + (key.code_version || "?") + ")"
+                    + (sameKey(match) ? "" : "; the finetune ran on " + device
+                       + ": no audit of that device kind yet"));
   cell.append(view.verdict + ": ε ≥ " + fmt(view.epsilon_lower_bound) + " vs "
               + fmt(view.claimed_epsilon) + ", " + fmtTime(match.finished_at));
   return cell;
