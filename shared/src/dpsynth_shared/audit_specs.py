@@ -118,14 +118,18 @@ class AuditSummary(BaseModel):
     max_certifiable_epsilon: float | None = None
     engine: str | None = None
     device: str | None = None
+    world_size: int | None = Field(None, description="the ranks that audit ran on")
     code_version: str | None = None
     finished_at: datetime | None = None
     key_matches: bool | None = Field(
-        None, description="whether that audit ran on the finetune's device kind and on this "
-        "code version (its key, issue 19); false: the closest audit there is, shown with "
-        "what differs (an audit of the same key is preferred whenever one exists)")
+        None, description="whether that audit ran on the finetune's device kind, on as many "
+        "ranks as the finetune, and on this code version (its key, issue 19); false: the "
+        "closest audit there is, shown with what differs (an audit of the same key is "
+        "preferred whenever one exists)")
     finetune_device: str | None = Field(None, description="the device kind the finetune "
                                         "ran on (cpu / cuda), when it recorded one")
+    finetune_world_size: int | None = Field(None, description="the ranks the finetune ran "
+                                            "on, when it recorded them")
 
 
 __all__ = ["AUDIT_VERDICT_WORDS", "AuditSpec", "AuditSummary", "GdpEnvelope",

@@ -47,7 +47,7 @@ def _dp_model(api: Api, token: str, dataset: str | None = None) -> tuple[str, di
 
 
 def _audit_succeeds(api: Api, token: str, finetune: dict[str, Any], *, device: str = "cpu",
-                    code_version: str = "0.1.0") -> str:
+                    code_version: str = "0.1.0", world_size: int = 1) -> str:
     """An audit job of ``finetune`` that the worker ran to success: its id."""
     stand_in = api.public_dataset(token, {"a": 3, "b": 3, "c": 3})
     r = api.client.post("/v1/jobs", headers=auth(token), json={
@@ -59,7 +59,8 @@ def _audit_succeeds(api: Api, token: str, finetune: dict[str, Any], *, device: s
     result = {"verdict": "consistent", "mode": "white_box", "epsilon_lower_bound": 0.3,
               "claimed_epsilon": 2.0, "max_certifiable_epsilon": 4.2,
               "key": {"recipe_family": family_of(finetune["spec"]),
-                      "engine": "BookKeepingEngine", "device": device, "world_size": 1,
+                      "engine": "BookKeepingEngine", "device": device,
+                      "world_size": world_size,
                       "code_version": code_version}}
     done = api.worker(f"{audit_id}/transition", {"attempt": 1, "to_state": "succeeded",
                                                  "result": {"audit_result": result}})
@@ -173,6 +174,33 @@ def test_an_audit_of_the_finetunes_own_key_is_preferred_and_a_mismatch_is_said(
                   api.client.get(f"/v1/jobs/{finetune['job_id']}",
                                  headers=auth(token)).json()["audit"]):
         assert shown["audit_job_id"] == on_gpu and shown["key_matches"] is True
+
+
+def test_an_audit_on_the_finetunes_ranks_is_preferred(api: Api) -> None:
+    """A finetune that trained on two GPUs shows an audit run on two ranks (the
+    distributed mechanism it ran) over a newer one-rank audit; with only one-rank audits it
+    shows the newest, marked ``key_matches: false`` with both rank counts."""
+    _, token = api.tenant()
+    model_id, finetune = _dp_model(api, token)
+    engine = create_engine(api.settings.database.url)
+    try:
+        with Session(engine) as session:
+            job = session.get(Job, finetune["job_id"])
+            assert job is not None
+            job.result = {**(job.result or {}), "device": "cuda", "world_size": 2}
+            session.commit()
+    finally:
+        engine.dispose()
+    one_rank = _audit_succeeds(api, token, finetune, device="cuda", code_version=__version__)
+    audit = _model(api, token, model_id)["audit"]
+    assert audit["audit_job_id"] == one_rank and audit["key_matches"] is False
+    assert (audit["world_size"], audit["finetune_world_size"]) == (1, 2)
+    two = _audit_succeeds(api, token, finetune, device="cuda", code_version=__version__,
+                          world_size=2)
+    _audit_succeeds(api, token, finetune, device="cuda", code_version=__version__)  # newer
+    shown = api.client.get(f"/v1/jobs/{finetune['job_id']}", headers=auth(token)).json()
+    assert shown["audit"]["audit_job_id"] == two and shown["audit"]["key_matches"] is True
+    assert _model(api, token, model_id)["audit"]["world_size"] == 2
 
 
 def test_a_page_of_models_costs_two_queries_for_its_audits(api: Api) -> None:

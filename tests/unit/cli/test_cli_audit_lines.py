@@ -71,3 +71,12 @@ def test_one_formatter_for_every_view() -> None:
     other = audit_summary_line({**AUDITED, "key_matches": False, "finetune_device": "cuda"},
                                this="this job")
     assert other is not None and "[not this finetune's key: it ran on cuda," in other
+
+
+def test_the_line_names_the_ranks_of_a_multi_rank_audit_or_finetune() -> None:
+    both = audit_summary_line({**AUDITED, "device": "cuda", "world_size": 2}, this="this job")
+    assert both is not None and "cuda x 2 ranks" in both
+    other = audit_summary_line({**AUDITED, "device": "cuda", "world_size": 1,
+                                "key_matches": False, "finetune_device": "cuda",
+                                "finetune_world_size": 4}, this="this job")
+    assert other is not None and "it ran on cuda x 4 ranks," in other

@@ -138,8 +138,10 @@ class AuditorCore(MlAdapter):
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
                        confidence: float, claimed_mu: float | None,
                        tail_delta: float, audited_class: str | None,
-                       device: str) -> WhiteBoxAudit:
-        self.placed.append(device)
+                       devices: str) -> WhiteBoxAudit:
+        self.placed.append(devices)
+        # placed as dpsynth_ml.audit_placed places a whole-dataset spec: a rank per device
+        entries = devices.split(",")
         rejected = self.rejects[len(self.seeds)]
         self.seeds.append(seed)
         self.confidences.append(confidence)
@@ -152,7 +154,8 @@ class AuditorCore(MlAdapter):
                             canaries=canaries, guesses=10, correct=9, candidates=7,
                             tail_delta=tail_delta, max_certifiable_mu=10.0)
         return WhiteBoxAudit(bound=bound, gdp=gdp, steps=6, sample_rate=0.16, presences=1,
-                             scores=np.zeros(canaries), engine="BookKeepingEngine")
+                             scores=np.zeros(canaries), engine="BookKeepingEngine",
+                             device=entries[0], world_size=len(entries))
 
 
 def _verdicts(engine: str = "BookKeepingEngine") -> dict[str, float]:
@@ -181,17 +184,18 @@ def test_a_rejection_is_confirmed_by_a_rerun_before_it_alarms(
     assert len(alarms) == (1 if verdict == "rejected" else 0)
 
 
-@pytest.mark.parametrize(("devices", "placed", "kind"), [("cuda:1,cuda:2", "cuda:1", "cuda"),
-                                                      ("cpu", "cpu", "cpu")])
-def test_an_audit_runs_on_the_workers_first_device_and_says_so(
-        world: World, devices: str, placed: str, kind: str) -> None:
-    """A GPU worker audits on its GPU (one rank), as its finetunes train there: the result's
-    key names the device kind, so a CPU audit is never shown as a GPU one."""
+@pytest.mark.parametrize(("devices", "kind", "ranks"), [("cuda:1,cuda:2", "cuda", 2),
+                                                     ("cpu", "cpu", 1)])
+def test_an_audit_is_placed_like_the_workers_finetunes_and_says_so(
+        world: World, devices: str, kind: str, ranks: int) -> None:
+    """The audit gets the worker's DEVICES setting (a whole-dataset finetune's audit runs
+    on its ranks, as the finetune did) and its key names the device kind and the ranks the
+    result says it ran on, so a CPU audit is never shown as a GPU one, nor one rank as two."""
     core = AuditorCore(rejects=(False,), devices=devices)
     assert world.run(_audit_claim(world), ml=core) == Outcome.SUCCEEDED
-    assert core.placed == [placed]
+    assert core.placed == [devices]
     key = world.api.final.result["audit_result"]["key"]
-    assert (key["device"], key["world_size"]) == (kind, 1)
+    assert (key["device"], key["world_size"]) == (kind, ranks)
 
 
 def test_a_per_label_finetune_is_audited_on_its_largest_epsilon_class(

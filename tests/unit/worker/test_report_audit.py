@@ -31,9 +31,9 @@ AUDITED = {"status": "audited", "recipe_family": "trainable=full,K=1",
            "audit_job_id": "job_audit", "mode": "white_box", "audited_job_id": "job_ft",
            "same_job": True, "verdict": "consistent", "epsilon_lower_bound": 0.31,
            "claimed_epsilon": 2.0, "max_certifiable_epsilon": 4.2,
-           "engine": "BookKeepingEngine <b>", "device": "cpu", "code_version": "0.1.0",
-           "finished_at": "2026-11-20T10:00:00Z", "key_matches": True,
-           "finetune_device": "cpu"}
+           "engine": "BookKeepingEngine <b>", "device": "cpu", "world_size": 1,
+           "code_version": "0.1.0", "finished_at": "2026-11-20T10:00:00Z",
+           "key_matches": True, "finetune_device": "cpu", "finetune_world_size": 1}
 HEADING = "Empirical privacy audit"
 
 

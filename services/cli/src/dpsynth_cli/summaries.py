@@ -181,11 +181,18 @@ def audit_summary_line(audit: dict[str, Any] | None, *, this: str,
     return (f"{audit.get('verdict')}: measured epsilon >= "
             f"{_eps(audit.get('epsilon_lower_bound'))} against a claimed "
             f"{_eps(audit.get('claimed_epsilon'))} (audit {audit.get('audit_job_id')}"
-            f" of {whose}, {audit.get('engine')}, {audit.get('device')}, version "
+            f" of {whose}, {audit.get('engine')}, "
+            f"{_where(audit.get('device'), audit.get('world_size'))}, version "
             f"{audit.get('code_version')}, {audit.get('finished_at')})"
             + ("" if audit.get("key_matches") is not False else
-               f" [not this finetune's key: it ran on {audit.get('finetune_device') or '?'},"
+               " [not this finetune's key: it ran on "
+               f"{_where(audit.get('finetune_device') or '?', audit.get('finetune_world_size'))},"
                " this code version; no audit of that key yet]"))
+
+
+def _where(device: Any, ranks: Any) -> str:
+    """``cuda`` or ``cuda x 2 ranks`` (one rank, or not recorded: the device alone)."""
+    return f"{device} x {ranks} ranks" if isinstance(ranks, int) and ranks > 1 else str(device)
 
 
 def job_rows(job: dict[str, Any]) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ contract holds the worker to it); docs/ml-core.md describes each name.
 
 from dpsynth_ml.audit.blackbox import BlackBoxAudit, black_box_audit_finetune
 from dpsynth_ml.audit.finetune import audit_finetune
+from dpsynth_ml.audit.ranks import audit_devices, audit_on_ranks, audit_placed
 from dpsynth_ml.audit.whitebox import WhiteBoxAudit
 from dpsynth_ml.data import ImageDataset, load_dataset
 from dpsynth_ml.evaluation import (
@@ -57,7 +58,8 @@ __all__ = [
     "MlError", "ModelInfo",
     "NullHooks", "PerLabel", "PretrainTraining", "RecordLevel", "SampleResult", "SubjectLevel",
     "TrainingHooks", "TrainingResult", "TrainingSpec", "WhiteBoxAudit",
-    "audit_finetune", "black_box_audit_finetune", "check_feature_net", "check_training",
+    "audit_devices", "audit_finetune", "audit_on_ranks", "audit_placed",
+    "black_box_audit_finetune", "check_feature_net", "check_training",
     "evaluate_corpus",
     "holdout_correct_counts",
     "initial_model", "is_layout_generator", "load_dataset", "load_feature_net", "load_layouts",

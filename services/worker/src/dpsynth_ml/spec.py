@@ -323,6 +323,7 @@ class TrainingResult:
         steps_by_partition: per-label runs: logical steps done per class name.
         device: the torch device the training ran on (rank 0's, e.g. "cuda:0"; "cpu" for
             a run on the CPU), so a benchmark never labels CPU work as GPU work.
+        world_size: how many ranks trained the one model (its audits run on as many).
     """
 
     steps_completed: int
@@ -333,6 +334,7 @@ class TrainingResult:
     rng: RngKind
     steps_by_partition: Mapping[str, int] = field(default_factory=dict)
     device: str = "cpu"
+    world_size: int = 1
 
 
 @dataclass(frozen=True)

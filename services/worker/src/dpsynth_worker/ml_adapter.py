@@ -78,30 +78,34 @@ class MlAdapter:
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
                        confidence: float, claimed_mu: float | None,
                        tail_delta: float, audited_class: str | None,
-                       device: str) -> WhiteBoxAudit:
+                       devices: str) -> WhiteBoxAudit:
         import dpsynth_ml
         import torch
 
-        return dpsynth_ml.audit_finetune(
-            spec, dataset_path=dataset_path, base_model_dir=base_model_dir, canaries=canaries,
-            delta=delta, generator=torch.Generator().manual_seed(seed), confidence=confidence,
-            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class,
-            device=device)
+        result = dpsynth_ml.audit_placed(
+            "white_box", devices, spec, dataset_path=dataset_path,
+            base_model_dir=base_model_dir, canaries=canaries, delta=delta,
+            generator=torch.Generator().manual_seed(seed), confidence=confidence,
+            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)
+        assert isinstance(result, dpsynth_ml.WhiteBoxAudit)
+        return result
 
     def black_box_audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
                                  base_model_dir: Path, canaries: int, delta: float,
                                  seed: int, confidence: float, claimed_mu: float | None,
                                  tail_delta: float,
                                  audited_class: str | None,
-                                 device: str) -> BlackBoxAudit:
+                                 devices: str) -> BlackBoxAudit:
         import dpsynth_ml
         import torch
 
-        return dpsynth_ml.black_box_audit_finetune(
-            spec, dataset_path=dataset_path, base_model_dir=base_model_dir, canaries=canaries,
-            delta=delta, generator=torch.Generator().manual_seed(seed), confidence=confidence,
-            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class,
-            device=device)
+        result = dpsynth_ml.audit_placed(
+            "black_box", devices, spec, dataset_path=dataset_path,
+            base_model_dir=base_model_dir, canaries=canaries, delta=delta,
+            generator=torch.Generator().manual_seed(seed), confidence=confidence,
+            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)
+        assert isinstance(result, dpsynth_ml.BlackBoxAudit)
+        return result
 
     def read_model_info(self, model_dir: Path) -> ModelInfo:
         import dpsynth_ml

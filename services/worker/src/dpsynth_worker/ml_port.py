@@ -91,12 +91,13 @@ class MlPort(Protocol):
                        base_model_dir: Path, canaries: int, delta: float, seed: int,
                        confidence: float, claimed_mu: float | None,
                        tail_delta: float, audited_class: str | None,
-                       device: str) -> WhiteBoxAudit:
+                       devices: str) -> WhiteBoxAudit:
         """White-box one-run audit of ``spec``'s DP-SGD on the PUBLIC stand-in at
-        ``dataset_path`` (``dpsynth_ml.audit_finetune``; ``seed`` keys the stand-in's
+        ``dataset_path`` (``dpsynth_ml.audit_placed``; ``seed`` keys rank 0's stand-in
         sampling and the canaries, the DP noise stays OS-keyed; ``audited_class``: a
-        per-label finetune's class whose run is audited; ``device``: where the run is placed,
-        one rank). The model it trains is the audit's and is not kept."""
+        per-label finetune's class whose run is audited; ``devices``: the worker's DEVICES
+        setting, placed as the finetune was, one rank per device for a whole-dataset one;
+        the result says where it ran). The model it trains is the audit's and is not kept."""
         ...
 
     def black_box_audit_finetune(self, spec: FinetuneTraining, *, dataset_path: Path,
@@ -104,10 +105,11 @@ class MlPort(Protocol):
                                  seed: int, confidence: float, claimed_mu: float | None,
                                  tail_delta: float,
                                  audited_class: str | None,
-                                 device: str) -> BlackBoxAudit:
+                                 devices: str) -> BlackBoxAudit:
         """Black-box one-run audit (``dpsynth_ml.black_box_audit_finetune``): noise-image
         canaries among the stand-in's records (a subject-level ``spec``: whole canary
-        subjects among its subjects), scored on the finished model, which is not kept."""
+        subjects among its subjects), scored on the finished model, which is not kept;
+        placed as :meth:`audit_finetune` is."""
         ...
 
     # --- models ---------------------------------------------------------------------------

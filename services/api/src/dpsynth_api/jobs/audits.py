@@ -46,11 +46,12 @@ def _recent_audits(session: Session, tenant_id: str) -> list[Job]:
 
 def _match(audits: Iterable[Job], job: Job) -> AuditSummary:
     """The audit shown for ``job``: of the tenant's ``audits`` (newest first) that audited
-    ``job`` or its recipe family, the newest whose key also matches (the device kind the
-    finetune ran on, this code version), else the newest of them, marked ``key_matches:
-    false`` so the view says what differs."""
+    ``job`` or its recipe family, the newest whose key also matches (the device kind and the
+    ranks the finetune ran on, this code version), else the newest of them, marked
+    ``key_matches: false`` so the view says what differs."""
     family = family_of(job.spec or {})
     device = (job.result or {}).get("device")
+    ranks = (job.result or {}).get("world_size")
     candidates = []
     for audit in audits:
         result = audit.result or {}
@@ -58,11 +59,12 @@ def _match(audits: Iterable[Job], job: Job) -> AuditSummary:
         audited = (result.get("audit") or {}).get("audited_job_id")
         if audited == job.id or key.get("recipe_family") == family:
             matches = (key.get("code_version") == __version__
-                       and (device is None or key.get("device") == device))
+                       and (device is None or key.get("device") == device)
+                       and (ranks is None or key.get("world_size", 1) == ranks))
             candidates.append((audit, audited, key, matches))
     if not candidates:
         return AuditSummary(status="not_audited", recipe_family=family,
-                            finetune_device=device)
+                            finetune_device=device, finetune_world_size=ranks)
     audit, audited, key, matches = next((c for c in candidates if c[3]), candidates[0])
     view = (audit.result or {}).get("audit_result") or {}
     return AuditSummary(
@@ -72,8 +74,9 @@ def _match(audits: Iterable[Job], job: Job) -> AuditSummary:
         claimed_epsilon=view.get("claimed_epsilon"),
         max_certifiable_epsilon=view.get("max_certifiable_epsilon"),
         engine=key.get("engine"), device=key.get("device"),
+        world_size=key.get("world_size"),
         code_version=key.get("code_version"), finished_at=audit.finished_at,
-        key_matches=matches, finetune_device=device)
+        key_matches=matches, finetune_device=device, finetune_world_size=ranks)
 
 
 def latest_audit(session: Session, job: Job) -> AuditSummary | None:

@@ -22,7 +22,9 @@ the whole training and one final model), and with m canaries at 95 % it can neve
 ``max_certifiable``: it says "at least this much" and can rarely bite a claim of ε 4 or
 more. The model trained here is never saved or returned (issue 19, item 4): it lives in a
 temporary folder deleted on return. The run and the scoring are placed on ``device`` (one
-rank), as a finetune placed there by ``train_on_device`` runs.
+rank), as a finetune placed there by ``train_on_device`` runs; a finetune of W ranks is
+audited on W ranks (:func:`black_box_audit_rank`, started by
+:func:`dpsynth_ml.audit.ranks.audit_on_ranks`), every rank training the same training set.
 
 Not covered: layout-conditioned models and layout generators (a canary would need a mask),
 the central-image release.
@@ -86,6 +88,8 @@ class BlackBoxAudit:
         stand_in_subjects: a subject-level run: the stand-in subjects trained on (None for
             a record-level one).
         images_per_canary: 1, or a subject canary's images (``max_images_per_subject``).
+        device, world_size: where the run was placed (rank 0's device) and on how many
+            ranks (set by :func:`dpsynth_ml.audit.ranks.audit_on_ranks`).
     """
 
     bound: AuditBound
@@ -97,6 +101,8 @@ class BlackBoxAudit:
     scores: np.ndarray
     stand_in_subjects: int | None = None
     images_per_canary: int = 1
+    device: str = "cpu"
+    world_size: int = 1
 
 
 def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
@@ -126,6 +132,30 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
         InvalidSpecError: what this audit does not cover (see the module docstring), or
             more canaries than half of N̂.
     """
+    result = black_box_audit_rank(
+        spec, dataset_path=dataset_path, base_model_dir=base_model_dir, canaries=canaries,
+        delta=delta, generator=generator, confidence=confidence, claimed_mu=claimed_mu,
+        tail_delta=tail_delta, audited_class=audited_class, seeded_noise=seeded_noise,
+        draws=draws, placement=Placement(device=torch.device(device)), set_seed=None)
+    assert result is not None  # one rank: rank 0
+    return result
+
+
+def black_box_audit_rank(spec: FinetuneTraining, *, dataset_path: Path,
+                         base_model_dir: Path, canaries: int, delta: float,
+                         generator: torch.Generator, confidence: float,
+                         claimed_mu: float | None, tail_delta: float,
+                         audited_class: str | None, seeded_noise: bool, draws: int,
+                         placement: Placement, set_seed: int | None) -> BlackBoxAudit | None:
+    """:func:`black_box_audit_finetune` as one rank of a W-rank run
+    (:func:`dpsynth_ml.audit.ranks.audit_on_ranks` starts the process group).
+
+    Every rank builds the SAME training set (the canaries, their coin flips and the
+    stand-in's cut come from ``set_seed``, which rank 0 drew and every rank was given;
+    None: drawn here from ``generator``, one rank) and trains it as a W-rank finetune does
+    (its own ``generator`` samples its shard). Rank 0 alone scores the canaries on the model
+    it wrote and returns the audit; the other ranks return None.
+    """
     data = load_dataset(dataset_path)
     if isinstance(spec.privacy, PerLabel):
         if audited_class is None:
@@ -145,7 +175,7 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
     if not 1 <= canaries <= population // 2:
         raise InvalidSpecError(f"a black-box audit puts its canaries among the audited "
                                f"N̂ = {population} {unit}: at most {population // 2}")
-    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    rng = np.random.default_rng(draw_set_seed(generator) if set_seed is None else set_seed)
     canary_set = draw_canaries(data, canaries, rng, audited_class, per_unit)
     # one fair coin per canary UNIT (record or subject): the claim is per unit
     included = rng.random(canaries) < 0.5
@@ -155,9 +185,11 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
                               out_dir=Path(work) / "run", hooks=NullHooks(),
                               base_model_dir=base_model_dir, resume_from=None,
                               generator=generator, rng="test" if seeded_noise else "os",
-                              placement=Placement(device=torch.device(device)))
+                              placement=placement)
+        if not placement.is_main:
+            return None
         per_image = _scores(result.model_dir, spec, canary_set, generator, draws,
-                            torch.device(device))
+                            placement.device)
     # a subject canary's images are consecutive rows: its score is their mean
     scores: np.ndarray = per_image.reshape(canaries, per_unit).mean(axis=1)
     return BlackBoxAudit(
@@ -168,6 +200,11 @@ def black_box_audit_finetune(spec: FinetuneTraining, *, dataset_path: Path,
         stand_in_records=training.stand_in_records, included=int(included.sum()),
         scores=scores, stand_in_subjects=training.stand_in_subjects,
         images_per_canary=per_unit)
+
+
+def draw_set_seed(generator: torch.Generator) -> int:
+    """The seed of a black-box audit's canaries, coin flips and stand-in cut."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator))
 
 
 def _training_set(spec: FinetuneTraining, data: ImageDataset, canary_set: ImageDataset,

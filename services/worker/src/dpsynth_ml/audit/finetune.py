@@ -20,10 +20,14 @@ class's DpSpec, unconditional, on the stand-in's records of that class).
 
 The run is placed on ``device`` (one rank: the model, the encoded stand-in, the per-example
 gradients, the canaries' sums and the noise live there, as in a finetune placed on that
-device by ``train_on_device``), so a finetune that ran on a GPU is audited on a GPU.
+device by ``train_on_device``), so a finetune that ran on a GPU is audited on a GPU. A
+finetune that ran on W ranks is audited on W ranks (``placement``, started by
+:func:`dpsynth_ml.audit.ranks.audit_on_ranks`): each rank samples its shard of the stand-in,
+the ranks' sums are all-reduced and rank 0 draws the one noise, exactly the finetune's
+distributed mechanism (``dpsynth_ml.dp.distributed``); the canaries are rank 0's units.
 
 Not audited here: the central-image release (a separate Gaussian mechanism, refused:
-``central_images`` must be off), several ranks.
+``central_images`` must be off).
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
                    claimed_mu: float | None = None, tail_delta: float = 0.0,
                    seeded_noise: bool = False,
                    audited_class: str | None = None,
-                   device: torch.device | str = "cpu") -> WhiteBoxAudit:
+                   device: torch.device | str = "cpu",
+                   placement: Placement | None = None) -> WhiteBoxAudit:
     """White-box one-run audit of ``spec``'s DP-SGD on the stand-in at ``dataset_path``.
 
     Args:
@@ -73,6 +78,10 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
         audited_class: a per-label finetune: the class whose run is audited (required
             then, refused otherwise).
         device: where the run is placed (one rank); the bound's computation is on the CPU.
+        placement: this process's rank of a W-rank audit (``dpsynth_ml.audit.ranks``,
+            which starts the process group; it overrides ``device``). Every rank calls this
+            with its own ``generator`` (its shard's Poisson sampling); rank 0 alone adds the
+            canaries and its result is the audit's; the others' results mean nothing.
 
     Raises:
         InvalidSpecError: for what this audit does not cover (central images), a per-label
@@ -94,7 +103,7 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
                             base_model_dir=base_model_dir, resume_from=None,
                             generator=generator, rng="test" if seeded_noise else "os",
                             dataset=dataset, hooks=NullHooks(),
-                            placement=Placement(device=torch.device(device)))
+                            placement=placement or Placement(device=torch.device(device)))
         try:
             checkpoints.attach_schedule_and_ema(run, None)
             values = sum(p.numel() for p in run.engine.params)
@@ -104,7 +113,8 @@ def audit_finetune(spec: FinetuneTraining, *, dataset_path: Path, base_model_dir
                 expected_batch_size=run.dp.expected_batch_size, generator=generator,
                 delta=delta, confidence=confidence, claimed_mu=claimed_mu,
                 tail_delta=tail_delta, records_step=lambda: _accumulate(run),
-                finish_step=lambda: loop.apply_private_gradient(run))
+                finish_step=lambda: loop.apply_private_gradient(run),
+                inject=run.placement.is_main)
         finally:
             run.engine.close()
 

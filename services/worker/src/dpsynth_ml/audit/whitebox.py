@@ -102,6 +102,8 @@ class WhiteBoxAudit:
         presences: how many (canary, step) pairs had the canary in the step's batch.
         scores: [m] each canary's score (float64).
         engine: the audited engine's class (``BookKeepingEngine``, ``DpSgdEngine``).
+        device, world_size: where the run was placed (rank 0's device) and on how many
+            ranks (set by :func:`dpsynth_ml.audit.ranks.audit_on_ranks`).
     """
 
     bound: AuditBound
@@ -111,6 +113,8 @@ class WhiteBoxAudit:
     presences: int
     scores: np.ndarray
     engine: str = "unknown"
+    device: str = "cpu"
+    world_size: int = 1
 
 
 def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: int,
@@ -119,7 +123,7 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
                     records_step: Callable[[], None] | None = None,
                     finish_step: Callable[[], None] | None = None,
                     claimed_mu: float | None = None,
-                    tail_delta: float = 0.0) -> WhiteBoxAudit:
+                    tail_delta: float = 0.0, inject: bool = True) -> WhiteBoxAudit:
     """Run ``steps`` DP-SGD steps of ``engine`` with ``canaries`` and bound its epsilon.
 
     Args:
@@ -141,6 +145,11 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
         claimed_mu, tail_delta: the claim's GDP envelope (the ledger's
             ``dp_sgd_gdp_envelope`` of the accounted sigma, q and steps); with it the
             result says whether the run rejects its claim.
+        inject: whether this process adds the canaries. On W ranks only rank 0 does (the
+            canaries are units of rank 0's shard, each Poisson-sampled at q by rank 0's
+            sampler); every rank still takes each step, whose ``privatize`` is the ranks'
+            all-reduce and rank 0's single noise draw, and reads the released gradient.
+            A rank that injects nothing returns scores that mean nothing (0 canaries seen).
 
     Raises:
         ValueError: on a canary outside the trainable values, or steps < 1.
@@ -162,9 +171,10 @@ def white_box_audit(engine: AuditableEngine, canaries: DiracCanaries, *, steps: 
     for _ in range(steps):
         if records_step is not None:
             records_step()
-        sampled = members[sampler.sample()]
-        presences += int(sampled.numel())
-        _add_canaries(engine, coordinates[sampled], value, params, chunk)
+        if inject:
+            sampled = members[sampler.sample()]
+            presences += int(sampled.numel())
+            _add_canaries(engine, coordinates[sampled], value, params, chunk)
         engine.privatize()
         released = torch.cat([_grad(p).detach().flatten() for p in params])
         scores += (released[coordinates.to(released.device)].to(torch.float64).cpu()

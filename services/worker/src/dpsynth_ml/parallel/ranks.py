@@ -85,7 +85,7 @@ def train_on_ranks(devices: Sequence[torch.device], spec: TrainingSpec, *,
             process.join()
     if failed:
         raise RuntimeError(f"ranks failed: {', '.join(failed)}")
-    return dataclasses.replace(result, device=str(devices[0]))
+    return dataclasses.replace(result, device=str(devices[0]), world_size=world)
 
 
 def _follow(rank: int, world: int, device: str, port: int, spec: TrainingSpec,

@@ -93,6 +93,7 @@ def audit_block(doc: Mapping[str, Any]) -> str:
              ("claimed ε", audit.get("claimed_epsilon")),
              ("largest certifiable ε", audit.get("max_certifiable_epsilon")),
              ("engine", audit.get("engine")), ("device", audit.get("device")),
+             ("ranks", audit.get("world_size")),
              ("code version", audit.get("code_version")), ("date", audit.get("finished_at")),
              ("audit job", audit.get("audit_job_id"))]
     tone = "nondp" if verdict in ("rejected", "unconfirmed") else "public"
@@ -101,7 +102,10 @@ def audit_block(doc: Mapping[str, Any]) -> str:
             "ε the code spends, not a guarantee in place of the accounted ε"
             + ("" if audit.get("key_matches") is not False else
                f"; it is not of this finetune's key (the finetune ran on "
-               f"{escape(str(audit.get('finetune_device') or '?'))}, this code version): "
+               f"{escape(str(audit.get('finetune_device') or '?'))}"
+               + (f" x {escape(str(audit.get('finetune_world_size')))} ranks"
+                  if (audit.get("finetune_world_size") or 1) != 1 else "")
+               + ", this code version): "
                "no audit of that key yet")
             + "</small></div>"
             '<div class="cards">' + "".join(

@@ -35,7 +35,6 @@ from dpsynth_shared.text import MAX_INT32
 from dpsynth_shared.worker_contract import AuditTarget, DatasetInfo
 
 from dpsynth_worker import metrics
-from dpsynth_worker.devices import first_device
 from dpsynth_worker.runners.artifacts import download_folder
 from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.feature_net import require_public
@@ -95,9 +94,8 @@ def run_audit(ctx: JobContext) -> Outcome:
     envelope = ctx.ledger.gdp_envelope(noise_multiplier=dp.noise_multiplier,
                                        sample_rate=dp.sample_rate, steps=dp.steps)
     delta = _delta(target, reservation)
-    # the worker's first device, one rank: a finetune that ran on a GPU worker is audited
-    # on one (several ranks are not audited: docs/privacy.md)
-    device = first_device(ctx.ml.devices)
+    # placed as the finetune was under this worker's DEVICES: a whole-dataset finetune on
+    # one rank per device, a per-label one on the first; the result says where it ran
 
     def audit(seed: int, confidence: float) -> dict[str, Any]:
         method = (ctx.ml.black_box_audit_finetune if spec.mode == "black_box"
@@ -105,11 +103,11 @@ def run_audit(ctx: JobContext) -> Outcome:
         result = method(
             training, dataset_path=path, base_model_dir=base_dir, canaries=spec.canaries,
             delta=delta, seed=seed, confidence=confidence, claimed_mu=envelope.mu,
-            tail_delta=envelope.tail_delta, audited_class=audited_class, device=device)
+            tail_delta=envelope.tail_delta, audited_class=audited_class,
+            devices=ctx.ml.devices)
         view = audit_view(result, spec=spec, target=target, training=training, dp=dp,
                           envelope=envelope, claimed_epsilon=claimed_epsilon,
-                          stand_in=(stand_in.dataset_id, kept, population), seed=seed,
-                          device=device)
+                          stand_in=(stand_in.dataset_id, kept, population), seed=seed)
         view["run"]["audited_class"] = audited_class
         return view
 
@@ -225,8 +223,7 @@ def _stand_in(ctx: JobContext, stand_in: DatasetInfo, target: AuditTarget, *,
 def audit_view(result: WhiteBoxAudit | BlackBoxAudit, *, spec: AuditSpec, target: AuditTarget,
                training: FinetuneTraining, dp: Any, envelope: GdpEnvelope,
                claimed_epsilon: float,
-               stand_in: tuple[str, int, int], seed: int,
-               device: str = "cpu") -> dict[str, Any]:
+               stand_in: tuple[str, int, int], seed: int) -> dict[str, Any]:
     """The job's ``audit_result``: the bounds, the claim, the verdict, what ran.
 
     ``verdict``: ``rejected`` when either bound exceeds its claim (the running code leaks
@@ -269,7 +266,7 @@ def audit_view(result: WhiteBoxAudit | BlackBoxAudit, *, spec: AuditSpec, target
         # what a result is keyed by: the same key, the same mechanism (issue 19, item 1)
         "key": {"mode": spec.mode, "recipe_family": _family(training),
                 "engine": getattr(result, "engine", "finetune (black-box)"),
-                "device": device.split(":", 1)[0], "world_size": 1,
+                "device": result.device.split(":", 1)[0], "world_size": result.world_size,
                 "code_version": __version__},
     }
 

@@ -276,7 +276,9 @@ def _succeed(ctx: JobContext, inputs: _Inputs, result: TrainingResult, *,
         "model_hash": published.model_hash, "job_epsilon": eps.job_epsilon, "delta": eps.delta,
         **epsilon_labels(inputs.ancestors, spent),
         "steps_used": steps_used, "trainable_parameters": result.trainable_parameters,
-        # the device kind it ran on: its audits are keyed by it (jobs/audits.py in the api)
-        "device": str(result.device).split(":", 1)[0]})
+        # the device kind and ranks it ran on: its audits are keyed by them (jobs/audits.py
+        # in the api)
+        "device": str(result.device).split(":", 1)[0],
+        "world_size": int(getattr(result, "world_size", 1))})
     log.info("finetune succeeded", extra={"steps": result.steps_completed})
     return Outcome.SUCCEEDED
