@@ -204,8 +204,9 @@ def test_sigterm_interrupts_then_next_attempt_resumes_with_an_extension(world: W
     assert model.metadata["job_epsilon"] == pytest.approx(0.05 * 10)
     assert model.metadata["steps_used"] == {rid: 10}
     assert world.api.final.to_state == JobState.SUCCEEDED
-    # the device kind it ran on: its audits are keyed by it (issue 19)
-    assert world.api.final.result["device"] == "cpu"
+    # the device kind and ranks it ran on: its audits are keyed by them (issue 19)
+    assert (world.api.final.result["device"], world.api.final.result["world_size"]) == (
+        "cpu", 1)
 
 
 def test_bad_class_map_fails_without_naming_details(world: World) -> None:
@@ -243,3 +244,4 @@ def test_finetune_on_two_cpu_ranks_leases_checkpoints_and_publishes_like_one(
     (model,) = world.api.of_kind("model")
     assert model.metadata["dp"] is True and model.metadata["steps"] == 6
     assert world.ledger.reservations[claim.reservation_id].closed == "succeeded"
+    assert world.api.final.result["world_size"] == 2  # its audits run on two ranks
