@@ -50,6 +50,10 @@ class AuditSpec(SpecBase):
                           description="m; white_box: at most the number of trainable values; "
                           "black_box: at most half the audited N̂ (they are among its records)")
     confidence: float = Field(0.95, ge=0.5, le=0.999)
+    audited_class: str | None = Field(
+        None, max_length=200, description="a per-label finetune: the class whose run is "
+        "audited (default: the class with the largest epsilon, whose claim is the job's); "
+        "refused for a whole-dataset finetune")
     seed: int = Field(0, ge=0, le=MAX_INT32, description="the stand-in's sampling, the "
                       "canaries and their inclusion (the DP noise stays OS-keyed)")
 

@@ -205,6 +205,13 @@ def test_only_a_whole_dataset_dp_sgd_finetune_of_the_tenant_is_audited(api: Api)
     claimed = admitted.json()["result"]["audit"]["claimed"]
     assert set(claimed["per_label"]) == {"x", "y", "z"}
     assert all(run["noise_multiplier"] > 0 for run in claimed["per_label"].values())
+    # ... on the class asked for (one of its runs), by default its largest-epsilon one
+    asked = _audit(api, token, per_label.json()["job_id"], stand_in, audited_class="y")
+    assert asked.status_code == 201, asked.text
+    r = _audit(api, token, per_label.json()["job_id"], stand_in, audited_class="w")
+    assert _code(r) == (422, "invalid_spec") and r.json()["classes"] == ["x", "y", "z"]
+    r = _audit(api, token, job_id, stand_in, audited_class="a")
+    assert _code(r) == (422, "invalid_spec") and "whole-dataset" in r.json()["detail"]
     cases = {
         "its own Gaussian mechanism": {
             "expected_batch_size": 4, "epochs": 1,

@@ -198,23 +198,31 @@ def test_an_audit_is_placed_like_the_workers_finetunes_and_says_so(
     assert (key["device"], key["world_size"]) == (kind, ranks)
 
 
-def test_a_per_label_finetune_is_audited_on_its_largest_epsilon_class(
-        tmp_path: Path, digits_npz: Path, pretrained_dir: Path) -> None:
+@pytest.mark.parametrize(("asked", "audited"), [(None, "digit 3"), ("digit 4", "digit 4")])
+def test_a_per_label_finetune_is_audited_on_its_largest_epsilon_class_or_the_one_asked(
+        tmp_path: Path, digits_npz: Path, pretrained_dir: Path, asked: str | None,
+        audited: str) -> None:
     ledger = PerLabelLedger()
     world = World(tmp_path, LocalDirStore(tmp_path / "objects",
                                           grant_public_key=ledger.public_key),
                   ledger, digits_npz, pretrained_dir)
     runs = _runs({c: 3 + i % 4 for i, c in enumerate(CLASS_NAMES)})  # digits 3, 7: 6 steps
     claim = _audit_claim(world, audited=_per_label_claim(world, ledger, runs))
+    if asked is not None:
+        claim.spec["audited_class"] = asked
     assert world.run(claim) == Outcome.SUCCEEDED
     assert set(ledger.names()) == {"get_reservation", "gdp_envelope"}
     run = world.api.final.result["audit_result"]["run"]
-    chosen = runs["digit 3"]  # the first of the classes with the largest epsilon
-    assert run["audited_class"] == "digit 3" and run["steps"] == chosen.planned == 6
+    # default: the first of the classes with the largest epsilon; else the class asked for
+    chosen = runs[audited]
+    assert run["audited_class"] == audited and run["steps"] == chosen.planned
     assert (run["noise_multiplier"], run["sample_rate"]) == (chosen.sigma, chosen.q)
     assert run["population_size"] == round(chosen.batch / chosen.q)  # N̂_c
+    # the claim tested is that class's epsilon (the job's, for the largest)
     assert world.api.final.result["audit_result"]["claimed_epsilon"] == pytest.approx(
-        max(0.05 * r.reserved for r in runs.values()))
+        0.05 * chosen.reserved)
+    if asked is None:
+        assert chosen.reserved == max(r.reserved for r in runs.values())
 
 
 def test_a_black_box_audit_puts_loss_canaries_among_the_stand_in_records(world: World) -> None:

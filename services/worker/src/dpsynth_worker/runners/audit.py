@@ -81,7 +81,8 @@ def run_audit(ctx: JobContext) -> Outcome:
         FinetuneSpec.model_validate(target.spec), reservation=reservation,
         dataset=_as_audited(stand_in, target), base=ctx.ml.read_model_info(base_dir))
     ctx.ml.check_training(training, base_dir)
-    run, audited_class, claimed_epsilon = _audited_run(training, reservation)
+    run, audited_class, claimed_epsilon = _audited_run(training, reservation,
+                                                       spec.audited_class)
     dp = run.dp
     population = round(dp.expected_batch_size / dp.sample_rate)
     # user-level: every stand-in subject has the most images a subject contributes from
@@ -166,19 +167,28 @@ def _as_audited(stand_in: DatasetInfo, target: AuditTarget) -> DatasetInfo:
         "selection": None, "class_sizes": None})
 
 
-def _audited_run(training: FinetuneTraining, reservation: Reservation
-                 ) -> tuple[Any, str | None, float]:
+def _audited_run(training: FinetuneTraining, reservation: Reservation,
+                 chosen: str | None = None) -> tuple[Any, str | None, float]:
     """The DP-SGD run the audit rebuilds, the per-label class it is (None: the whole
-    dataset's) and the claim it tests. A per-label finetune is audited on the run of its
-    class with the largest epsilon (the job's claim is the max over its classes)."""
+    dataset's) and the claim it tests. A per-label finetune is audited on the run of the
+    ``chosen`` class (the spec's ``audited_class``), by default its class with the largest
+    epsilon (the job's claim is the max over its classes); the claim tested is that class's
+    epsilon."""
     per_class = getattr(training.privacy, "per_class", None)
     if per_class is None:
+        if chosen is not None:
+            raise DpsynthError(ErrorCode.INVALID_SPEC, "audited_class is for per-label "
+                               "finetunes")
         return training.privacy, None, float(reservation.job_epsilon)
     parts = reservation.per_label or {}
     if not parts:
         raise DpsynthError(ErrorCode.INVALID_SPEC, "a per-label audit needs the per-class "
                            "runs of the audited job's reservation")
-    name = max(sorted(parts), key=lambda c: parts[c].job_epsilon)
+    if chosen is not None and chosen not in parts:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, f"the audited job has no per-label run "
+                           f"of class {chosen!r}", classes=sorted(parts))
+    name = chosen if chosen is not None else max(sorted(parts),
+                                                 key=lambda c: parts[c].job_epsilon)
     return per_class[name], name, float(parts[name].job_epsilon)
 
 

@@ -64,6 +64,7 @@ def admit(ctx: AdmitContext, spec: AuditSpec) -> Admission:
     check_not_deleted(stand_in)
     require_visibility(stand_in, "public", "audit", _PUBLIC_ONLY)
     check_stand_in(stand_in, trained_on, audited)
+    check_audited_class(spec, audited)
     if spec.mode == "black_box":
         check_black_box(spec, audited, trained_on)
     base = _base_model(ctx.session, ctx.principal, audited)
@@ -146,6 +147,26 @@ def check_stand_in(stand_in: Dataset, trained_on: Dataset, audited: Job) -> None
                            audited_classes=want)
     target = str(((audited.spec or {}).get("training") or {}).get("target") or "images")
     require_masks_for_target(stand_in, target)
+
+
+def check_audited_class(spec: AuditSpec, audited: Job) -> None:
+    """``audited_class`` names one of a per-label finetune's class runs (its reservation's
+    partitions); a whole-dataset finetune has one run and takes none.
+
+    Raises:
+        DpsynthError: 422 ``invalid_spec`` naming the classes there are.
+    """
+    if spec.audited_class is None:
+        return
+    classes = sorted((audited.privacy or {}).get("per_label") or {})
+    if not classes:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, f"job {audited.id} is a whole-dataset "
+                           "finetune: audited_class is for per-label finetunes",
+                           job_id=audited.id, field="audited_class")
+    if spec.audited_class not in classes:
+        raise DpsynthError(ErrorCode.INVALID_SPEC, f"job {audited.id} has no per-label run "
+                           f"of class {spec.audited_class!r}", job_id=audited.id,
+                           field="audited_class", classes=classes)
 
 
 def check_black_box(spec: AuditSpec, audited: Job, trained_on: Dataset) -> None:
