@@ -26,8 +26,11 @@ rank), as a finetune placed there by ``train_on_device`` runs; a finetune of W r
 audited on W ranks (:func:`black_box_audit_rank`, started by
 :func:`dpsynth_ml.audit.ranks.audit_on_ranks`), every rank training the same training set.
 
-Not covered: layout-conditioned models and layout generators (a canary would need a mask),
-the central-image release.
+Layout models (DP-DocLDM) are covered: each canary image carries a random binary layout
+mask of its own (:mod:`dpsynth_ml.audit.canary_sets`); a layout-conditioned model scores
+the canary image given its mask, a layout generator (``target: masks``) scores the mask.
+
+Not covered: the central-image release.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from dpsynth_ml.audit.canary_sets import (
 )
 from dpsynth_ml.audit.gdp import GdpAuditBound, audit_gdp
 from dpsynth_ml.audit.one_run import AuditBound, audit
-from dpsynth_ml.data import ImageDataset, load_dataset
+from dpsynth_ml.data import ImageDataset, load_dataset, training_view
 from dpsynth_ml.dp.padding import public_size
 from dpsynth_ml.models.architectures import ConditionalDenoiser
 from dpsynth_ml.models.model_io import load_model
@@ -220,20 +223,19 @@ def _check_covered(spec: FinetuneTraining) -> None:
     if spec.central_images is not None:
         raise InvalidSpecError("the audit covers DP-SGD only: audit the spec without "
                                "central_images (the release is its own Gaussian mechanism)")
-    if spec.target == "masks":
-        raise InvalidSpecError("black-box audits of layout generators are not offered yet "
-                               "(a canary would need a layout mask)")
 
 
 @torch.no_grad()
 def _scores(model_dir: Path, spec: FinetuneTraining, canary_set: ImageDataset,
             generator: torch.Generator, draws: int, device: torch.device) -> np.ndarray:
-    """Minus each canary image's mean denoising loss under the released model."""
+    """Minus each canary image's mean denoising loss under the released model: of its
+    image given its layout mask (a layout-conditioned model), of its mask (a layout
+    generator), or of its image."""
     bundle, info = load_model(model_dir)
-    if bundle.layout_channels:
-        raise InvalidSpecError("black-box audits of layout-conditioned models are not "
-                               "offered yet (a canary would need a layout mask)")
+    canary_set = training_view(canary_set, spec.target)
     latents = setup._encode(bundle, canary_set, info).to(device)
+    layouts = setup._encode_masks(bundle, canary_set, info)
+    layouts = layouts.to(device) if layouts is not None else None
     labels = setup._model_labels(canary_set, spec).to(device)
     denoiser = ConditionalDenoiser(bundle.unet, bundle.class_embedder).eval().to(device)
     total = torch.zeros(len(canary_set), dtype=torch.float64)
@@ -242,6 +244,7 @@ def _scores(model_dir: Path, spec: FinetuneTraining, canary_set: ImageDataset,
             rows = slice(start, start + SCORE_BATCH)
             total[rows] += per_sample_diffusion_loss(
                 denoiser, bundle.scheduler, latents[rows], labels[rows], generator,
+                layout=None if layouts is None else layouts[rows],
                 timesteps=spec.timestep_distribution).double().cpu()
     scores: np.ndarray = (-total / draws).numpy()
     return scores

@@ -18,6 +18,11 @@ than the one made, and one larger than a unit a stronger one (the bound would be
 
 Subject indices in the training set are dense 0..S-1: the stand-in's kept subjects first,
 then the included canary subjects (``SubjectPoissonSampler`` samples each index alike).
+
+A stand-in with layout masks (DP-DocLDM: a layout-conditioned model, or a layout generator
+whose records ARE the masks) gives each canary image a mask of its own: uniform random
+pixels, 0 or 255, unlike any document's text lines, so the canary is far from the data
+whichever of the two the model learns (the image given its mask, or the mask itself).
 """
 
 from __future__ import annotations
@@ -28,9 +33,6 @@ import numpy as np
 
 from dpsynth_ml.data import ImageDataset
 from dpsynth_ml.spec import InvalidSpecError
-
-_MASKS_REFUSED = ("black-box audits of layout-conditioned models are not offered yet (a "
-                  "canary would need a layout mask)")
 
 
 @dataclass(frozen=True)
@@ -64,19 +66,22 @@ def draw_canaries(data: ImageDataset, m: int, rng: np.random.Generator,
         labels = np.full(m, names.index(audited_class), dtype=np.int64)
     else:
         labels = rng.integers(0, len(names), size=m, dtype=np.int64)
+    masks = None
+    if data.masks is not None:  # one random binary mask per canary image
+        masks = (rng.integers(0, 2, size=(m * per_unit, *data.masks.shape[1:]),
+                              dtype=np.uint8) * 255).astype(np.uint8)
     return ImageDataset(images=images, labels=np.repeat(labels, per_unit),
-                        class_names=data.class_names)
+                        class_names=data.class_names, masks=masks)
 
 
 def record_training_set(data: ImageDataset, canaries: ImageDataset, included: np.ndarray,
                         *, population: int, rng: np.random.Generator) -> TrainingSet:
     """N̂ - m stand-in records (a uniform choice) and the included record canaries."""
-    _refuse_masks(data)
     keep = np.sort(rng.permutation(len(data))[:population - len(canaries)])
     dataset = ImageDataset(
         images=np.concatenate([data.images[keep], canaries.images[included]]),
         labels=np.concatenate([data.labels[keep], canaries.labels[included]]),
-        class_names=data.class_names)
+        class_names=data.class_names, masks=_masks(data, keep, canaries, included))
     return TrainingSet(dataset, stand_in_records=int(keep.size), stand_in_subjects=None)
 
 
@@ -94,7 +99,6 @@ def subject_training_set(data: ImageDataset, canaries: ImageDataset, included: n
         per_unit: images per stand-in subject when the stand-in carries no subjects.
         rng: the cut.
     """
-    _refuse_masks(data)
     own = (np.asarray(data.subjects, dtype=np.int64) if data.subjects is not None
            else np.arange(len(data), dtype=np.int64) // per_unit)
     # only subjects with an image here count (a per-label class keeps its dataset's S)
@@ -108,13 +112,19 @@ def subject_training_set(data: ImageDataset, canaries: ImageDataset, included: n
     dataset = ImageDataset(
         images=np.concatenate([data.images[keep], canaries.images[images_in]]),
         labels=np.concatenate([data.labels[keep], canaries.labels[images_in]]),
-        class_names=data.class_names,
+        class_names=data.class_names, masks=_masks(data, keep, canaries, images_in),
         subjects=np.concatenate([stand_in_subjects, canary_subjects]).astype(np.int64),
         num_subjects=int(chosen.size + included.sum()))
     return TrainingSet(dataset, stand_in_records=int(keep.size),
                        stand_in_subjects=int(chosen.size))
 
 
-def _refuse_masks(data: ImageDataset) -> None:
-    if data.masks is not None:
-        raise InvalidSpecError(_MASKS_REFUSED)
+def _masks(data: ImageDataset, keep: np.ndarray, canaries: ImageDataset,
+           canary_rows: np.ndarray) -> np.ndarray | None:
+    """The kept stand-in images' masks, then the included canary images' (None when the
+    stand-in has none)."""
+    if data.masks is None:
+        return None
+    if canaries.masks is None:
+        raise InvalidSpecError("the canaries need layout masks as the stand-in has them")
+    return np.concatenate([data.masks[keep], canaries.masks[canary_rows]])

@@ -178,9 +178,15 @@ function auditCell(job, audits) {
     return (result.audit || {}).audited_job_id === job.job_id
       || (view.key || {}).recipe_family === family;
   });
-  // the newest of the finetune's own key (its device kind) first, as GET /v1/jobs/{id}
+  // the newest of the finetune's own key (its device kind and ranks) first, as
+  // GET /v1/jobs/{id} (the page does not know the server's code version)
   const device = (job.result || {}).device;
-  const sameKey = (a) => !device || ((a.result.audit_result || {}).key || {}).device === device;
+  const ranks = (job.result || {}).world_size;
+  const where = (kind, n) => kind + (n && n > 1 ? " x " + n + " ranks" : "");
+  const sameKey = (a) => {
+    const key = (a.result.audit_result || {}).key || {};
+    return (!device || key.device === device) && (!ranks || (key.world_size || 1) === ranks);
+  };
   const match = candidates.find(sameKey) || candidates[0];
   if (!match) {
     cell.setAttribute("data-audit", "not_audited");
@@ -192,9 +198,10 @@ function auditCell(job, audits) {
   cell.setAttribute("data-audit", view.verdict);
   cell.setAttribute("data-audit-job-id", match.job_id);
   cell.setAttribute("title", "audit " + match.job_id + " (" + (key.engine || "?") + ", "
-                    + (key.device || "?") + ", version " + (key.code_version || "?") + ")"
-                    + (sameKey(match) ? "" : "; the finetune ran on " + device
-                       + ": no audit of that device kind yet"));
+                    + where(key.device || "?", key.world_size) + ", version "
+                    + (key.code_version || "?") + ")"
+                    + (sameKey(match) ? "" : "; the finetune ran on "
+                       + where(device || "?", ranks) + ": no audit of that key yet"));
   cell.append(view.verdict + ": ε ≥ " + fmt(view.epsilon_lower_bound) + " vs "
               + fmt(view.claimed_epsilon) + ", " + fmtTime(match.finished_at));
   return cell;

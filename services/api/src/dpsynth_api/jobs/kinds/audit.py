@@ -173,7 +173,8 @@ def check_black_box(spec: AuditSpec, audited: Job, trained_on: Dataset) -> None:
     """A black-box audit's canaries are privacy units of the audited run: records, or
     whole subjects of a subject-level run (its unit; each then holds
     ``max_images_per_subject`` images). They are at most half of its N̂ (in that unit; per
-    label: of the smallest class's N̂_c), and the run is not a layout generator's.
+    label: of the smallest class's N̂_c). Layout models are covered (each canary carries
+    a random layout mask of its own, ``dpsynth_ml.audit.canary_sets``).
 
     Raises:
         DpsynthError: 422 ``invalid_spec`` saying why.
@@ -182,12 +183,9 @@ def check_black_box(spec: AuditSpec, audited: Job, trained_on: Dataset) -> None:
     runs = list((privacy.get("per_label") or {}).values()) or [privacy]
     populations = [round(float(r["expected_batch_size"]) / float(r["sample_rate"]))
                    for r in runs if r.get("expected_batch_size") and r.get("sample_rate")]
-    training = (audited.spec or {}).get("training") or {}
     unit = "subjects" if trained_on.privacy_unit == "subject" else "records"
     why = None
-    if training.get("target") == "masks":
-        why = "black-box audits of layout generators are not offered yet"
-    elif not populations or spec.canaries > min(populations) // 2:
+    if not populations or spec.canaries > min(populations) // 2:
         limit = min(populations) // 2 if populations else 0
         why = (f"a black-box audit's canaries are {unit} of the audited run, at most half "
                f"its N̂ {unit}: at most {limit} canaries here")
