@@ -216,6 +216,24 @@ def make_documents(
                   f"layout masks), seed {seed}", highlight=False, soft_wrap=True)
 
 
+@datasets.command("make-forms")
+def make_forms_file(
+    out: Annotated[Path, typer.Argument(dir_okay=False, help="the .json or .json.gz to write")],
+    count: Annotated[int, typer.Option(min=1, max=100_000, help="how many forms")] = 200,
+    seed: Annotated[int, typer.Option(min=0, help="generator seed")] = 0,
+    subjects: Annotated[int | None, typer.Option(min=1, help="give each form an owner "
+                                                 "'owner-<k>', k < SUBJECTS")] = None,
+) -> None:
+    """Write PUBLIC synthetic forms with key information (docs/documents-kie.md; no api
+    call): invoices, receipts and bills as words, 0..1000 word boxes and BIO labels
+    (invoice number, date, due date, vendor, customer, subtotal, tax, total)."""
+    from dpsynth_shared.documents.forms import write_forms
+
+    path = write_forms(out, count, seed=seed, subjects=subjects)
+    console.print(f"wrote {path}: {count} public synthetic forms (dpsynth-kie/1), seed "
+                  f"{seed}", highlight=False, soft_wrap=True)
+
+
 @datasets.command("list")
 @cli_errors
 def list_datasets(ctx: typer.Context, json_: JsonFlag = False) -> None:
