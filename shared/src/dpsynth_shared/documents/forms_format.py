@@ -168,12 +168,14 @@ def bio_problem(labels: Sequence[int], label_names: Sequence[str]) -> str | None
 
 
 def write_kie_document_set(path: str | Path, doc: Mapping[str, Any]) -> Path:
-    """Write ``doc`` as UTF-8 JSON, gzip-compressed when ``path`` ends in ``.gz`` (with a
-    zero mtime, so the same forms give the same bytes). Returns ``path``."""
+    """Write ``doc`` as UTF-8 JSON, gzip-compressed when ``path`` ends in ``.gz`` (with no
+    name and a zero mtime in the header, so the same forms give the same bytes). Returns
+    ``path``."""
     path = Path(path)
     data = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     if path.suffix == ".gz":
-        with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as fh:
+        with path.open("wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb",
+                                                            mtime=0) as fh:
             fh.write(data)
     else:
         path.write_bytes(data)

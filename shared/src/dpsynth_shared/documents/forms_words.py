@@ -86,9 +86,9 @@ def format_date(day: dt.date, style: str) -> str:
     }[style]
 
 
-def parse_date(text: str) -> dt.date:
-    """Read a date in any of :func:`format_date`'s styles (``dd/mm/yyyy`` before
-    ``mm/dd/yyyy``: an ambiguous slash date is read day first).
+def parse_date(text: str, *, day_first: bool = True) -> dt.date:
+    """Read a date in any of :func:`format_date`'s styles (an ambiguous slash date such as
+    ``03/04/2022`` is read day first unless ``day_first`` is False).
 
     Raises:
         ValueError: when ``text`` is none of them.
@@ -99,6 +99,8 @@ def parse_date(text: str) -> dt.date:
         if numeric.group(1):
             return dt.date(int(numeric.group(1)), int(numeric.group(2)), int(numeric.group(3)))
         a, b, year = int(numeric.group(4)), int(numeric.group(6)), int(numeric.group(7))
+        if not day_first:
+            a, b = b, a
         try:
             return dt.date(year, b, a)
         except ValueError:
