@@ -289,3 +289,48 @@ def anchor_status(ctx: typer.Context, json_: JsonFlag = False) -> None:
         err_console.print("[bold red]the ledger is behind its anchor[/]: run `dpsynth ledger "
                           "reconcile-after-restore`", highlight=False)
         raise typer.Exit(1)
+
+
+def accountants_table(report: dict[str, Any]) -> list[str]:
+    """The lines of ``ledger accountants``: one row per accountant (its σ, that σ under
+    each accountant, the filter's charge), then what the ledger uses and why."""
+    names = [str(row["accountant"]) for row in report.get("rows") or []]
+    lines = [f"target epsilon {report.get('target_epsilon')} at delta {report.get('delta')}, "
+             f"q={report.get('sample_rate')}, {report.get('steps')} steps",
+             f"{'accountant':<11}{'sigma':>9}" + "".join(f"{'eps_' + n:>10}" for n in names)
+             + f"{'filter':>10}  bound"]
+    for row in report.get("rows") or []:
+        eps = row.get("epsilon_by") or {}
+        used = " <- ledger" if row["accountant"] == report.get("ledger_calibrates_with") else ""
+        lines.append(f"{row['accountant']:<11}{row['noise_multiplier']:>9.4f}"
+                     + "".join(f"{eps.get(n, float('nan')):>10.4g}" for n in names)
+                     + f"{row.get('filter_epsilon', float('nan')):>10.4g}  "
+                     + ("upper bound" if row.get("is_upper_bound") else "APPROXIMATION")
+                     + used)
+    lines.extend(str(line) for line in report.get("explanation") or [])
+    return lines
+
+
+@app.command("accountants")
+@cli_errors
+def accountants(ctx: typer.Context,
+                epsilon: Annotated[float, typer.Option("--epsilon", help="target epsilon")],
+                delta: Annotated[float, typer.Option("--delta", help="target delta")],
+                sample_rate: Annotated[float, typer.Option(
+                    "--sample-rate", help="Poisson sampling rate q (batch / dataset size)")],
+                steps: Annotated[int, typer.Option("--steps", help="the run's steps")],
+                epsilon_limit: Annotated[float | None, typer.Option(
+                    "--epsilon-limit", help="the dataset's epsilon limit (fixes the "
+                    "filter's order; default: the target)")] = None,
+                json_: JsonFlag = False) -> None:
+    """Compare accountants for a planned DP-SGD job: the noise multiplier RDP, GDP (central
+    limit theorem, an approximation) and PLD give the target, each evaluated by each
+    accountant, and the one the ledger uses (docs/accountants.md). Charges nothing."""
+    report = state_of(ctx).client().accountant_comparison(
+        target_epsilon=epsilon, delta=delta, sample_rate=sample_rate, steps=steps,
+        epsilon_limit=epsilon_limit)
+    if json_:
+        print_json(report)
+        return
+    for line in accountants_table(report):
+        console.print(line, highlight=False, soft_wrap=True)
