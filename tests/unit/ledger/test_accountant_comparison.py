@@ -142,4 +142,6 @@ def test_an_unreachable_target_is_refused() -> None:
         compare_accountants(0.05, 1e-12, 1.0, 100_000)
     with pytest.raises(ValueError):
         compare_accountants(1.0, 1e-5, 0.0, 10)
+    with pytest.raises(ValueError, match="floor"):  # a PLD of σ ≪ 0.2 is a memory hazard
+        compare_accountants(20.0, 1e-2, 1e-9, 1)
     assert math.isfinite(rdp_epsilon(1.0, 1.0, 1, 1e-5))

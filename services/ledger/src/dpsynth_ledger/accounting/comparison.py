@@ -51,6 +51,11 @@ from dpsynth_ledger.accounting.rdp import (
     rdp_to_epsilon,
 )
 
+MIN_NOISE_MULTIPLIER = 0.2
+"""No report for a target whose RDP σ is below this: the PLD of a smaller σ grows as 1/σ²
+(seconds at 0.2, a memory hazard far below); such a job would be refused by every filter
+anyway (its best RDP order is ~2)."""
+
 RDP_RTOL = 1e-6
 """Relative width of the RDP and GDP σ searches (far below opacus' 0.01 in ε)."""
 
@@ -188,8 +193,13 @@ def compare_accountants(target_epsilon: float, delta: float, sample_rate: float,
     """
     if not (target_epsilon > 0 and 0 < delta < 1 and 0 < sample_rate <= 1 and steps >= 1):
         raise ValueError("need epsilon > 0, 0 < delta < 1, 0 < q <= 1 and steps >= 1")
+    sigma_rdp = rdp_sigma(target_epsilon, delta, sample_rate, steps)
+    if sigma_rdp < MIN_NOISE_MULTIPLIER:
+        raise ValueError(f"the target needs sigma {sigma_rdp:.3g} by RDP, below the report's "
+                         f"floor {MIN_NOISE_MULTIPLIER:g}: a larger target epsilon is "
+                         "not reported")
     sigmas: dict[AccountantName, float] = {
-        "rdp": rdp_sigma(target_epsilon, delta, sample_rate, steps),
+        "rdp": sigma_rdp,
         "gdp": gdp_sigma(target_epsilon, delta, sample_rate, steps),
         "pld": (pld_sigma() if pld_sigma is not None else calibrate_noise_multiplier(
             target_epsilon, sample_rate, steps, delta, discretization)),
