@@ -207,3 +207,42 @@ def test_an_init_model_must_match_the_job(tmp_path: Path) -> None:
                  device=torch.device("cpu"))
     with pytest.raises(InvalidSpecError, match="unknown architecture"):
         _spec("resnet152")
+
+
+# --- the audit of dp_train (issue 20: "its lower bound below the claim, a broken variant
+# caught"; issue 19's white-box one-run audit through the job's own steps) ---------------
+
+def _audit(tmp_path: Path, *, sigma: float, claimed_sigma: float,
+           broken_noise: bool = False) -> tuple[float, object]:
+    from dpsynth_ledger.accounting.gdp_envelope import dp_sgd_gdp_envelope
+    from dpsynth_ledger.accounting.pld import dp_sgd_epsilon
+    from dpsynth_ml.audit.dp_train import audit_dp_train
+
+    q, steps = 0.2, 8
+    data = write_digits(tmp_path / "stand-in.npz", n=60)
+    spec = ClassifierTraining(
+        architecture="cnn", image_size=8, channels=1,
+        privacy=RecordLevel(DpSpec(noise_multiplier=sigma, sample_rate=q,
+                                   expected_batch_size=12, max_grad_norm=1.0, steps=steps)),
+        max_physical_batch_size=64, checkpoint_every=steps)
+    envelope = dp_sgd_gdp_envelope(claimed_sigma, q, steps)
+    result = audit_dp_train(spec, dataset_path=data, canaries=500, delta=1e-5,
+                            generator=seeded(8), claimed_mu=envelope.mu,
+                            tail_delta=envelope.tail_delta,
+                            _test_noise=ZeroNoise() if broken_noise else None)
+    return dp_sgd_epsilon(claimed_sigma, q, steps, 1e-5), result
+
+
+def test_the_audit_of_dp_train_stays_below_its_claim_and_catches_broken_noise(
+        tmp_path: Path) -> None:
+    from dpsynth_ledger.accounting.pld import calibrate_noise_multiplier
+
+    sigma = calibrate_noise_multiplier(1.0, 0.2, 8, 1e-5)
+    claimed, right = _audit(tmp_path, sigma=sigma, claimed_sigma=sigma)
+    assert right.bound.epsilon_lower_bound <= claimed  # type: ignore[attr-defined]
+    assert not right.gdp.rejected and right.steps == 8  # type: ignore[attr-defined]
+    # the run's noise a tenth of the claim's, and no noise at all: both rejected
+    for broken in (_audit(tmp_path, sigma=sigma / 10, claimed_sigma=sigma)[1],
+                   _audit(tmp_path, sigma=sigma, claimed_sigma=sigma, broken_noise=True)[1]):
+        assert broken.gdp.rejected  # type: ignore[attr-defined]
+        assert broken.bound.epsilon_lower_bound > claimed  # type: ignore[attr-defined]
