@@ -148,3 +148,22 @@ def test_safetensors_round_trip_and_no_pickle(tmp_path: Path) -> None:
     (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(InvalidSpecError, match="cannot be read"):
         load_kie_model(tmp_path / "m", tuple(LABELS))
+
+
+def test_a_model_directory_tokenizer_json_is_read_offline(tmp_path: Path) -> None:
+    from dpsynth_ml.kie import JsonTokenizer
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "Total": 4, "Date": 5}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    loaded = JsonTokenizer(tmp_path / "tokenizer.json")
+    assert (loaded.cls_id, loaded.pad_id, loaded.sep_id) == (0, 1, 2)
+    assert loaded.pieces("Total") == [4] and loaded.pieces("nope") == [3]
+    chunks = encode_documents(parse_kie_dataset(_file()), loaded, 8)
+    assert chunks.input_ids[1, :3].tolist() == [0, 5, 2]
+    with pytest.raises(InvalidSpecError, match=r"tokenizer\.json"):
+        JsonTokenizer(tmp_path / "missing.json")
