@@ -182,15 +182,13 @@ def test_an_audit_on_the_finetunes_ranks_is_preferred(api: Api) -> None:
     shows the newest, marked ``key_matches: false`` with both rank counts."""
     _, token = api.tenant()
     model_id, finetune = _dp_model(api, token)
-    engine = create_engine(api.settings.database.url)
-    try:
-        with Session(engine) as session:
-            job = session.get(Job, finetune["job_id"])
-            assert job is not None
-            job.result = {**(job.result or {}), "device": "cuda", "world_size": 2}
-            session.commit()
-    finally:
-        engine.dispose()
+    # the worker's own transition: the device kind and ranks pass the result allow-list
+    done = api.worker(f"{finetune['job_id']}/transition", {
+        "attempt": 1, "to_state": "succeeded",
+        "result": {"model_id": model_id, "device": "cuda", "world_size": 2}})
+    assert done.status_code == 200, done.text
+    stored = api.client.get(f"/v1/jobs/{finetune['job_id']}", headers=auth(token)).json()
+    assert (stored["result"]["device"], stored["result"]["world_size"]) == ("cuda", 2)
     one_rank = _audit_succeeds(api, token, finetune, device="cuda", code_version=__version__)
     audit = _model(api, token, model_id)["audit"]
     assert audit["audit_job_id"] == one_rank and audit["key_matches"] is False

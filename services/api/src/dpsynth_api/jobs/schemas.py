@@ -21,7 +21,10 @@ RESULT_KEYS = frozenset({"job_epsilon", "job_epsilon_granted", "steps", "steps_d
                          "steps_used", "trainable_parameters",
                          # a finetune's model: the label of a composed job_epsilon and the
                          # filter figure beside it (issue 13, item 8)
-                         "job_epsilon_label", "dataset_epsilon_spent"})
+                         "job_epsilon_label", "dataset_epsilon_spent",
+                         # the device kind and ranks a DP training ran on: its audits are
+                         # keyed by them (jobs/audits.py; issue 19)
+                         "device", "world_size"})
 # An evaluate job's result: ONLY where its report is and how it is labelled, never a
 # metric (a reader without the owner scope sees job results; the headline numbers are served
 # by GET /v1/jobs/{id}/report, owner-only for a private reference).
