@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dpsynth_shared.audit_specs import AuditSpec as AuditSpec
 from dpsynth_shared.central_images import CentralImagesSpec
+from dpsynth_shared.dp_train_specs import DpTrainSpec as DpTrainSpec
 from dpsynth_shared.evaluate_specs import ClassifierKind as ClassifierKind
 from dpsynth_shared.evaluate_specs import DpEvaluationSpec as DpEvaluationSpec
 from dpsynth_shared.evaluate_specs import EvaluateSpec as EvaluateSpec
@@ -300,7 +301,7 @@ class GenerateSpec(_Spec):
 
 
 JobSpec = Annotated[PretrainSpec | FinetuneSpec | GenerateSpec | FeatureNetSpec | EvaluateSpec
-                    | AuditSpec, Field(discriminator="type")]
+                    | AuditSpec | DpTrainSpec, Field(discriminator="type")]
 
 
 def steps_for(*, epochs: float, expected_batch_size: int, declared_size: int) -> int:

@@ -19,6 +19,7 @@ class JobType(StrEnum):
     FEATURE_NET = "feature_net"
     EVALUATE = "evaluate"
     AUDIT = "audit"
+    DP_TRAIN = "dp_train"
 
 
 __all__ = ["JobType"]

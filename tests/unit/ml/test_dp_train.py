@@ -128,7 +128,8 @@ def test_the_engine_gets_the_ledgers_numbers_and_steps_are_leased_first(
     # leased in chunks of checkpoint_every, before they run: 2, then 1 of 2, then none
     assert hooks.acquired == [(0, 2, 2), (2, 2, 1), (3, 2, 0)]
     assert result.steps_completed == 3 and result.stopped_early
-    assert [s for s, _ in hooks.checkpoints] == [2]
+    # a checkpoint at each chunk's end, and where it stopped (a resume continues there)
+    assert [s for s, _ in hooks.checkpoints] == [2, 3]
     _, info = load_classifier(result.model_dir)
     assert info["steps"] == 3 and info["rng"] == "test" and info["architecture"] == "cnn"
     assert info["dp"] == {"noise_multiplier": 1.3, "sample_rate": 0.2,

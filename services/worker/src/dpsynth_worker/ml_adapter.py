@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from dpsynth_ml import (
         BlackBoxAudit,
         Classifier,
+        ClassifierTraining,
         EvaluationResult,
         FeatureNet,
         FeatureNetInfo,
@@ -106,6 +107,15 @@ class MlAdapter:
             claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)
         assert isinstance(result, dpsynth_ml.BlackBoxAudit)
         return result
+
+    def dp_train_classifier(self, spec: ClassifierTraining, *, dataset_path: Path,
+                            out_dir: Path, hooks: TrainingHooks, resume_from: Path | None,
+                            device: str) -> TrainingResult:
+        import dpsynth_ml
+
+        return dpsynth_ml.dp_train_classifier(spec, dataset_path=dataset_path, out_dir=out_dir,
+                                              hooks=hooks, resume_from=resume_from,
+                                              device=device)
 
     def read_model_info(self, model_dir: Path) -> ModelInfo:
         import dpsynth_ml

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from dpsynth_ml import (
         BlackBoxAudit,
         Classifier,
+        ClassifierTraining,
         EvaluationResult,
         FeatureNet,
         FeatureNetInfo,
@@ -110,6 +111,14 @@ class MlPort(Protocol):
         canaries among the stand-in's records (a subject-level ``spec``: whole canary
         subjects among its subjects), scored on the finished model, which is not kept;
         placed as :meth:`audit_finetune` is."""
+        ...
+
+    def dp_train_classifier(self, spec: ClassifierTraining, *, dataset_path: Path,
+                            out_dir: Path, hooks: TrainingHooks, resume_from: Path | None,
+                            device: str) -> TrainingResult:
+        """Direct DP training of a classifier on the private dataset at ``dataset_path``
+        (``dpsynth_ml.dp_train_classifier``; the sampling and the noise are OS-keyed), on
+        ``device``; its model folder is ``result.model_dir``."""
         ...
 
     # --- models ---------------------------------------------------------------------------

@@ -190,7 +190,7 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
     """Record the model a job produced, with its lineage (flush only)."""
     base = _model(session, job)
     dataset = _dataset(session, job)
-    dp = job.type == "finetune"
+    dp = job.type in ("finetune", "dp_train")
     job_ids = [job.id]
     if dp and base is not None and base.dp and _same_budget(session, base.dataset_id,
                                                             job.dataset_id):
@@ -213,6 +213,13 @@ def register_model(session: Session, *, job: Job, body: RegisterArtifact) -> Mod
         # the denoiser's space: a pretrain's spec says it, a finetune keeps its base's
         stated = meta if "space" in meta or base is None else (base.info or {})
         info["space"] = model_space(stated)
+    if job.type == "dp_train":
+        # a directly DP-trained classifier (jobs/kinds/dp_train.py): downloadable, never a
+        # diffusion base or a sampled model
+        info["model_kind"] = "classifier"
+        for key in ("architecture", "task", "privacy_unit"):
+            if isinstance(meta.get(key), str):
+                info[key] = meta[key]
     if job.type == "feature_net":
         # a feature network (jobs/kinds/feature_net.py): usable only as an evaluate job's
         # feature_model_id, never as a diffusion base or a sampled model

@@ -42,6 +42,7 @@ from dpsynth_ml.dp.padding import (
 from dpsynth_ml.dp_train.models import DpClassifier, build_classifier
 from dpsynth_ml.dp_train.spec import ClassifierTraining
 from dpsynth_ml.spec import InvalidSpecError, RngKind, SubjectLevel, TrainingResult
+from dpsynth_ml.training.entry import os_seeded_generator
 from dpsynth_ml.training.hooks import TrainingHooks
 
 MODEL_FILE, INFO_FILE, STATE_FILE = ("model.safetensors", "dpsynth_classifier.json",
@@ -62,12 +63,13 @@ class _Run:
     device: torch.device
     rng: RngKind
     start_step: int = 0
+    checkpointed: int = -1  # the step of the last checkpoint this attempt wrote
     info: dict[str, Any] = field(default_factory=dict)
 
 
 def dp_train_classifier(spec: ClassifierTraining, *, dataset_path: Path, out_dir: Path,
-                        hooks: TrainingHooks, generator: torch.Generator, rng: RngKind,
-                        init_model_dir: Path | None = None,
+                        hooks: TrainingHooks, generator: torch.Generator | None = None,
+                        rng: RngKind = "os", init_model_dir: Path | None = None,
                         resume_from: Path | None = None,
                         device: torch.device | str = "cpu") -> TrainingResult:
     """Train ``spec``'s classifier on the private dataset at ``dataset_path`` with DP-SGD.
@@ -78,7 +80,8 @@ def dp_train_classifier(spec: ClassifierTraining, *, dataset_path: Path, out_dir
             subject-level spec).
         out_dir: checkpoints (``checkpoints/step-NNNNNNNN``) and the final ``model``.
         hooks: leases, cancellation, progress, checkpoints, owner-only statistics.
-        generator: the Poisson sampling (and, only when ``rng == "test"``, the noise key).
+        generator: TESTS ONLY: the Poisson sampling (and, with ``rng == "test"``, the noise
+            key); None, as in production: a generator seeded from OS entropy.
         rng: ``os`` in production; ``test`` when a test injected ``generator``.
         init_model_dir: a PUBLIC classifier of the same architecture and input to start
             from (e.g. one trained on a public dataset); None: a fresh initialisation.
@@ -89,11 +92,17 @@ def dp_train_classifier(spec: ClassifierTraining, *, dataset_path: Path, out_dir
         InvalidSpecError: a dataset the spec cannot train on (classes, subjects), an init
             model of another architecture or input.
     """
+    if generator is None:
+        generator, rng = os_seeded_generator(), "os"
     run = _prepare(spec, dataset_path=dataset_path, out_dir=Path(out_dir),
                    generator=generator, rng=rng, init_model_dir=init_model_dir,
                    resume_from=resume_from, device=torch.device(device))
     try:
         step, stopped = _loop(run, hooks)
+        if step > run.start_step and step != run.checkpointed:
+            # stopped between checkpoints (cancel, drain, budget): keep the granted steps
+            # done, so a resume continues from here rather than the last chunk's end
+            hooks.on_checkpoint(step, _checkpoint(run, step))
     finally:
         run.engine.close()
     model_dir = save_classifier(run.model, _info(run, step), Path(out_dir) / "model")
@@ -272,6 +281,7 @@ def _checkpoint(run: _Run, step: int) -> Path:
                              run.out_dir / "checkpoints" / f"step-{step:08d}")
     torch.save({"optimizer": run.engine.original_optimizer.state_dict(), "step": step},
                folder / STATE_FILE)
+    run.checkpointed = step
     return folder
 
 

@@ -28,6 +28,7 @@ from dpsynth_worker.ml_port import MlPort
 from dpsynth_worker.ports import ApiPort, LedgerPort
 from dpsynth_worker.runners.audit import run_audit
 from dpsynth_worker.runners.context import JobContext, StopFlags
+from dpsynth_worker.runners.dp_train import run_dp_train
 from dpsynth_worker.runners.evaluate import EvaluationInputError, run_evaluate
 from dpsynth_worker.runners.feature_net import run_feature_net
 from dpsynth_worker.runners.finetune import run_finetune
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 RUNNERS: dict[JobType, Callable[[JobContext], Outcome]] = {
     JobType.PRETRAIN: run_pretrain, JobType.FINETUNE: run_finetune,
     JobType.GENERATE: run_generate, JobType.FEATURE_NET: run_feature_net,
-    JobType.EVALUATE: run_evaluate, JobType.AUDIT: run_audit}
+    JobType.EVALUATE: run_evaluate, JobType.AUDIT: run_audit, JobType.DP_TRAIN: run_dp_train}
 
 #: Failures of an evaluation on private data whose detail concerns only public inputs (the
 #: feature network's check on its public validation records, the worker's Inception weights).

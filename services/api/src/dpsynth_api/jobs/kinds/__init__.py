@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from dpsynth_shared.job_types import JobType
 
-from dpsynth_api.jobs.kinds import audit, evaluate, feature_net, finetune, generate, pretrain
+from dpsynth_api.jobs.kinds import (
+    audit,
+    dp_train,
+    evaluate,
+    feature_net,
+    finetune,
+    generate,
+    pretrain,
+)
 from dpsynth_api.jobs.kinds.base import Admission, Admit, AdmitContext
 
 ADMISSIONS: dict[JobType, Admit] = {
     JobType.PRETRAIN: pretrain.admit, JobType.FINETUNE: finetune.admit,
     JobType.GENERATE: generate.admit, JobType.FEATURE_NET: feature_net.admit,
-    JobType.EVALUATE: evaluate.admit, JobType.AUDIT: audit.admit}
+    JobType.EVALUATE: evaluate.admit, JobType.AUDIT: audit.admit,
+    JobType.DP_TRAIN: dp_train.admit}
 
 __all__ = ["ADMISSIONS", "Admission", "Admit", "AdmitContext"]

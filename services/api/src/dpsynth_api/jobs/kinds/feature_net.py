@@ -42,11 +42,16 @@ def is_feature_net(model: Model) -> bool:
 
 
 def refuse_feature_net(model: Model, role: str) -> None:
-    """A feature network cannot be a diffusion model's base or be sampled.
+    """A feature network, or a classifier a dp_train job produced, cannot be a diffusion
+    model's base or be sampled.
 
     Raises:
         DpsynthError: 422 ``invalid_spec``.
     """
+    if (model.info or {}).get("model_kind") == "classifier":
+        raise DpsynthError(ErrorCode.INVALID_SPEC,
+                           f"model {model.id} is a classifier (a dp_train job's model), not a "
+                           f"diffusion model: it cannot be the {role}", model_id=model.id)
     if is_feature_net(model):
         raise DpsynthError(ErrorCode.INVALID_SPEC,
                            f"model {model.id} is a feature network (a feature_net job's "
