@@ -20,7 +20,6 @@ Only rank 0's result is returned; the other ranks write nothing and keep no mode
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from dpsynth_ml.audit.finetune import audit_finetune
 from dpsynth_ml.audit.whitebox import WhiteBoxAudit
 from dpsynth_ml.parallel.distributed import Placement, free_port, start_rank, stop_rank
 from dpsynth_ml.parallel.placement import resolve_devices
+from dpsynth_ml.parallel.ranks import lead_ranks
 from dpsynth_ml.spec import FinetuneTraining
 from dpsynth_ml.training.entry import placeable
 
@@ -95,37 +95,14 @@ def audit_on_ranks(mode: AuditMode, devices: Sequence[torch.device], spec: Finet
             _audit(mode, spec, dataset_path, base_model_dir, generator,
                    Placement(device=devices[0]), options), device=str(devices[0]))
     port = free_port()
-    context = multiprocessing.get_context("spawn")  # never fork a process holding CUDA/threads
-    followers = [context.Process(
-        target=_follow, name=f"dpsynth-audit-rank-{rank}",
-        args=(mode, rank, world, str(devices[rank]), port, spec, str(dataset_path),
-              str(base_model_dir), options, timeout_s,
-              None if _test_seed is None else _test_seed + rank))
-        for rank in range(1, world)]
-    for process in followers:
-        process.start()
-    try:
-        placement = start_rank(0, world, devices[0], port=port, timeout_s=timeout_s)
-        try:
-            result = _audit(mode, spec, dataset_path, base_model_dir, generator, placement,
-                            options)
-        finally:
-            stop_rank()
-    except BaseException:
-        for process in followers:
-            process.terminate()
-        for process in followers:
-            process.join()
-        raise
-    for process in followers:
-        process.join(timeout=timeout_s)
-    failed = [p.name for p in followers if p.exitcode != 0]
-    for process in followers:
-        if process.is_alive():
-            process.terminate()
-            process.join()
-    if failed:
-        raise RuntimeError(f"audit ranks failed: {', '.join(failed)}")
+    result = lead_ranks(
+        devices, lambda placement: _audit(mode, spec, dataset_path, base_model_dir,
+                                          generator, placement, options),
+        target=_follow, follower_args=lambda rank: (
+            mode, rank, world, str(devices[rank]), port, spec, str(dataset_path),
+            str(base_model_dir), options, timeout_s,
+            None if _test_seed is None else _test_seed + rank),
+        port=port, timeout_s=timeout_s, name="dpsynth-audit-rank")
     return dataclasses.replace(result, device=str(devices[0]), world_size=world)
 
 

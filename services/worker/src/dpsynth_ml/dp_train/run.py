@@ -44,6 +44,7 @@ from dpsynth_ml.dp_train.spec import ClassifierTraining
 from dpsynth_ml.spec import InvalidSpecError, RngKind, SubjectLevel, TrainingResult
 from dpsynth_ml.training.entry import os_seeded_generator
 from dpsynth_ml.training.hooks import TrainingHooks
+from dpsynth_ml.training.leases import leased_steps
 
 MODEL_FILE, INFO_FILE, STATE_FILE = ("model.safetensors", "dpsynth_classifier.json",
                                      "trainer_state.pt")
@@ -181,26 +182,11 @@ def _sampler(spec: ClassifierTraining, dataset: ImageDataset, generator: torch.G
 
 def _loop(run: _Run, hooks: TrainingHooks) -> tuple[int, bool]:
     """Lease steps in chunks of ``checkpoint_every``; (steps done, stopped early)."""
-    total, step = run.spec.privacy.dp.steps, run.start_step
-    every = run.spec.checkpoint_every
-    while step < total:
-        if hooks.should_stop():
-            return step, True
-        wanted = min(every, total - step)
-        # the platform charges the budget of these steps here, before any of them runs
-        granted = max(0, min(int(hooks.acquire_steps(step, wanted)), wanted))
-        if granted == 0:
-            return step, True
-        for i in range(granted):
-            if i > 0 and hooks.should_stop():
-                return step, True
-            hooks.on_private_stats(logical_step(run))
-            step += 1
-            hooks.on_progress(step, total)
-            if step % every == 0 or step == total:
-                checkpoint = _checkpoint(run, step)
-                hooks.on_checkpoint(step, checkpoint)
-    return step, False
+    return leased_steps(total=run.spec.privacy.dp.steps, start=run.start_step,
+                        every=run.spec.checkpoint_every, hooks=hooks,
+                        step=lambda: logical_step(run),
+                        checkpoint=lambda step: hooks.on_checkpoint(step,
+                                                                    _checkpoint(run, step)))
 
 
 def logical_step(run: _Run) -> dict[str, float]:

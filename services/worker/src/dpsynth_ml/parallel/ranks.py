@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -21,6 +22,8 @@ from dpsynth_ml.parallel.distributed import Placement, free_port, start_rank, st
 from dpsynth_ml.spec import TrainingResult, TrainingSpec
 from dpsynth_ml.training.entry import train
 from dpsynth_ml.training.hooks import NullHooks, TrainingHooks
+
+T = TypeVar("T")
 
 
 def train_on_ranks(devices: Sequence[torch.device], spec: TrainingSpec, *,
@@ -54,20 +57,42 @@ def train_on_ranks(devices: Sequence[torch.device], spec: TrainingSpec, *,
                   placement=Placement(device=devices[0]), _test_generator=generator),
             device=str(devices[0]))
     port = free_port()
-    context = multiprocessing.get_context("spawn")  # never fork a process holding CUDA/threads
-    followers = [context.Process(
-        target=_follow, name=f"dpsynth-rank-{rank}",
-        args=(rank, world, str(devices[rank]), port, spec, str(dataset_path), base_model_dir,
-              resume_from, timeout_s, None if _test_seed is None else _test_seed + rank))
-        for rank in range(1, world)]
+
+    def lead(placement: Placement) -> TrainingResult:
+        return train(spec, dataset_path=dataset_path, out_dir=out_dir, hooks=hooks,
+                     base_model_dir=base_model_dir, resume_from=resume_from,
+                     placement=placement, _test_generator=generator)
+
+    result = lead_ranks(devices, lead, target=_follow, follower_args=lambda rank: (
+        rank, world, str(devices[rank]), port, spec, str(dataset_path), base_model_dir,
+        resume_from, timeout_s, None if _test_seed is None else _test_seed + rank),
+        port=port, timeout_s=timeout_s, name="dpsynth-rank")
+    return dataclasses.replace(result, device=str(devices[0]), world_size=world)
+
+
+def lead_ranks(devices: Sequence[torch.device], lead: Callable[[Placement], T], *,
+               target: Callable[..., None], follower_args: Callable[[int], tuple[Any, ...]],
+               port: int, timeout_s: float, name: str) -> T:
+    """Spawn ranks 1..W-1 (``target(*follower_args(rank))``, fresh processes: never a fork of
+    a process holding CUDA or threads), join this process to the group as rank 0 and run
+    ``lead`` on its placement; then wait for the followers.
+
+    A failure of rank 0 terminates the followers; a follower that fails (or outlives
+    ``timeout_s`` after rank 0 finished) fails the whole run.
+
+    Raises:
+        RuntimeError: if a spawned rank fails.
+    """
+    world = len(devices)
+    context = multiprocessing.get_context("spawn")
+    followers = [context.Process(target=target, name=f"{name}-{rank}",
+                                 args=follower_args(rank)) for rank in range(1, world)]
     for process in followers:
         process.start()
     try:
         placement = start_rank(0, world, devices[0], port=port, timeout_s=timeout_s)
         try:
-            result = train(spec, dataset_path=dataset_path, out_dir=out_dir, hooks=hooks,
-                           base_model_dir=base_model_dir, resume_from=resume_from,
-                           placement=placement, _test_generator=generator)
+            result = lead(placement)
         finally:
             stop_rank()
     except BaseException:
@@ -85,7 +110,7 @@ def train_on_ranks(devices: Sequence[torch.device], spec: TrainingSpec, *,
             process.join()
     if failed:
         raise RuntimeError(f"ranks failed: {', '.join(failed)}")
-    return dataclasses.replace(result, device=str(devices[0]), world_size=world)
+    return result
 
 
 def _follow(rank: int, world: int, device: str, port: int, spec: TrainingSpec,

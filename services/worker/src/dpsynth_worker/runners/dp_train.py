@@ -36,7 +36,12 @@ from dpsynth_worker.runners.artifacts import (
 from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.finetune import _upload_private_stats, epsilon_labels
 from dpsynth_worker.runners.hooks import LeasedHooks
-from dpsynth_worker.runners.outcome import Outcome, close_reservation, fail, propose, stopped
+from dpsynth_worker.runners.outcome import (
+    Outcome,
+    close_reservation,
+    propose,
+    unfinished_training,
+)
 from dpsynth_worker.runners.selection import fetch_dataset
 from dpsynth_worker.runners.training_specs import planned_steps
 
@@ -74,16 +79,10 @@ def run_dp_train(ctx: JobContext) -> Outcome:
                                             device=first_device(ctx.ml.devices))
     finally:
         _upload_private_stats(ctx, hooks)
-    if ctx.flags.stale.is_set():
-        return stopped(ctx)
-    if hooks.budget_refused:
-        return fail(ctx, ErrorCode.PRIVACY_BUDGET_EXHAUSTED,
-                    "the ledger refused further steps (privacy budget exhausted); "
-                    "the last checkpoint is kept")
-    if result.stopped_early:
-        if not ctx.flags.cancel.is_set():
-            hooks.end_lease()
-        return stopped(ctx)
+    unfinished = unfinished_training(ctx, hooks, stopped_early=result.stopped_early,
+                                     steps=result.steps_completed)
+    if unfinished is not None:
+        return unfinished
     return _succeed(ctx, spec, reservation, claim.dataset, result)
 
 

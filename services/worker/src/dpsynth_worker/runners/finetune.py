@@ -30,7 +30,12 @@ from dpsynth_worker.runners.artifacts import (
 from dpsynth_worker.runners.central_images import calibrate, release_request
 from dpsynth_worker.runners.context import JobContext
 from dpsynth_worker.runners.hooks import LeasedHooks
-from dpsynth_worker.runners.outcome import Outcome, close_reservation, fail, propose, stopped
+from dpsynth_worker.runners.outcome import (
+    Outcome,
+    close_reservation,
+    propose,
+    unfinished_training,
+)
 from dpsynth_worker.runners.publish import publish_model
 from dpsynth_worker.runners.selection import fetch_dataset
 from dpsynth_worker.runners.training_specs import finetune_training_spec
@@ -70,19 +75,10 @@ def run_finetune(ctx: JobContext) -> Outcome:
         result = _train(ctx, training, inputs, hooks)
     finally:
         _upload_private_stats(ctx, hooks)
-    if ctx.flags.stale.is_set():
-        return stopped(ctx)
-    if hooks.budget_refused:
-        return fail(ctx, ErrorCode.PRIVACY_BUDGET_EXHAUSTED,
-                    "the ledger refused further steps (privacy budget exhausted); "
-                    "the last checkpoint is kept")
-    if result.stopped_early:
-        log.info("training stopped at a step boundary",
-                 extra={"step": result.steps_completed, "cancelled": ctx.flags.cancel.is_set(),
-                        "shutdown": ctx.flags.shutdown.is_set()})
-        if not ctx.flags.cancel.is_set():
-            hooks.end_lease()
-        return stopped(ctx)
+    unfinished = unfinished_training(ctx, hooks, stopped_early=result.stopped_early,
+                                     steps=result.steps_completed)
+    if unfinished is not None:
+        return unfinished
     return _succeed(ctx, inputs, result, central=central[1] if central else None,
                     charged=hooks.releases)
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from dpsynth_shared.errors import DpsynthError
+from dpsynth_shared.errors import DpsynthError, ErrorCode
 from dpsynth_shared.job_states import WORKER_SHUTDOWN, JobState
 from dpsynth_shared.worker_contract import ProposeTransition
 
@@ -16,6 +16,7 @@ from dpsynth_worker.runners.heartbeat import FENCED_CODES
 
 if TYPE_CHECKING:
     from dpsynth_worker.runners.context import JobContext
+    from dpsynth_worker.runners.hooks import LeasedHooks
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +81,27 @@ def stopped(ctx: JobContext) -> Outcome:
     propose(ctx, JobState.INTERRUPTED, error_code=WORKER_SHUTDOWN,
             message="worker shut down; the job will resume")
     return Outcome.INTERRUPTED
+
+
+def unfinished_training(ctx: JobContext, hooks: LeasedHooks, *, stopped_early: bool,
+                        steps: int) -> Outcome | None:
+    """The outcome of a leased DP training attempt that did not finish (a stale attempt, a
+    budget the ledger refused, a stop at a step boundary), or None when it finished.
+
+    A stop that is not a cancel ends the lease (its granted steps stay charged) so the next
+    attempt resumes from the last checkpoint.
+    """
+    if ctx.flags.stale.is_set():
+        return stopped(ctx)
+    if hooks.budget_refused:
+        return fail(ctx, ErrorCode.PRIVACY_BUDGET_EXHAUSTED,
+                    "the ledger refused further steps (privacy budget exhausted); "
+                    "the last checkpoint is kept")
+    if stopped_early:
+        log.info("training stopped at a step boundary",
+                 extra={"step": steps, "cancelled": ctx.flags.cancel.is_set(),
+                        "shutdown": ctx.flags.shutdown.is_set()})
+        if not ctx.flags.cancel.is_set():
+            hooks.end_lease()
+        return stopped(ctx)
+    return None

@@ -24,6 +24,7 @@ from dpsynth_ml.dp.padding import (
 from dpsynth_ml.training.diffusion import drop_labels, per_sample_diffusion_loss
 from dpsynth_ml.training.finetune import checkpoints
 from dpsynth_ml.training.hooks import TrainingHooks
+from dpsynth_ml.training.leases import leased_steps
 
 log = logging.getLogger(__name__)
 
@@ -33,24 +34,10 @@ if TYPE_CHECKING:
 
 def train_loop(run: FinetuneRun, hooks: TrainingHooks) -> tuple[int, bool]:
     """Lease steps in chunks of ``checkpoint_every``; return (steps done, stopped early)."""
-    total, step = run.dp.steps, run.start_step
-    while step < total:
-        if hooks.should_stop():
-            return step, True
-        wanted = min(run.spec.checkpoint_every, total - step)
-        # The platform charges privacy budget here, before any of these steps run.
-        granted = max(0, min(int(hooks.acquire_steps(step, wanted)), wanted))
-        if granted == 0:
-            return step, True
-        for i in range(granted):
-            if i > 0 and hooks.should_stop():
-                return step, True
-            hooks.on_private_stats(logical_step(run))
-            step += 1
-            hooks.on_progress(step, total)
-            if step % run.spec.checkpoint_every == 0 or step == total:
-                checkpoints.checkpoint(run, step, hooks)
-    return step, False
+    return leased_steps(total=run.dp.steps, start=run.start_step,
+                        every=run.spec.checkpoint_every, hooks=hooks,
+                        step=lambda: logical_step(run),
+                        checkpoint=lambda step: checkpoints.checkpoint(run, step, hooks))
 
 
 def logical_step(run: FinetuneRun) -> dict[str, float]:
