@@ -31,7 +31,7 @@ def test_importing_the_worker_imports_neither_torch_nor_the_core() -> None:
 
 
 def test_the_adapter_implements_every_call_of_the_port_with_its_signature() -> None:
-    assert len(_calls()) == 20
+    assert len(_calls()) == 21
     for name in _calls():
         port, bound = inspect.signature(getattr(MlPort, name)), \
             inspect.signature(getattr(MlAdapter, name))
