@@ -9,23 +9,12 @@ back as they are.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
 from dpsynth_shared.accountant_report import AccountantComparison, AccountantComparisonRequest
-from dpsynth_shared.errors import DpsynthError, ErrorCode
 from fastapi import APIRouter
 
 from dpsynth_api.deps import LedgerDep, ReaderDep
 
 router = APIRouter(prefix="/v1", tags=["ledger"])
-
-
-@runtime_checkable
-class ComparesAccountants(Protocol):
-    """A ledger port that can compare accountants (the HTTP ledger does)."""
-
-    def accountant_comparison(self, request: AccountantComparisonRequest
-                              ) -> AccountantComparison: ...
 
 
 @router.post("/accountant-comparisons", response_model=AccountantComparison,
@@ -39,7 +28,4 @@ def compare_accountants(body: AccountantComparisonRequest, principal: ReaderDep,
     dataset's fixed order (``epsilon_limit``: the dataset's limit, default the target).
     Charges nothing. 422 ``invalid_request`` outside the ranges, 422 ``plan_too_large``
     beyond the ledger's ``max_steps``, 422 ``invalid_spec`` for an unreachable target."""
-    if not isinstance(ledger, ComparesAccountants):
-        raise DpsynthError(ErrorCode.SERVICE_UNAVAILABLE,
-                           "this ledger does not compare accountants")
     return ledger.accountant_comparison(body)

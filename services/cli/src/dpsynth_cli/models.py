@@ -90,7 +90,8 @@ def download_model(ctx: typer.Context, model_id: ModelIdArg,
                    output: Annotated[Path | None, typer.Option(
                        "-o", "--output", help="the zip to write (default: MODEL_ID.zip)")]
                    = None) -> None:
-    """Download a model as the zip of its diffusers folder (re-uploadable as is)."""
+    """Download a model as a zip of its folder (a diffusion model: its diffusers folder,
+    re-uploadable as is; a dp_train classifier: its safetensors weights and info)."""
     client = state_of(ctx).client()
     path = with_progress(model_id, lambda on_chunk: client.download_model(
         model_id, output or Path(f"{model_id}.zip"), on_chunk=on_chunk))
