@@ -3,9 +3,10 @@
 For one target (ε, δ, sample rate q, steps) the ledger calibrates a noise multiplier σ
 under each of three accountants (RDP, Gaussian DP by its central limit theorem, PLD), and
 evaluates every σ under every accountant, so a user sees why the numbers differ and which
-one the ledger uses. Bodies of the ledger's ``POST /v1/accountant-comparisons`` and of the
-api's ``POST /v1/accountant-comparisons`` (which passes it through); stateless, nothing is
-charged. docs/accountants.md explains the report.
+one the ledger uses (``dpsynth_ledger.accounting.comparison.compare_accountants``); nothing
+is charged. Not served over HTTP yet: its PLD calibration is not bounded in time for every
+input (over 60 s at q = 1e-8 and one step), and a request that long would hold one of the
+ledger's heavy slots from other tenants (docs/accountants.md).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ class AccountantComparisonRequest(ContractBody):
 
     target_epsilon: float = Field(ge=0.05, le=20.0, description="the job's target ε")
     delta: float = Field(ge=1e-12, le=1e-2, description="the target δ")
-    sample_rate: float = Field(gt=0.0, le=1.0, description="Poisson sampling rate q "
-                               "(expected batch size / dataset size)")
+    sample_rate: float = Field(ge=1e-8, le=1.0, description="Poisson sampling rate q "
+                               "(expected batch size / dataset size; a dataset has at most "
+                               "1e8 units, so q >= 1e-8)")
     steps: int = Field(ge=1, le=MAX_COMPARISON_STEPS, description="the run's steps")
     epsilon_limit: float | None = Field(
         None, ge=0.05, le=100.0,

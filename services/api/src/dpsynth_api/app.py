@@ -11,7 +11,6 @@ from fastapi import Depends, FastAPI, Request
 from PIL import Image
 
 from dpsynth_api import health
-from dpsynth_api.accountants import router as accountants_router
 from dpsynth_api.adapters.celery_sender import CelerySender
 from dpsynth_api.adapters.ledger_http import HttpLedger
 from dpsynth_api.artifacts.router import router as artifacts_router
@@ -151,7 +150,6 @@ def create_app(settings: ApiSettings, *, store: ObjectStore | None = None,
     app.include_router(docs_ui_router)
     app.include_router(ledger_views_router)
     app.include_router(ledger_admin_router)
-    app.include_router(accountants_router)
     install_openapi(app)
     # Inside the guard: an oversized body is refused before a key is claimed for it.
     app.add_middleware(IdempotencyMiddleware, store=IdempotencyStore(

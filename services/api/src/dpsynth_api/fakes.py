@@ -13,7 +13,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dpsynth_shared.accountant_report import AccountantComparison, AccountantComparisonRequest
 from dpsynth_shared.dp_events import GENESIS_HASH, DpSgdEvent, GaussianEvent, ParallelEvent
 from dpsynth_shared.errors import (
     BudgetExhausted,
@@ -359,12 +358,6 @@ class FakeLedger:
         """The evaluations authorised on the budget."""
         with self._lock:
             return [e for e in self.evaluations_made if e.dataset_id == dataset_id]
-
-    def accountant_comparison(self, request: AccountantComparisonRequest
-                              ) -> AccountantComparison:
-        """The in-memory ledger has no accountants: 503, as a ledger that cannot answer."""
-        raise DpsynthError(ErrorCode.LEDGER_UNAVAILABLE, "the in-memory test ledger does not "
-                           "compare accountants (the ledger service does)")
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-from dpsynth_shared.accountant_report import AccountantComparison, AccountantComparisonRequest
 from dpsynth_shared.ledger_contract import (
     AnchorStatus,
     BudgetView,
@@ -118,12 +117,6 @@ class LedgerPort(Protocol):
 
     def evaluations(self, dataset_id: str) -> list[Evaluation]:
         """The budget's evaluation authorisations (``GET /v1/datasets/{id}/evaluations``)."""
-        ...
-
-    def accountant_comparison(self, request: AccountantComparisonRequest
-                              ) -> AccountantComparison:
-        """The RDP / GDP / PLD noise multipliers of a planned job (stateless; charges
-        nothing; docs/accountants.md)."""
         ...
 
 

@@ -231,19 +231,6 @@ class Client(DatasetsApi, JobsApi):
             "GET", "/v1/admin/ledger/anchor")
 
 
-    def accountant_comparison(self, *, target_epsilon: float, delta: float,
-                              sample_rate: float, steps: int,
-                              epsilon_limit: float | None = None) -> dict[str, Any]:
-        """``POST /v1/accountant-comparisons``: the σ that RDP, GDP (CLT, an approximation)
-        and PLD give one planned DP-SGD job, each σ under each accountant, and the one the
-        ledger uses (docs/accountants.md). Charges nothing."""
-        body: dict[str, Any] = {"target_epsilon": target_epsilon, "delta": delta,
-                                "sample_rate": sample_rate, "steps": steps}
-        if epsilon_limit is not None:
-            body["epsilon_limit"] = epsilon_limit
-        return self._request(  # type: ignore[no-any-return]
-            "POST", "/v1/accountant-comparisons", json=body)
-
 def _tar_folder(folder: Path, dest: Path) -> Path:
     """An uncompressed tar of ``folder``'s contents (the api's model upload format)."""
     with tarfile.open(dest, "w") as tar:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from dpsynth_shared.accountant_report import AccountantComparison, AccountantComparisonRequest
 from dpsynth_shared.errors import DpsynthError, ErrorCode, problem_schema_fields
 from dpsynth_shared.ledger_contract import (
     AnchorStatus,
@@ -51,7 +50,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
 
 from dpsynth_ledger import repository as repo
-from dpsynth_ledger.accounting.comparison import compare_accountants
 from dpsynth_ledger.chain import anchor_status, verify_chain
 from dpsynth_ledger.context import LedgerContext
 from dpsynth_ledger.service import (
@@ -229,26 +227,6 @@ def gdp_envelope(body: GdpEnvelopeRequest, ctx: CtxDep) -> GdpEnvelope:
     when none frees in time) and cached in the process. 422 ``plan_too_large`` beyond
     ``max_steps`` or below the σ floor, 422 ``invalid_spec`` when no envelope exists."""
     return gdp_envelopes.gdp_envelope(request=body, ctx=ctx)
-
-
-@router.post("/accountant-comparisons", response_model=AccountantComparison,
-             summary="The sigma RDP, GDP and PLD give one planned DP-SGD job (stateless)")
-def accountant_comparison(body: AccountantComparisonRequest,
-                          ctx: CtxDep) -> AccountantComparison:
-    """For (ε, δ, q, steps): each accountant's calibrated σ, every σ under every accountant,
-    the σ the ledger gives the job (PLD) and what its RDP filter would charge for it
-    (docs/accountants.md). Reads and writes nothing, charges nothing; bounded by the body's
-    ranges and ``max_steps`` (422 ``plan_too_large``), computed in a heavy slot (503
-    ``ledger_busy``); 422 ``invalid_spec`` for a target no σ ≤ 1e4 reaches."""
-    ctx.heavy.check_steps(body.steps)
-    try:
-        with ctx.heavy.slot("an accountant comparison"):
-            return compare_accountants(
-                body.target_epsilon, body.delta, body.sample_rate, body.steps,
-                epsilon_limit=body.epsilon_limit, discretization=ctx.heavy.discretization)
-    except ValueError as exc:
-        raise DpsynthError(ErrorCode.INVALID_SPEC,
-                           f"no accountant comparison for this job: {exc}") from exc
 
 
 @router.get("/chain/verify", response_model=VerifyReport)

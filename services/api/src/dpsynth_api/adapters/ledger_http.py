@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import httpx
-from dpsynth_shared.accountant_report import AccountantComparison, AccountantComparisonRequest
 from dpsynth_shared.errors import DpsynthError, ErrorCode, error_from_problem
 from dpsynth_shared.ledger_contract import (
     AnchorStatus,
@@ -119,12 +118,6 @@ class HttpLedger:
         """``POST /v1/size-release-plans`` (stateless: charges nothing)."""
         return SizeReleasePlan.model_validate(self._call(
             "POST", "/v1/size-release-plans", request.model_dump(mode="json")))
-
-    def accountant_comparison(self, request: AccountantComparisonRequest
-                              ) -> AccountantComparison:
-        """``POST /v1/accountant-comparisons`` (stateless: charges nothing)."""
-        return AccountantComparison.model_validate(self._call(
-            "POST", "/v1/accountant-comparisons", request.model_dump(mode="json")))
 
     def release_histogram(self, dataset_id: str,
                           request: HistogramRequest) -> HistogramRelease:
