@@ -62,9 +62,8 @@ def test_the_classifier_downloads_and_has_learnt_the_private_digits(trained, cli
     provenance = json.loads((folder / PROVENANCE_FILE).read_text())
     assert provenance["dp"] is True and provenance["model_kind"] == "classifier"
     assert provenance["reservation_ids"] and provenance["job_ids"] == [trained["job"]["job_id"]]
-    # a functional check that the private records were learnt (10 classes: chance is 0.1;
-    # six runs of this configuration in-process learnt 0.46-0.58), not a benchmark
-    # (docs/benchmarks.md has those)
+    # a functional check that the private records were learnt (10 classes: chance is 0.1),
+    # not a benchmark (docs/benchmarks.md has those)
     with np.load(trained["private"]) as data:
         learnt = classifier_accuracy(model.eval(), data["images"], data["labels"])
     test_npz, labels = digits_npz(tmp / "test.npz", part="test")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from dpsynth_worker.ml_port import Images, Labels, MlPort, Progress, Sampler
 
@@ -81,13 +81,10 @@ class MlAdapter:
                        tail_delta: float, audited_class: str | None,
                        devices: str) -> WhiteBoxAudit:
         import dpsynth_ml
-        import torch
 
-        result = dpsynth_ml.audit_placed(
-            "white_box", devices, spec, dataset_path=dataset_path,
-            base_model_dir=base_model_dir, canaries=canaries, delta=delta,
-            generator=torch.Generator().manual_seed(seed), confidence=confidence,
-            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)
+        result = _audit_placed("white_box", devices, spec, dataset_path, base_model_dir,
+                               canaries, delta, seed, confidence, claimed_mu, tail_delta,
+                               audited_class)
         assert isinstance(result, dpsynth_ml.WhiteBoxAudit)
         return result
 
@@ -98,13 +95,10 @@ class MlAdapter:
                                  audited_class: str | None,
                                  devices: str) -> BlackBoxAudit:
         import dpsynth_ml
-        import torch
 
-        result = dpsynth_ml.audit_placed(
-            "black_box", devices, spec, dataset_path=dataset_path,
-            base_model_dir=base_model_dir, canaries=canaries, delta=delta,
-            generator=torch.Generator().manual_seed(seed), confidence=confidence,
-            claimed_mu=claimed_mu, tail_delta=tail_delta, audited_class=audited_class)
+        result = _audit_placed("black_box", devices, spec, dataset_path, base_model_dir,
+                               canaries, delta, seed, confidence, claimed_mu, tail_delta,
+                               audited_class)
         assert isinstance(result, dpsynth_ml.BlackBoxAudit)
         return result
 
@@ -227,3 +221,19 @@ class MlAdapter:
 
 if TYPE_CHECKING:
     _BINDS_THE_PORT: MlPort = MlAdapter()  # the type checker holds the adapter to the port
+
+
+def _audit_placed(mode: Literal["white_box", "black_box"], devices: str,
+                  spec: FinetuneTraining, dataset_path: Path,
+                  base_model_dir: Path, canaries: int, delta: float, seed: int,
+                  confidence: float, claimed_mu: float | None, tail_delta: float,
+                  audited_class: str | None) -> WhiteBoxAudit | BlackBoxAudit:
+    """Both audit calls: ``dpsynth_ml.audit_placed`` with ``seed`` keying the generator."""
+    import dpsynth_ml
+    import torch
+
+    return dpsynth_ml.audit_placed(
+        mode, devices, spec, dataset_path=dataset_path, base_model_dir=base_model_dir,
+        canaries=canaries, delta=delta, generator=torch.Generator().manual_seed(seed),
+        confidence=confidence, claimed_mu=claimed_mu, tail_delta=tail_delta,
+        audited_class=audited_class)
